@@ -1,0 +1,34 @@
+# convsweep: variant x tunables x batch x streams x host memory, one job each.
+# Wiring only: the jobs, their specs and file names come from convsweep.plan.
+from snakemake.utils import min_version, validate
+
+from convsweep.plan import SweepPlan
+
+min_version("8.0")
+
+
+configfile: "experiments.yaml"
+
+
+validate(config, "workflow/schemas/experiments.schema.yaml")
+
+plan = SweepPlan(config, workflow.configfiles[-1] if workflow.configfiles else "experiments.yaml")
+RESULTS = plan.results_dir
+
+
+wildcard_constraints:
+    experiment=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    job=r"[A-Za-z0-9][A-Za-z0-9_.+=-]*",
+    build=r"[A-Za-z0-9][A-Za-z0-9_-]*",
+
+
+include: "workflow/rules/compile.smk"
+include: "workflow/rules/infer.smk"
+include: "workflow/rules/store.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        expand(f"{RESULTS}/{{experiment}}/summary.md", experiment=plan.experiments),
+    default_target: True

@@ -1,0 +1,189 @@
+"""Run-time compilation of kernels with NVRTC (through cuda.core), cached on disk.
+
+The cache key covers everything that changes the machine code: the source and the headers it
+can include, the options (tunables as -D macros), the target architecture and the NVRTC
+version. A hit skips NVRTC entirely, which is what keeps a cached job fast.
+"""
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .config import canonical_hash
+from .errors import CompileError
+from .variants import KERNELS_DIR, Variant
+
+_ERROR_LINE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?:catastrophic )?error: (?P<msg>.*)$", re.M)
+_ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    name: str
+    registers: int
+    shared_bytes: int
+    local_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+
+
+@dataclass(frozen=True)
+class Build:
+    """One compiled module: the cubin plus what the store records about it."""
+
+    name: str  # variant name, or the file stem for non-variant modules (layers)
+    source: str  # path relative to the repository
+    params: dict
+    arch: str
+    options_hash: str
+    source_hash: str
+    cubin: bytes = field(repr=False)
+    compile_ms: float
+    cache_hit: bool
+    log: str
+    kernels: tuple[KernelResources, ...]
+
+    def record(self) -> dict:
+        """The JSON-able part, as the result file stores it."""
+        d = asdict(self)
+        d.pop("cubin")
+        d["variant"] = d.pop("name")
+        d["kernels"] = [asdict(k) for k in self.kernels]
+        return d
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CONVSWEEP_CACHE", Path.home() / ".cache" / "convsweep"))
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_version() -> str:
+    from cuda.bindings import nvrtc
+
+    _, major, minor = nvrtc.nvrtcVersion()
+    return f"{major}.{minor}"
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_include_dir() -> str | None:
+    """CUDA's headers (cuda_fp16.h, mma.h) from a wheel or toolkit, when one is installed."""
+    try:
+        from cuda import pathfinder
+
+        return pathfinder.find_nvidia_header_directory("cudart")
+    except Exception:
+        return None
+
+
+def _source_hash(source: Path) -> str:
+    """The .cu file and every shared header it may include."""
+    parts = [source.read_bytes()] + [h.read_bytes() for h in sorted(source.parent.glob("*.cuh"))]
+    return canonical_hash([p.decode("utf-8", "replace") for p in parts])
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(KERNELS_DIR.parent))
+    except ValueError:
+        return str(path)
+
+
+def compile_source(source: Path, name: str, params: dict, arch: str) -> Build:
+    """Compile one .cu file for `arch` (e.g. sm_90) with `params` as macros; cached on disk."""
+    from cuda.core import Program, ProgramOptions
+
+    source = Path(source)
+    defines = [(k, str(v)) for k, v in sorted(params.items())]
+    include_dir = _cuda_include_dir()
+    option_record = {"arch": arch, "defines": defines, "std": "c++17", "lineinfo": True,
+                     "ptxas": ["-v"], "cuda_headers": bool(include_dir)}
+    options_hash = canonical_hash(option_record)
+    source_hash = _source_hash(source)
+    key = canonical_hash([source_hash, options_hash, nvrtc_version()])
+    cached = _load_cached(key)
+    if cached:
+        meta, cubin = cached
+        return Build(name, _relative(source), dict(params), arch, options_hash, source_hash, cubin,
+                     meta["compile_ms"], True, meta["log"], tuple(KernelResources(**k) for k in meta["kernels"]))
+
+    options = ProgramOptions(
+        name=_relative(source), arch=arch, std="c++17", lineinfo=True, ptxas_options=["-v"],
+        define_macro=defines or None,
+        include_path=[str(source.parent)] + ([include_dir] if include_dir else []),
+        use_bundled_headers=not include_dir and nvrtc_version() >= "13.3",
+    )
+    log = io.StringIO()
+    start = time.perf_counter()
+    try:
+        obj = Program(source.read_text(), "c++", options).compile("cubin", logs=log)
+    except Exception as e:  # NVRTCError carries the compiler's log in its message
+        text = str(e)
+        raise CompileError(_first_error(text, _relative(source), name), log=text) from None
+    compile_ms = (time.perf_counter() - start) * 1e3
+    text = log.getvalue().replace("\x00", "").strip()
+    kernels = parse_ptxas_log(text)
+    cubin = bytes(obj.code)
+    _store_cached(key, cubin, {"compile_ms": compile_ms, "log": text, "kernels": [asdict(k) for k in kernels]})
+    return Build(name, _relative(source), dict(params), arch, options_hash, source_hash, cubin,
+                 compile_ms, False, text, kernels)
+
+
+def compile_variant(variant: Variant, params: dict, arch: str) -> Build:
+    return compile_source(variant.source, variant.name, params, arch)
+
+
+def _first_error(text: str, source: str, name: str) -> str:
+    match = _ERROR_LINE.search(text)
+    if match:
+        return f"{match['file']}:{match['line']}: {match['msg'].strip()} (variant '{name}', NVRTC)"
+    lines = [line for line in text.splitlines() if line.strip()]
+    return f"{source}: NVRTC failed for variant '{name}': {lines[0] if lines else text}"
+
+
+def parse_ptxas_log(text: str) -> tuple[KernelResources, ...]:
+    """Registers, shared memory and local memory per entry point from `ptxas -v` output."""
+    kernels, current, frame = [], None, (0, 0, 0)
+    for line in text.splitlines():
+        if m := _ENTRY.search(line):
+            current, frame = m["name"], (0, 0, 0)
+        elif (m := _FRAME.search(line)) and current:
+            frame = tuple(int(g) for g in m.groups())
+        elif (m := _USED.search(line)) and current:
+            kernels.append(KernelResources(current, int(m[1]), int(m[2] or 0), frame[0], frame[1], frame[2]))
+            current = None
+    return tuple(kernels)
+
+
+def _load_cached(key: str):
+    base = cache_dir() / "kernels" / key
+    try:
+        meta = json.loads(base.with_suffix(".json").read_text())
+        cubin = base.with_suffix(".cubin").read_bytes()
+    except (OSError, ValueError):
+        return None
+    if len(cubin) != meta.get("cubin_bytes"):
+        return None
+    return meta, cubin
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _store_cached(key: str, cubin: bytes, meta: dict) -> None:
+    base = cache_dir() / "kernels" / key
+    _atomic_write(base.with_suffix(".cubin"), cubin)
+    _atomic_write(base.with_suffix(".json"), json.dumps({**meta, "cubin_bytes": len(cubin)}).encode())

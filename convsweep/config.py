@@ -1,0 +1,222 @@
+"""experiments.yaml: validation against the workflow's JSON Schema and expansion into jobs.
+
+A job is a pure function of its `JobSpec`; the spec's hash names the job, so a resumed sweep
+finds the results it already has and an edited one reruns exactly what changed.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from .errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_PATH = ROOT / "workflow" / "schemas" / "experiments.schema.yaml"
+DEFAULT_DB_URL = "sqlite:///db/results.sqlite"
+
+
+def canonical_hash(obj: Any) -> str:
+    """sha256 of the canonical JSON of obj: the identity of specs, sweeps and environments."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything that defines one job; two equal specs are the same job."""
+
+    experiment: str
+    network: str
+    dataset: str | dict
+    variants: dict[str, str]  # conv layer -> variant
+    params: dict[str, dict[str, Any]]  # conv layer -> tunable parameters (all of them)
+    batch: int
+    streams: int
+    host_memory: str
+    repeats: int
+    warmup: int
+    profiler: str
+    sweep: dict = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("sweep")
+        return d
+
+    @property
+    def run_key(self) -> str:
+        return canonical_hash(self.to_dict())
+
+    @property
+    def label(self) -> str:
+        names = sorted(set(self.variants.values()))
+        return names[0] if len(names) == 1 else "mixed"
+
+    @property
+    def job_id(self) -> str:
+        return f"{self.label}-b{self.batch}-s{self.streams}-{self.host_memory}-{self.run_key[:10]}"
+
+    @classmethod
+    def from_dict(cls, d: dict, sweep: dict | None = None) -> "JobSpec":
+        return cls(**{k: v for k, v in d.items() if k != "sweep"}, sweep=sweep or d.get("sweep", {}))
+
+
+def _schema() -> dict:
+    with open(SCHEMA_PATH) as f:
+        return yaml.safe_load(f)
+
+
+def _validator_filling_defaults():
+    """A validator that also writes schema defaults into the instance, as Snakemake's validate does."""
+    base = jsonschema.Draft202012Validator
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = json.loads(json.dumps(sub["default"]))
+        yield from base.VALIDATORS["properties"](validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(base, {"properties": set_defaults})
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    parts = [str(p) if not isinstance(p, int) else f"[{p}]" for p in error.absolute_path]
+    return ".".join(parts).replace(".[", "[") or "(top level)"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    if error.validator == "additionalProperties":
+        return error.message.replace("Additional properties are not allowed", "unknown key")
+    if error.validator == "type":
+        return f"expected {error.validator_value}, got {json.dumps(error.instance)}"
+    if error.validator == "enum":
+        return f"expected one of {error.validator_value}, got {json.dumps(error.instance)}"
+    if error.validator in ("minItems", "minProperties"):
+        return "must not be empty"
+    return error.message
+
+
+def validate(config: dict, source: str) -> dict:
+    """Validate (and fill defaults into) a parsed config; raise one ConfigError line on the first problem."""
+    validator = _validator_filling_defaults()(_schema())
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(list(e.absolute_path)), str(e.absolute_path)))
+    if errors:
+        best = jsonschema.exceptions.best_match(errors)
+        raise ConfigError(f"{source}: {_key_path(best)}: {_describe(best)}")
+    return config
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    data: dict
+
+    @property
+    def db_url(self) -> str:
+        return os.environ.get("CONVSWEEP_DB") or self.data.get("db_url", DEFAULT_DB_URL)
+
+    @property
+    def results_dir(self) -> str:
+        return self.data.get("results_dir", "results")
+
+    @property
+    def experiments(self) -> dict:
+        return self.data["experiments"]
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with an 'experiments' key")
+    return Config(path, validate(data, str(path)))
+
+
+def expand_config(config: Config | dict, source: str = "experiments.yaml") -> list[JobSpec]:
+    """Every job of every experiment, in a stable order; errors name the file and key."""
+    from . import network as network_mod
+    from .variants import load_registry
+
+    if isinstance(config, dict):
+        config = Config(Path(source), validate(config, source))
+    registry = load_registry()
+    base_dir = config.path.parent
+    jobs: list[JobSpec] = []
+    for name, exp in config.experiments.items():
+        where = f"{config.path}: experiments.{name}"
+        net_path = Path(exp["network"])
+        resolved = net_path if net_path.is_absolute() else (base_dir / net_path)
+        if not resolved.is_file() and (ROOT / net_path).is_file():
+            resolved = ROOT / net_path
+        net = network_mod.load_network(resolved)
+        conv_names = [layer.name for layer in net.conv_layers]
+        sweep = {"experiment": name, "config_hash": canonical_hash(exp), "config_path": str(config.path)}
+        for v, entry in enumerate(exp["variants"]):
+            layer_map = _layer_map(entry, conv_names, f"{where}.variants[{v}]")
+            for var in set(layer_map.values()):
+                if var not in registry:
+                    raise ConfigError(f"{where}.variants[{v}]: unknown variant '{var}' (known: {', '.join(sorted(registry))})")
+            for grid_name in exp.get("params", {}):
+                if grid_name not in registry:
+                    raise ConfigError(f"{where}.params.{grid_name}: unknown variant '{grid_name}'")
+            for params in _param_grid(layer_map, exp.get("params", {}), registry, f"{where}.params"):
+                for batch, streams, memory in itertools.product(exp["batches"], exp["streams"], exp["host_memory"]):
+                    jobs.append(JobSpec(
+                        experiment=name, network=str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved),
+                        dataset=exp["dataset"], variants=layer_map, params=params, batch=batch,
+                        streams=streams, host_memory=memory, repeats=exp["repeats"], warmup=exp["warmup"],
+                        profiler=exp["profiler"], sweep=sweep))
+    if not jobs:
+        raise ConfigError(f"{config.path}: the sweep matrix is empty")
+    seen: dict[str, JobSpec] = {}
+    for job in jobs:
+        seen.setdefault(job.job_id, job)
+    return list(seen.values())
+
+
+def _layer_map(entry: str | dict, conv_names: list[str], where: str) -> dict[str, str]:
+    if isinstance(entry, str):
+        return {name: entry for name in conv_names}
+    unknown = set(entry) - set(conv_names)
+    if unknown:
+        raise ConfigError(f"{where}: unknown layer '{sorted(unknown)[0]}' (conv layers: {', '.join(conv_names)})")
+    missing = [n for n in conv_names if n not in entry]
+    if missing:
+        raise ConfigError(f"{where}: no variant for layer '{missing[0]}'")
+    return {name: entry[name] for name in conv_names}
+
+
+def _param_grid(layer_map: dict[str, str], grids: dict, registry, where: str) -> list[dict[str, dict]]:
+    """The product of each used variant's grid; combinations its restrictions forbid are left out."""
+    per_variant: dict[str, list[dict]] = {}
+    for var in sorted(set(layer_map.values())):
+        per_variant[var] = registry[var].param_combinations(grids.get(var, {}), f"{where}.{var}")
+    out = []
+    names = list(per_variant)
+    for combo in itertools.product(*(per_variant[n] for n in names)):
+        chosen = dict(zip(names, combo))
+        out.append({layer: dict(chosen[var]) for layer, var in layer_map.items()})
+    return out
+
+
+def spec_json(config: Config, job_id: str) -> str:
+    """The JSON a Snakemake rule hands to `convsweep run-job --spec`."""
+    for job in expand_config(config):
+        if job.job_id == job_id:
+            return json.dumps({**job.to_dict(), "sweep": job.sweep}, sort_keys=True)
+    raise ConfigError(f"{config.path}: no job '{job_id}' in the sweep matrix")

@@ -1,0 +1,208 @@
+"""The GPU runtime on cuda.core: one `Gpu` owns the device, its streams, modules and buffers.
+
+Every resource is created through the Gpu and released in `close()` (it is a context
+manager), in the reverse order of creation, so a failed job leaves nothing behind.
+Host<->device copies go through cuda.bindings' driver calls because they take raw host
+pointers: a numpy array, a pinned buffer or a registered array alike.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import DeviceError
+
+HOST_MEMORY_KINDS = ("pageable", "pinned", "registered")
+
+
+def _check(result, what: str):
+    """Unwrap a cuda.bindings (err, *values) tuple, raising DeviceError with the driver's words."""
+    from cuda.bindings import driver
+
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        raise DeviceError(f"{what} failed: {name.decode() if name else err}")
+    return values[0] if len(values) == 1 else values
+
+
+def gpu_available() -> tuple[bool, str]:
+    """(True, name) when a CUDA device can be used here, else (False, why): for skips and 'auto'."""
+    try:
+        from cuda.core import Device
+
+        dev = Device(0)
+        dev.set_current()
+        return True, dev.name
+    except Exception as e:  # no driver, no device, or a broken install
+        return False, f"no usable CUDA device ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+
+
+@dataclass
+class DeviceArray:
+    """A typed view of (part of) a device buffer."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    @property
+    def arg(self) -> ctypes.c_void_p:
+        return ctypes.c_void_p(self.ptr)
+
+    def rows(self, start: int, stop: int) -> "DeviceArray":
+        """Images start..stop of a batch-major array, without copying."""
+        row = int(np.prod(self.shape[1:])) * self.dtype.itemsize
+        return DeviceArray(self.ptr + start * row, (stop - start,) + tuple(self.shape[1:]), self.dtype)
+
+
+class Gpu:
+    def __init__(self, device_id: int = 0):
+        try:
+            from cuda.core import Device
+
+            self.device = Device(device_id)
+            self.device.set_current()
+        except Exception as e:
+            raise DeviceError(f"cannot open CUDA device {device_id}: {e}") from None
+        self._owned: list = []  # buffers, streams, events: closed in reverse order
+        self._registered: list[int] = []
+        self._modules: dict = {}
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.device.name
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.device.arch}"
+
+    @property
+    def compute_capability(self) -> float:
+        cc = self.device.compute_capability
+        return cc.major + cc.minor / 10
+
+    def driver_version(self) -> str:
+        from cuda.bindings import driver
+
+        return str(_check(driver.cuDriverGetVersion(), "cuDriverGetVersion"))
+
+    # -- resources ------------------------------------------------------------------------
+    def stream(self):
+        s = self.device.create_stream()
+        self._owned.append(s)
+        return s
+
+    def event(self, stream):
+        """A timing event recorded on `stream` now."""
+        return stream.record(options={"enable_timing": True})
+
+    def alloc(self, shape, dtype=np.float32) -> DeviceArray:
+        dtype = np.dtype(dtype)
+        nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
+        try:
+            buf = self.device.allocate(nbytes)
+        except Exception as e:
+            raise DeviceError(f"cannot allocate {nbytes} bytes on {self.name}: {e}") from None
+        self._owned.append(buf)
+        return DeviceArray(int(buf.handle), tuple(shape), dtype)
+
+    def to_device(self, array: np.ndarray, stream) -> DeviceArray:
+        array = np.ascontiguousarray(array)
+        dev = self.alloc(array.shape, array.dtype)
+        self.upload(array, dev, stream)
+        stream.sync()
+        return dev
+
+    def host_array(self, shape, dtype, kind: str) -> np.ndarray:
+        """A host array of the given kind: pageable (numpy), pinned (page-locked allocation) or
+        registered (a numpy array page-locked in place, as a user's own buffer would be)."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if kind == "pageable":
+            return np.empty(shape, dtype)
+        if kind == "pinned":
+            from cuda.core import LegacyPinnedMemoryResource
+
+            buf = LegacyPinnedMemoryResource().allocate(max(nbytes, 1))
+            self._owned.append(buf)
+            raw = (ctypes.c_char * max(nbytes, 1)).from_address(int(buf.handle))
+            return np.frombuffer(raw, dtype, count=int(np.prod(shape))).reshape(shape)
+        if kind == "registered":
+            from cuda.bindings import driver
+
+            array = np.empty(shape, dtype)
+            if nbytes:
+                _check(driver.cuMemHostRegister(array.ctypes.data, nbytes, 0), "cuMemHostRegister")
+                self._registered.append(array.ctypes.data)
+                self._owned.append(array)  # keep the memory alive until it is unregistered
+            return array
+        raise DeviceError(f"host_memory: expected one of {HOST_MEMORY_KINDS}, got {kind!r}")
+
+    def upload(self, host: np.ndarray, dev: DeviceArray, stream) -> None:
+        from cuda.bindings import driver
+
+        assert host.flags.c_contiguous and host.nbytes == dev.nbytes, "upload: shape mismatch"
+        _check(driver.cuMemcpyHtoDAsync(dev.ptr, host.ctypes.data, host.nbytes, int(stream.handle)), "cuMemcpyHtoDAsync")
+
+    def download(self, dev: DeviceArray, host: np.ndarray, stream) -> None:
+        from cuda.bindings import driver
+
+        assert host.flags.c_contiguous and host.nbytes == dev.nbytes, "download: shape mismatch"
+        _check(driver.cuMemcpyDtoHAsync(host.ctypes.data, dev.ptr, host.nbytes, int(stream.handle)), "cuMemcpyDtoHAsync")
+
+    def fill(self, dev: DeviceArray, byte: int, stream) -> None:
+        from cuda.bindings import driver
+
+        _check(driver.cuMemsetD8Async(dev.ptr, byte, dev.nbytes, int(stream.handle)), "cuMemsetD8Async")
+
+    def kernel(self, build, name: str):
+        """The entry point `name` of a compiled Build, loading its module once."""
+        from cuda.core import ObjectCode
+
+        key = (build.name, build.options_hash, build.source_hash, build.arch)
+        if key not in self._modules:
+            try:
+                self._modules[key] = ObjectCode.from_cubin(build.cubin)
+            except Exception as e:
+                raise DeviceError(f"cannot load module of '{build.name}' ({build.arch}) on {self.name}: {e}") from None
+        try:
+            return self._modules[key].get_kernel(name)
+        except Exception as e:
+            raise DeviceError(f"module '{build.source}' has no kernel '{name}': {e}") from None
+
+    def launch(self, stream, kernel, grid, block, shared_bytes, *args) -> None:
+        from cuda.core import LaunchConfig, launch
+
+        try:
+            launch(stream, LaunchConfig(grid=grid, block=block, shmem_size=shared_bytes), kernel, *args)
+        except Exception as e:
+            raise DeviceError(f"launch of grid {grid} block {block} failed: {e}") from None
+
+    def close(self) -> None:
+        from cuda.bindings import driver
+
+        try:
+            self.device.sync()
+        finally:
+            for ptr in reversed(self._registered):
+                driver.cuMemHostUnregister(ptr)
+            self._registered.clear()
+            for obj in reversed(self._owned):
+                if hasattr(obj, "close"):
+                    obj.close()
+            self._owned.clear()
+            self._modules.clear()
+
+    def __enter__(self) -> "Gpu":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,398 @@
+"""One job: spec -> compile -> data -> warm-up -> timed repeats -> check -> one result JSON.
+
+`run_job` is what a Snakemake rule calls. Under nsys it re-runs itself (`measure`) inside
+`nsys profile`, then replaces the event timings with the kernel and copy records of the
+report. Whatever happens, exactly one result file is written, atomically; a failure is a
+result too (status `failed` and the message), so the sweep goes on and the store keeps it.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import ExitStack
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from . import nsys as nsys_mod
+from .compile import cache_dir, nvrtc_version
+from .config import ROOT, JobSpec, canonical_hash
+from .errors import ConvsweepError
+from .variants import ConvShape, get_variant
+
+FORMAT = 1
+_PACKAGES = ("numpy", "cuda-core", "cuda-bindings", "cuda-pathfinder", "nvtx", "sqlalchemy", "snakemake", "pyyaml")
+
+
+# -- small helpers ------------------------------------------------------------------------------
+def write_json_atomic(path: Path, obj: dict) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see half a result."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1, default=_json_default, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _json_default(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON-serializable: {type(value).__name__}")
+
+
+def _finite(value):
+    """JSON has no NaN: unmeasurable or non-finite numbers are stored as null."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(gpu=None, nsys_path: str | None = None) -> dict:
+    packages = {}
+    for name in _PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            packages[name] = None
+    env = {"hostname": platform.node(), "python": platform.python_version(), "packages": packages,
+           "git_commit": _git_commit(), "gpu": None, "compute_capability": None, "driver": None,
+           "nvrtc": None, "nsys": nsys_mod.nsys_version(nsys_path) if nsys_path else None}
+    try:
+        env["nvrtc"] = nvrtc_version()
+    except Exception:
+        pass
+    if gpu is not None:
+        env.update(gpu=gpu.name, compute_capability=f"{gpu.compute_capability:.1f}", driver=gpu.driver_version())
+    return env
+
+
+# -- inputs -------------------------------------------------------------------------------------
+def _load_inputs(spec: JobSpec):
+    from .data import batch_indices, load_dataset
+    from .network import load_network, load_weights
+
+    net_path = Path(spec.network)
+    network = load_network(net_path if net_path.is_absolute() else ROOT / net_path)
+    size = network.input_shape[-1]
+    if isinstance(spec.dataset, dict):
+        dataset = load_dataset(spec.dataset["name"], images=spec.dataset["images"], labels=spec.dataset["labels"], image_size=size)
+    else:
+        dataset = load_dataset(spec.dataset, image_size=size)
+    weights = load_weights(network)
+    idx = batch_indices(len(dataset.labels), spec.batch)
+    return network, dataset, weights, idx
+
+
+def reference_logits(network, dataset, weights) -> np.ndarray:
+    """float64 logits of every image of the dataset, cached: the truth every run is checked against."""
+    from .network import reference_forward
+
+    weights_hash = hashlib.sha256(b"".join(k.encode() + v.tobytes() for k, v in sorted(weights.items()))).hexdigest()
+    key = canonical_hash([dataset.sha256, weights_hash, Path(network.path).read_text(), list(network.input_shape)])
+    path = cache_dir() / "reference" / f"{key}.npy"
+    try:
+        cached = np.load(path)
+        if cached.shape[0] == len(dataset.labels):
+            return cached
+    except (OSError, ValueError):
+        pass
+    logits = reference_forward(network, {k: v.astype(np.float64) for k, v in weights.items()},
+                               dataset.images.astype(np.float64), dtype=np.float64)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy")
+    with os.fdopen(fd, "wb") as f:
+        np.save(f, logits)
+    os.replace(tmp, path)
+    return logits
+
+
+def _chunks(batch: int, streams: int) -> list[tuple[int, int]]:
+    """streams=1 is one chunk (no overlap); otherwise every stream gets several chunks."""
+    count = 1 if streams == 1 else min(batch, 4 * streams)
+    size = math.ceil(batch / count)
+    return [(lo, min(lo + size, batch)) for lo in range(0, batch, size)]
+
+
+# -- measurement --------------------------------------------------------------------------------
+def measure(spec: JobSpec) -> dict:
+    """Run the job in this process and time it with CUDA events (or the CPU clock for CPU variants)."""
+    phases = {}
+    t = time.perf_counter()
+    network, dataset, weights, idx = _load_inputs(spec)
+    phases["load"] = time.perf_counter() - t
+    variants = {layer: get_variant(name) for layer, name in spec.variants.items()}
+    params = {layer: variants[layer].resolve_params(spec.params.get(layer), f"params.{layer}") for layer in variants}
+    cpu = {v.is_cpu for v in variants.values()}
+    if cpu == {True}:
+        result = _measure_cpu(spec, network, weights, dataset.images[idx], phases)
+    elif cpu == {False}:
+        result = _measure_gpu(spec, network, weights, dataset.images[idx], variants, params, phases)
+    else:
+        raise ConvsweepError("a job cannot mix the CPU 'reference' variant with GPU variants")
+    t = time.perf_counter()
+    ref = reference_logits(network, dataset, weights)[idx]
+    phases["check"] = time.perf_counter() - t
+    logits = result.pop("logits")
+    scale = float(np.max(np.abs(ref))) or 1.0
+    err = float(np.max(np.abs(logits.astype(np.float64) - ref))) / scale if logits.size else 0.0
+    tolerance = max(v.tolerance for v in variants.values())
+    accuracy = float(np.mean(np.argmax(logits, axis=1) == dataset.labels[idx]))
+    if not math.isfinite(err):
+        status, error = "incorrect", "output holds NaN or Inf (unwritten or overflowed elements)"
+    elif err > tolerance:
+        status, error = "incorrect", f"max relative error {err:.3g} exceeds the {tolerance:g} tolerance"
+    else:
+        status, error = "ok", None
+    shapes = {layer.name: _conv_shape(layer, spec.batch) for layer in network.conv_layers}
+    result.update(status=status, error=error, accuracy=accuracy, max_rel_err=_finite(err), tolerance=tolerance,
+                  images={"batch": spec.batch, "unique": int(len(dataset.labels)), "cycled": spec.batch > len(dataset.labels)},
+                  phases_s=phases, floors={name: {"bytes": s.min_bytes, "flops": s.flops} for name, s in shapes.items()})
+    return result
+
+
+def _conv_shape(layer, batch) -> ConvShape:
+    c, h, w = layer.in_shape
+    return ConvShape(batch, c, layer.out_channels, h, w, layer.kernel, layer.stride)
+
+
+def _measure_cpu(spec, network, weights, images, phases) -> dict:
+    """The CPU reference: synchronous numpy, so a host clock around each layer is an honest timer."""
+    from .network import reference_layer
+
+    conv_names = [layer.name for layer in network.conv_layers]
+    w32 = {k: v.astype(np.float32) for k, v in weights.items()}
+    samples = []
+
+    def forward(repeat):
+        x = images.astype(np.float32)
+        t0 = time.perf_counter()
+        for layer in network.layers:
+            t = time.perf_counter()
+            x = reference_layer(layer, w32, x)
+            if repeat is not None and layer.name in conv_names:
+                samples.append({"metric": "op_time_ms", "layer": layer.name, "repeat": repeat, "value": (time.perf_counter() - t) * 1e3})
+        if repeat is not None:
+            samples.append({"metric": "forward_ms", "layer": None, "repeat": repeat, "value": (time.perf_counter() - t0) * 1e3})
+        return x
+
+    t = time.perf_counter()
+    for _ in range(spec.warmup):
+        forward(None)
+    phases["warmup"] = time.perf_counter() - t
+    t = time.perf_counter()
+    for r in range(spec.repeats):
+        logits = forward(r)
+    phases["timed"] = time.perf_counter() - t
+    return {"profiler": "cpu", "logits": logits, "samples": samples, "builds": [], "kernels": [], "memcpys": [],
+            "timings": _timings_from_samples(samples, conv_names), "environment": environment()}
+
+
+def _timings_from_samples(samples, conv_names) -> dict:
+    def med(metric, layer=None):
+        return _finite(_median([s["value"] for s in samples if s["metric"] == metric and s["layer"] == layer]))
+
+    return {"op_time_ms": {name: med("op_time_ms", name) for name in conv_names},
+            "h2d_ms": med("h2d_ms"), "d2h_ms": med("d2h_ms"), "compute_ms": med("compute_ms"),
+            "forward_ms": med("forward_ms"), "overlap": med("overlap"), "streams_used": med("streams_used")}
+
+
+def _measure_gpu(spec, network, weights, images, variants, params, phases) -> dict:
+    from .gpu import Gpu
+    from .runner import GpuNetwork, nvtx_range
+
+    conv_names = [layer.name for layer in network.conv_layers]
+    chunks = _chunks(spec.batch, spec.streams)
+    capacity = max(hi - lo for lo, hi in chunks)
+    samples = []
+    with ExitStack() as stack:
+        t = time.perf_counter()
+        gpu = stack.enter_context(Gpu())
+        for layer, var in variants.items():
+            if gpu.compute_capability < var.min_cc:
+                raise ConvsweepError(f"variant '{var.name}' needs compute capability {var.min_cc}, {gpu.name} has {gpu.compute_capability}")
+        streams = [gpu.stream() for _ in range(spec.streams)]
+        net = GpuNetwork(gpu, network, weights, variants, params, len(streams), capacity, streams[0])
+        phases["compile"] = time.perf_counter() - t
+        t = time.perf_counter()
+        x_host = gpu.host_array(images.shape, np.float32, spec.host_memory)
+        x_host[...] = images
+        logits_host = gpu.host_array((spec.batch, network.layers[-1].out_shape[0]), np.float32, spec.host_memory)
+        logits_host[...] = np.nan
+        x_dev = gpu.alloc(x_host.shape)
+        logits_dev = gpu.alloc(logits_host.shape)
+        gpu.fill(logits_dev, 0xFF, streams[0])  # poisoned: an unwritten logit stays NaN
+        streams[0].sync()
+        phases["allocate"] = time.perf_counter() - t
+
+        def forward(tag: str, repeat: int | None):
+            with nvtx_range(tag):
+                marks = {}
+                start = gpu.event(streams[0])
+                for s in streams[1:]:
+                    s.wait(start)
+                for i, (lo, hi) in enumerate(chunks):
+                    lane = i % len(streams)
+                    s = streams[lane]
+                    with nvtx_range(f"chunk {i}"):
+                        with nvtx_range("h2d"):
+                            gpu.upload(x_host[lo:hi], x_dev.rows(lo, hi), s)
+                        h2d_end = gpu.event(s)
+                        net.enqueue(s, net.lanes[lane], x_dev.rows(lo, hi), logits_dev.rows(lo, hi), hi - lo, marks)
+                        d2h_start = gpu.event(s)
+                        with nvtx_range("d2h"):
+                            gpu.download(logits_dev.rows(lo, hi), logits_host[lo:hi], s)
+                for s in streams[1:]:
+                    streams[0].wait(gpu.event(s))
+                end = gpu.event(streams[0])
+                end.sync()
+                if repeat is None:
+                    return
+                add = lambda metric, layer, value: samples.append({"metric": metric, "layer": layer, "repeat": repeat, "value": value})
+                add("forward_ms", None, end - start)
+                if len(streams) == 1:  # with several streams, event intervals include other streams' work
+                    add("h2d_ms", None, h2d_end - start)
+                    add("compute_ms", None, d2h_start - h2d_end)
+                    add("d2h_ms", None, end - d2h_start)
+                    for name in conv_names:
+                        add("op_time_ms", name, sum(e - b for b, e in marks[name]))
+
+        t = time.perf_counter()
+        for w in range(spec.warmup):
+            forward(f"warmup {w}", None)
+        phases["warmup"] = time.perf_counter() - t
+        t = time.perf_counter()
+        for r in range(spec.repeats):
+            forward(f"repeat {r}", r)
+        phases["timed"] = time.perf_counter() - t
+        logits = np.array(logits_host, copy=True)
+        builds = [b.record() for b in net.builds]
+        env = environment(gpu, nsys_mod.find_nsys())
+    return {"profiler": "events", "logits": logits, "samples": samples, "builds": builds, "kernels": [], "memcpys": [],
+            "timings": _timings_from_samples(samples, conv_names), "environment": env}
+
+
+# -- the job ------------------------------------------------------------------------------------
+def _skeleton(spec: JobSpec) -> dict:
+    return {"format": FORMAT, "job_id": spec.job_id, "run_key": spec.run_key, "spec": spec.to_dict(),
+            "sweep": spec.sweep, "environment": None, "status": "failed", "error": None, "profiler": None,
+            "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "accuracy": None, "max_rel_err": None, "tolerance": None, "images": None,
+            "timings": {"op_time_ms": {}, "h2d_ms": None, "d2h_ms": None, "compute_ms": None, "forward_ms": None,
+                        "overlap": None, "streams_used": None, "total_s": None, "compile_ms": None},
+            "phases_s": {}, "floors": {}, "samples": [], "builds": [], "kernels": [], "memcpys": [], "files": {}}
+
+
+def _merge(result: dict, measured: dict) -> None:
+    timings = measured.pop("timings")
+    result.update(measured)
+    result["timings"].update(timings)
+    result["timings"]["compile_ms"] = sum(b["compile_ms"] for b in result["builds"] if not b["cache_hit"]) if result["builds"] else None
+
+
+def _is_cpu_job(spec: JobSpec) -> bool:
+    return all(get_variant(v).is_cpu for v in spec.variants.values())
+
+
+def run_job(spec: JobSpec, out_path: Path, process_start: float | None = None) -> dict:
+    """Run one job and write its result JSON; returns the result. Never raises for a job failure."""
+    out_path = Path(out_path)
+    started = time.time()
+    result = _skeleton(spec)
+    if process_start is not None:
+        result["phases_s"]["process_start"] = max(0.0, started - process_start)
+    try:
+        nsys_path = nsys_mod.find_nsys() if spec.profiler == "nsys" else None
+        if nsys_path and not _is_cpu_job(spec):
+            _run_under_nsys(spec, out_path, nsys_path, result)
+        else:
+            _merge(result, measure(spec))
+            if spec.profiler == "nsys" and result["profiler"] == "events":
+                result["profiler_note"] = "nsys not found: timed with CUDA events"
+    except ConvsweepError as e:
+        result.update(status="failed", error=str(e))
+    except Exception as e:  # a bug or an unexpected CUDA state: still a stored, explained failure
+        traceback.print_exc()
+        result.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0])
+    if result["environment"] is None:
+        result["environment"] = environment()
+    result["phases_s"] = {k: _finite(v) for k, v in result["phases_s"].items()}
+    result["timings"]["total_s"] = time.time() - (process_start or started)
+    write_json_atomic(out_path, result)
+    return result
+
+
+def _run_under_nsys(spec: JobSpec, out_path: Path, nsys_path: str, result: dict) -> None:
+    report_base = out_path.with_suffix("")
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_file, inner_out = Path(tmp) / "spec.json", Path(tmp) / "inner.json"
+        spec_file.write_text(json.dumps({**spec.to_dict(), "sweep": spec.sweep}))
+        t = time.perf_counter()
+        sqlite_path = nsys_mod.profile([sys.executable, "-m", "convsweep.cli", "measure", "--spec-file", str(spec_file),
+                                        "--out", str(inner_out)], report_base, nsys_path, log=None)
+        wall = time.perf_counter() - t
+        if not inner_out.is_file():
+            raise ConvsweepError("the profiled job wrote no result (it crashed; see the job log)")
+        inner = json.loads(inner_out.read_text())
+    inner_total = sum(v for v in inner.get("phases_s", {}).values() if v)
+    if inner.get("status") == "failed" and inner.get("error"):
+        result.update(status="failed", error=inner["error"], environment=inner.get("environment"))
+        return
+    conv_names = list(spec.variants)
+    activities = nsys_mod.read_activities(sqlite_path, set(conv_names))
+    summary = nsys_mod.summarize(activities, conv_names)
+    if summary["repeats_seen"] != spec.repeats:
+        raise ConvsweepError(f"nsys report holds {summary['repeats_seen']} timed repeats, expected {spec.repeats}")
+    event_timings = inner.pop("timings")
+    phases = {**result["phases_s"], **inner.pop("phases_s", {})}
+    result.update({k: v for k, v in inner.items() if k != "samples"}, phases_s=phases)
+    result["timings"].update({k: _finite(summary[k]) for k in ("h2d_ms", "d2h_ms", "compute_ms", "forward_ms", "overlap", "streams_used")})
+    result["timings"]["op_time_ms"] = {k: _finite(v) for k, v in summary["op_time_ms"].items()}
+    result["timings"]["event_forward_ms"] = event_timings.get("forward_ms")
+    result["timings"]["compile_ms"] = sum(b["compile_ms"] for b in result["builds"] if not b["cache_hit"])
+    result.update(profiler="nsys", samples=summary["samples"], kernels=summary["kernels"], memcpys=summary["memcpys"],
+                  files={"nsys_report": str(report_base.with_suffix(".nsys-rep")), "nsys_sqlite": str(sqlite_path)})
+    result["phases_s"]["profile"] = max(0.0, wall - inner_total)
+
+
+def measure_to_file(spec: JobSpec, out_path: Path) -> None:
+    """The inner half of an nsys job: measure, and write what was measured (or the failure)."""
+    try:
+        measured = measure(spec)
+        measured.pop("logits", None)
+    except ConvsweepError as e:
+        measured = {"status": "failed", "error": str(e), "environment": environment()}
+    write_json_atomic(out_path, measured)

@@ -1,0 +1,182 @@
+"""Runs a network on the GPU: conv layers with their variants, the rest with kernels/layers.cu.
+
+`GpuNetwork` compiles and uploads once, owns one set of activation buffers per lane (one lane
+per stream), and `enqueue` puts one chunk of images through every layer on a stream. Timing
+is the caller's business: `enqueue` only marks layers (NVTX ranges, optional events).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .compile import Build, compile_source, compile_variant
+from .errors import ShapeError
+from .gpu import DeviceArray, Gpu
+from .variants import KERNELS_DIR, ConvShape, Variant
+
+try:
+    import nvtx as _nvtx
+
+    def nvtx_range(name: str):
+        return _nvtx.annotate(name, domain="convsweep")
+except ImportError:  # NVTX is optional outside nsys; ranges are only labels
+
+    def nvtx_range(name: str):
+        return contextlib.nullcontext()
+
+
+_THREADS = 256
+
+
+def conv_shape(layer, batch: int) -> ConvShape:
+    c, h, w = layer.in_shape
+    return ConvShape(B=batch, C=c, M=layer.out_channels, H=h, W=w, K=layer.kernel, S=layer.stride)
+
+
+class ConvOp:
+    """One conv layer bound to a variant, its parameters and its compiled module."""
+
+    def __init__(self, gpu: Gpu, variant: Variant, params: dict, build: Build):
+        self.gpu, self.variant, self.params, self.build = gpu, variant, params, build
+        self.kernels = {name: gpu.kernel(build, name) for name in variant.kernel_names}
+
+    def enqueue(self, stream, y: DeviceArray, x: DeviceArray, k: DeviceArray, bias: DeviceArray, shape: ConvShape):
+        for launch in self.variant.launch_plan(shape, self.params):
+            self.gpu.launch(stream, self.kernels[launch.kernel], launch.grid, launch.block, launch.shared_bytes,
+                            y.arg, x.arg, k.arg, bias.arg, *(np.int32(v) for v in
+                            (shape.B, shape.C, shape.M, shape.H, shape.W, shape.K, shape.S)))
+
+
+def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1, variant: str = "naive",
+           params: dict | None = None, gpu: Gpu | None = None) -> np.ndarray:
+    """One conv layer, y = conv(x, w) + b, with any registered variant; returns a new numpy array.
+
+    Shapes are x [B, C, H, W], w [M, C, K, K], b [M]. The output is poisoned (NaN) before the
+    kernel runs, so an element a variant forgets to write cannot pass for a result.
+    """
+    from .network import conv2d_reference
+    from .variants import get_variant
+
+    var = get_variant(variant)
+    x, w, b = (np.ascontiguousarray(a, dtype=np.float32) for a in (x, w, b))
+    if x.ndim != 4 or w.ndim != 4 or w.shape[2] != w.shape[3] or w.shape[1] != x.shape[1] or b.shape != (w.shape[0],):
+        raise ShapeError(f"conv2d: expected x [B,C,H,W], w [M,C,K,K], b [M]; got {x.shape}, {w.shape}, {b.shape}")
+    shape = ConvShape(B=x.shape[0], C=x.shape[1], M=w.shape[0], H=x.shape[2], W=x.shape[3], K=w.shape[2], S=stride)
+    resolved = var.resolve_params(params, f"conv2d({variant}).params")
+    var.check_shape(shape, resolved)
+    if var.is_cpu:
+        return conv2d_reference(x, w, b, stride)
+    owns = gpu is None
+    gpu = gpu or Gpu()
+    try:
+        stream = gpu.stream()
+        op = ConvOp(gpu, var, resolved, compile_variant(var, resolved, gpu.arch))
+        dx, dw, db = (gpu.to_device(a, stream) for a in (x, w, b))
+        dy = gpu.alloc((shape.B, shape.M, shape.H_out, shape.W_out))
+        gpu.fill(dy, 0xFF, stream)
+        op.enqueue(stream, dy, dx, dw, db, shape)
+        y = np.empty(dy.shape, np.float32)
+        gpu.download(dy, y, stream)
+        stream.sync()
+        return y
+    finally:
+        if owns:
+            gpu.close()
+
+
+@dataclass
+class Lane:
+    """Activation buffers for one stream: the output of every layer for up to `capacity` images."""
+
+    capacity: int
+    outputs: dict[str, DeviceArray] = field(default_factory=dict)
+
+
+class GpuNetwork:
+    def __init__(self, gpu: Gpu, network, weights: dict[str, np.ndarray], variants: dict[str, Variant],
+                 params: dict[str, dict], lanes: int, capacity: int, stream):
+        self.gpu, self.network = gpu, network
+        self.layers_build = compile_source(KERNELS_DIR / "layers.cu", "layers", {}, gpu.arch)
+        self.layer_kernels = {n: gpu.kernel(self.layers_build, n) for n in ("relu_inplace", "maxpool2d", "dense")}
+        self.convs: dict[str, ConvOp] = {}
+        self.builds: list[Build] = [self.layers_build]
+        for layer in network.conv_layers:
+            var = variants[layer.name]
+            for b in (1, capacity):  # refuse unsupported shapes before anything is allocated
+                var.check_shape(conv_shape(layer, b), params[layer.name])
+            build = compile_variant(var, params[layer.name], gpu.arch)
+            self.builds.append(build)
+            self.convs[layer.name] = ConvOp(gpu, var, params[layer.name], build)
+        self.weights = {name: gpu.to_device(array.astype(np.float32), stream) for name, array in weights.items()}
+        self.steps = self._plan(variants)
+        self.lanes = [self._lane(capacity) for _ in range(lanes)]
+
+    def _plan(self, variants) -> list[tuple]:
+        """(layer, layers it stands for): a variant that fuses relu/maxpool swallows those layers."""
+        steps, layers, i = [], list(self.network.layers), 0
+        while i < len(layers):
+            layer, fused = layers[i], []
+            if layer.type == "conv2d":
+                fuses = set(variants[layer.name].fuses)
+                while i + 1 < len(layers) and {"relu": "relu", "maxpool2d": "maxpool"}.get(layers[i + 1].type) in fuses:
+                    i += 1
+                    fused.append(layers[i])
+            steps.append((layer, fused))
+            i += 1
+        return steps
+
+    def _lane(self, capacity: int) -> Lane:
+        lane = Lane(capacity)
+        for layer, fused in self.steps:
+            last = fused[-1] if fused else layer
+            if layer.type not in ("relu", "flatten"):  # in place, or a view of the previous output
+                lane.outputs[layer.name] = self.gpu.alloc((capacity,) + tuple(last.out_shape))
+        return lane
+
+    def enqueue(self, stream, lane: Lane, x: DeviceArray, logits: DeviceArray, n: int, events: dict | None = None):
+        """Run n images from x through the network into logits on `stream`.
+
+        With `events`, a (start, end) pair of timing events is appended per conv layer.
+        """
+        cur = x.rows(0, n)
+        for layer, fused in self.steps:
+            with nvtx_range(layer.name):
+                if layer.type == "conv2d":
+                    out = lane.outputs[layer.name].rows(0, n)
+                    start = self.gpu.event(stream) if events is not None else None
+                    self.convs[layer.name].enqueue(stream, out, cur, self.weights[f"{layer.name}.weight"],
+                                                   self.weights[f"{layer.name}.bias"], conv_shape(layer, n))
+                    if events is not None:
+                        events.setdefault(layer.name, []).append((start, self.gpu.event(stream)))
+                    cur = out
+                elif layer.type == "relu":
+                    count = int(np.prod(cur.shape))
+                    self.gpu.launch(stream, self.layer_kernels["relu_inplace"], (count + _THREADS - 1) // _THREADS,
+                                    _THREADS, 0, cur.arg, np.int64(count))
+                elif layer.type == "maxpool2d":
+                    out = lane.outputs[layer.name].rows(0, n)
+                    c, h, w = layer.in_shape
+                    count = int(np.prod(out.shape))
+                    self.gpu.launch(stream, self.layer_kernels["maxpool2d"], (count + _THREADS - 1) // _THREADS,
+                                    _THREADS, 0, out.arg, cur.arg, np.int32(n * c), np.int32(h), np.int32(w),
+                                    np.int32(layer.size), np.int32(layer.stride))
+                    cur = out
+                elif layer.type == "flatten":
+                    cur = DeviceArray(cur.ptr, (n, int(np.prod(cur.shape[1:]))), cur.dtype)
+                elif layer.type == "dense":
+                    is_last = layer is self.steps[-1][0]
+                    out = logits.rows(0, n) if is_last else lane.outputs[layer.name].rows(0, n)
+                    warps = n * layer.out_features
+                    self.gpu.launch(stream, self.layer_kernels["dense"], (warps * 32 + _THREADS - 1) // _THREADS,
+                                    _THREADS, 0, out.arg, cur.arg, self.weights[f"{layer.name}.weight"].arg,
+                                    self.weights[f"{layer.name}.bias"].arg, np.int32(n),
+                                    np.int32(layer.in_shape[0]), np.int32(layer.out_features))
+                    cur = out
+                else:
+                    raise ShapeError(f"{self.network.path}: layer '{layer.name}' has type '{layer.type}' the GPU runner does not know")
+        if cur.ptr != logits.ptr:  # networks that do not end in a dense layer
+            from cuda.bindings import driver
+
+            driver.cuMemcpyDtoDAsync(logits.ptr, cur.ptr, logits.rows(0, n).nbytes, int(stream.handle))

@@ -1,0 +1,205 @@
+"""The variant registry (kernels/variants.yaml): what each .cu file is, its tunables and its launches.
+
+Kernel source, tunable parameters and launch geometry are kept apart, as in Kernel Tuner: the
+.cu file reads its parameters as macros, the registry says which values are allowed and how the
+grid follows from the shape, and nothing here knows how a kernel computes.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError, ShapeError
+from .expr import evaluate
+
+KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+REGISTRY_PATH = KERNELS_DIR / "variants.yaml"
+
+TOLERANCE = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2}
+_KEYS = {"source", "cpu", "precision", "description", "params", "restrictions", "constraints",
+         "fuses", "min_cc", "launches"}
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """One conv layer's problem: y[B, M, H_out, W_out] from x[B, C, H, W] and k[M, C, K, K]."""
+
+    B: int
+    C: int
+    M: int
+    H: int
+    W: int
+    K: int
+    S: int = 1
+
+    @property
+    def H_out(self) -> int:
+        return (self.H - self.K) // self.S + 1
+
+    @property
+    def W_out(self) -> int:
+        return (self.W - self.K) // self.S + 1
+
+    def names(self) -> dict[str, int]:
+        return {"B": self.B, "C": self.C, "M": self.M, "H": self.H, "W": self.W, "K": self.K,
+                "S": self.S, "H_out": self.H_out, "W_out": self.W_out}
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.B * self.M * self.H_out * self.W_out * self.C * self.K * self.K
+
+    @property
+    def min_bytes(self) -> int:
+        """fp32 bytes the layer must move at least: input, weights, bias and output once each."""
+        return 4 * (self.B * self.C * self.H * self.W + self.M * self.C * self.K * self.K + self.M
+                    + self.B * self.M * self.H_out * self.W_out)
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    precision: str
+    description: str
+    source: Path | None = None
+    params: dict[str, dict] = field(default_factory=dict)
+    restrictions: tuple[str, ...] = ()
+    constraints: tuple[str, ...] = ()
+    fuses: tuple[str, ...] = ()
+    min_cc: float = 0.0
+    launches: tuple[dict, ...] = ()
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.source is None
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE[self.precision]
+
+    @property
+    def kernel_names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(launch["kernel"] for launch in self.launches))
+
+    def defaults(self) -> dict[str, Any]:
+        return {name: spec["default"] for name, spec in self.params.items()}
+
+    def resolve_params(self, given: dict | None, where: str = "params") -> dict[str, Any]:
+        """Defaults overlaid with `given`, each value checked against the allowed list and restrictions."""
+        resolved = self.defaults()
+        for name, value in (given or {}).items():
+            self._check_value(name, value, where)
+            resolved[name] = value
+        for rule in self.restrictions:
+            if not evaluate(rule, resolved, f"{REGISTRY_PATH.name}: {self.name}.restrictions"):
+                raise ConfigError(f"{where}: {resolved} breaks the restriction '{rule}' of variant '{self.name}'")
+        return resolved
+
+    def param_combinations(self, grid: dict[str, list], where: str) -> list[dict[str, Any]]:
+        """Every allowed combination of `grid` (unlisted tunables at their defaults)."""
+        for name, values in grid.items():
+            for value in values:
+                self._check_value(name, value, where)
+        names = list(grid)
+        combos = []
+        for values in itertools.product(*(grid[n] for n in names)):
+            params = {**self.defaults(), **dict(zip(names, values))}
+            if all(evaluate(rule, params, f"{self.name}.restrictions") for rule in self.restrictions):
+                combos.append(params)
+        if not combos:
+            raise ConfigError(f"{where}: no combination of the grid satisfies the restrictions {list(self.restrictions)}")
+        return combos
+
+    def _check_value(self, name, value, where):
+        if name not in self.params:
+            known = ", ".join(self.params) or "none"
+            raise ConfigError(f"{where}.{name}: variant '{self.name}' has no tunable '{name}' (tunables: {known})")
+        if value not in self.params[name]["values"]:
+            raise ConfigError(f"{where}.{name}: {value!r} is not an allowed value (expected one of {self.params[name]['values']})")
+
+    def all_combinations(self) -> list[dict[str, Any]]:
+        """The whole registered grid: what CI compiles."""
+        return self.param_combinations({n: spec["values"] for n, spec in self.params.items()}, self.name)
+
+    def check_shape(self, shape: ConvShape, params: dict) -> None:
+        """Refuse a shape the kernel cannot compute, naming the constraint, before anything runs."""
+        if shape.H_out < 1 or shape.W_out < 1:
+            raise ShapeError(f"variant '{self.name}': kernel {shape.K} is larger than the {shape.H}x{shape.W} input")
+        names = {**shape.names(), **params}
+        for rule in self.constraints:
+            if not evaluate(rule, names, f"{self.name}.constraints"):
+                raise ShapeError(f"variant '{self.name}' cannot handle {_fmt(shape)}: needs {rule}")
+
+    def launch_plan(self, shape: ConvShape, params: dict) -> list[Launch]:
+        self.check_shape(shape, params)
+        names = {**shape.names(), **params}
+        plan = []
+        for i, spec in enumerate(self.launches):
+            where = f"{REGISTRY_PATH.name}: {self.name}.launches[{i}]"
+            grid = tuple(int(evaluate(e, names, where)) for e in spec["grid"])
+            block = tuple(int(evaluate(e, names, where)) for e in spec["block"])
+            plan.append(Launch(spec["kernel"], _dim3(grid), _dim3(block),
+                               int(evaluate(spec.get("shared_bytes", 0), names, where))))
+        return plan
+
+
+def _dim3(values: tuple[int, ...]) -> tuple[int, int, int]:
+    return tuple(values) + (1,) * (3 - len(values))  # type: ignore[return-value]
+
+
+def _fmt(shape: ConvShape) -> str:
+    return f"B={shape.B} C={shape.C} M={shape.M} H={shape.H} W={shape.W} K={shape.K} S={shape.S}"
+
+
+@functools.lru_cache(maxsize=4)
+def load_registry(path: Path = REGISTRY_PATH) -> dict[str, Variant]:
+    """Parse and check the registry once per process."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read the variant registry ({e})") from None
+    registry = {}
+    for name, entry in (raw or {}).items():
+        where = f"{Path(path).name}: {name}"
+        unknown = set(entry) - _KEYS
+        if unknown:
+            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key (expected one of {sorted(_KEYS)})")
+        precision = entry.get("precision")
+        if precision not in TOLERANCE:
+            raise ConfigError(f"{where}.precision: expected one of {list(TOLERANCE)}, got {precision!r}")
+        source = None
+        if not entry.get("cpu"):
+            if "source" not in entry or not (Path(path).parent / entry["source"]).is_file():
+                raise ConfigError(f"{where}.source: expected an existing .cu file in kernels/, got {entry.get('source')!r}")
+            source = Path(path).parent / entry["source"]
+            if not entry.get("launches"):
+                raise ConfigError(f"{where}.launches: a GPU variant needs at least one launch")
+        params = entry.get("params") or {}
+        for pname, pspec in params.items():
+            if not isinstance(pspec, dict) or "default" not in pspec or pspec["default"] not in pspec.get("values", []):
+                raise ConfigError(f"{where}.params.{pname}: expected {{default: v, values: [..., v, ...]}}")
+        registry[name] = Variant(
+            name=name, precision=precision, description=entry.get("description", ""), source=source,
+            params=params, restrictions=tuple(entry.get("restrictions") or ()),
+            constraints=tuple(entry.get("constraints") or ()), fuses=tuple(entry.get("fuses") or ()),
+            min_cc=float(entry.get("min_cc", 0.0)), launches=tuple(entry.get("launches") or ()))
+    return registry
+
+
+def get_variant(name: str) -> Variant:
+    registry = load_registry()
+    if name not in registry:
+        raise ConfigError(f"{REGISTRY_PATH.name}: unknown variant '{name}' (known: {', '.join(sorted(registry))})")
+    return registry[name]

@@ -1,0 +1,25 @@
+import os
+
+import pytest
+
+
+def pytest_configure(config):
+    # A private cache per test session: tests never depend on what a previous run left behind.
+    if "CONVSWEEP_CACHE" not in os.environ:
+        cache = config._tmp_path_factory.mktemp("convsweep-cache") if hasattr(config, "_tmp_path_factory") else None
+        if cache is not None:
+            os.environ["CONVSWEEP_CACHE"] = str(cache)
+
+
+def pytest_collection_modifyitems(config, items):
+    from convsweep.gpu import gpu_available
+
+    if not any("gpu" in item.keywords for item in items):
+        return
+    ok, why = gpu_available()
+    if ok:
+        return
+    skip = pytest.mark.skip(reason=f"gpu test: {why}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,80 @@
+"""NVRTC compiles on a CPU-only machine: every kernel, every registered parameter combination."""
+import shutil
+
+import pytest
+
+from convsweep.compile import compile_source, compile_variant, parse_ptxas_log
+from convsweep.errors import CompileError
+from convsweep.variants import KERNELS_DIR, load_registry
+
+GPU_VARIANTS = [(name, params) for name, var in load_registry().items() if not var.is_cpu
+                for params in var.all_combinations()]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name, params", GPU_VARIANTS, ids=lambda v: str(v))
+def test_every_variant_and_parameter_combination_compiles(name, params, arch):
+    var = load_registry()[name]
+    build = compile_variant(var, params, arch)
+    assert build.cubin[:4] == b"\x7fELF"
+    names = {k.name for k in build.kernels}
+    assert set(var.kernel_names) <= names, f"{name}: launches name kernels the module lacks"
+    for k in build.kernels:
+        assert k.registers > 0
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_network_layer_kernels_compile(arch):
+    build = compile_source(KERNELS_DIR / "layers.cu", "layers", {}, arch)
+    assert {"relu_inplace", "maxpool2d", "dense"} <= {k.name for k in build.kernels}
+
+
+def test_second_compile_hits_the_cache_and_options_change_the_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path))
+    var = load_registry()["naive"]
+    first = compile_variant(var, var.defaults(), "sm_90")
+    again = compile_variant(var, var.defaults(), "sm_90")
+    other = compile_variant(var, {**var.defaults(), "BLOCK_X": 32}, "sm_90")
+    assert not first.cache_hit and again.cache_hit and not other.cache_hit
+    assert again.cubin == first.cubin and again.kernels == first.kernels
+    assert other.options_hash != first.options_hash
+    assert not compile_variant(var, var.defaults(), "sm_80").cache_hit
+
+
+def test_corrupt_cache_entry_is_recompiled(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path))
+    var = load_registry()["naive"]
+    compile_variant(var, var.defaults(), "sm_90")
+    for cubin in (tmp_path / "kernels").glob("*.cubin"):
+        cubin.write_bytes(b"\x7fELF truncated")
+    assert not compile_variant(var, var.defaults(), "sm_90").cache_hit
+
+
+def test_compile_error_names_file_and_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path / "cache"))
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    shutil.copy(KERNELS_DIR / "common.cuh", kernels)
+    bad = kernels / "broken.cu"
+    bad.write_text('#include "common.cuh"\nextern "C" __global__ void conv_forward(CONV_ARGS) {\n  y[0] = undefined_name;\n}\n')
+    with pytest.raises(CompileError) as err:
+        compile_source(bad, "broken", {}, "sm_90")
+    message = str(err.value)
+    assert "broken.cu:3:" in message and "undefined_name" in message and "\n" not in message
+    assert "error" in err.value.log
+
+
+def test_ptxas_log_parsing():
+    log = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'a' for 'sm_90'
+ptxas info    : Function properties for a
+ptxas         .     256 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 2048 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function 'b' for 'sm_90'
+ptxas info    : Function properties for b
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 0 barriers
+"""
+    a, b = parse_ptxas_log(log)
+    assert (a.name, a.registers, a.shared_bytes, a.local_bytes, a.spill_store_bytes, a.spill_load_bytes) == ("a", 40, 2048, 256, 8, 12)
+    assert (b.name, b.registers, b.shared_bytes, b.local_bytes) == ("b", 10, 0, 0)

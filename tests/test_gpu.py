@@ -1,0 +1,120 @@
+"""Kernels, the network runner and nsys on a real GPU (skipped with the reason elsewhere).
+
+Every check uses fresh random inputs and compares against float64; outputs are poisoned with
+NaN before the kernels run (conv2d does it), so an element a kernel never writes fails.
+"""
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+
+from convsweep.config import JobSpec
+from convsweep.errors import ShapeError
+from convsweep.network import conv2d_reference
+from convsweep.nsys import find_nsys
+from convsweep.variants import load_registry
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = {  # B, C, M, H, W, K, S
+    "lenet-conv1": (8, 1, 4, 86, 86, 7, 1),
+    "lenet-conv2": (8, 4, 16, 40, 40, 7, 1),
+    "odd-sizes": (3, 3, 5, 23, 19, 5, 1),
+    "c-greater-than-m-k3-stride2": (2, 8, 2, 17, 17, 3, 2),
+    "batch-1-k5": (1, 2, 3, 12, 12, 5, 1),
+}
+CASES = [(name, params) for name, var in load_registry().items() if not var.is_cpu for params in var.all_combinations()]
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from convsweep.gpu import Gpu
+
+    with Gpu() as g:
+        yield g
+
+
+def normwise_error(y, ref):
+    return float(np.max(np.abs(y.astype(np.float64) - ref)) / np.max(np.abs(ref)))
+
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+@pytest.mark.parametrize("variant, params", CASES, ids=lambda v: str(v))
+def test_conv_variant_matches_float64(gpu, variant, params, shape):
+    from convsweep.runner import conv2d
+
+    B, C, M, H, W, K, S = shape
+    rng = np.random.default_rng()
+    x = rng.standard_normal((B, C, H, W)).astype(np.float32)
+    w = rng.standard_normal((M, C, K, K)).astype(np.float32)
+    b = rng.standard_normal(M).astype(np.float32)
+    y = conv2d(x, w, b, stride=S, variant=variant, params=params, gpu=gpu)
+    ref = conv2d_reference(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), S)
+    assert y.shape == ref.shape
+    assert np.isfinite(y).all(), "unwritten (poisoned) outputs"
+    assert normwise_error(y, ref) <= load_registry()[variant].tolerance
+
+
+def test_unsupported_shape_is_refused(gpu):
+    from convsweep.runner import conv2d
+
+    with pytest.raises(ShapeError, match="larger than"):
+        conv2d(np.zeros((1, 1, 4, 4), np.float32), np.zeros((1, 1, 7, 7), np.float32), np.zeros(1, np.float32), gpu=gpu)
+
+
+def spec(profiler: str, **over) -> JobSpec:
+    base = dict(experiment="gpu-test", network="networks/lenet86.yaml", dataset="mnist5k",
+                variants={"conv1": "naive", "conv2": "naive"}, params={"conv1": {}, "conv2": {}},
+                batch=512, streams=1, host_memory="pageable", repeats=3, warmup=1, profiler=profiler,
+                sweep={"experiment": "gpu-test", "config_hash": "h", "config_path": "x"})
+    base.update(over)
+    return JobSpec(**base)
+
+
+def reference_accuracy(batch: int) -> float:
+    from convsweep.data import batch_indices, load_dataset
+    from convsweep.network import load_network, load_weights, reference_forward
+    from convsweep.config import ROOT
+
+    net = load_network(ROOT / "networks/lenet86.yaml")
+    data = load_dataset("mnist5k", image_size=net.input_shape[-1])
+    idx = batch_indices(len(data.labels), batch)
+    logits = reference_forward(net, load_weights(net), data.images[idx].astype(np.float64), dtype=np.float64)
+    return float(np.mean(np.argmax(logits, 1) == data.labels[idx]))
+
+
+def test_network_on_gpu_with_events(tmp_path):
+    from convsweep.job import run_job
+
+    result = run_job(spec("events"), tmp_path / "r.json")
+    assert result["status"] == "ok", result["error"]
+    assert result["profiler"] == "events"
+    assert result["accuracy"] == pytest.approx(reference_accuracy(512))
+    t = result["timings"]
+    assert all(t["op_time_ms"][k] > 0 for k in ("conv1", "conv2"))
+    assert 0 < t["h2d_ms"] < t["forward_ms"] and t["compute_ms"] > t["op_time_ms"]["conv2"]
+    assert {b["variant"] for b in result["builds"]} == {"naive", "layers"}
+    assert result["environment"]["gpu"] and result["environment"]["nvrtc"]
+
+
+@pytest.mark.skipif(find_nsys() is None, reason="nsys is not installed")
+def test_job_under_nsys_reads_the_report(tmp_path):
+    from convsweep.job import run_job
+
+    out = tmp_path / "job.json"
+    result = run_job(spec("nsys", repeats=4), out)
+    assert result["status"] == "ok", result["error"]
+    assert result["profiler"] == "nsys"
+    report, export = result["files"]["nsys_report"], result["files"]["nsys_sqlite"]
+    with sqlite3.connect(export) as db:
+        kernels = db.execute("SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    assert kernels > 0 and report.endswith(".nsys-rep")
+    conv = {k["layer"]: k for k in result["kernels"] if k["name"] == "conv_forward"}
+    assert set(conv) == {"conv1", "conv2"} and all(k["launches"] == 4 for k in conv.values())
+    t = result["timings"]
+    for layer in ("conv1", "conv2"):
+        assert t["op_time_ms"][layer] == pytest.approx(conv[layer]["median_ms"], rel=1e-6)
+    assert t["forward_ms"] > t["h2d_ms"] > 0 and t["overlap"] == 0.0
+    assert len([s for s in result["samples"] if s["metric"] == "op_time_ms"]) == 2 * 4
+    assert json.loads(out.read_text())["profiler"] == "nsys"
