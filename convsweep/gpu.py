@@ -53,8 +53,9 @@ class DeviceArray:
         return int(np.prod(self.shape)) * self.dtype.itemsize
 
     @property
-    def arg(self) -> ctypes.c_void_p:
-        return ctypes.c_void_p(self.ptr)
+    def arg(self) -> np.uintp:
+        """The pointer as a kernel argument (a 64-bit integer is what a pointer parameter holds)."""
+        return np.uintp(self.ptr)
 
     def rows(self, start: int, stop: int) -> "DeviceArray":
         """Images start..stop of a batch-major array, without copying."""
@@ -102,13 +103,15 @@ class Gpu:
 
     def event(self, stream):
         """A timing event recorded on `stream` now."""
-        return stream.record(options={"enable_timing": True})
+        from cuda.core import EventOptions
+
+        return stream.record(options=EventOptions(timing_enabled=True))
 
     def alloc(self, shape, dtype=np.float32) -> DeviceArray:
         dtype = np.dtype(dtype)
         nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
         try:
-            buf = self.device.allocate(nbytes)
+            buf = self.device.allocate(nbytes, stream=self.device.default_stream)
         except Exception as e:
             raise DeviceError(f"cannot allocate {nbytes} bytes on {self.name}: {e}") from None
         self._owned.append(buf)

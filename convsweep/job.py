@@ -323,6 +323,14 @@ def _merge(result: dict, measured: dict) -> None:
     result["timings"]["compile_ms"] = sum(b["compile_ms"] for b in result["builds"] if not b["cache_hit"]) if result["builds"] else None
 
 
+def failure_message(e: Exception) -> str:
+    """One line for the result; a bug (not a ConvsweepError) also leaves its traceback in the job log."""
+    if isinstance(e, ConvsweepError):
+        return str(e).splitlines()[0]
+    traceback.print_exc()
+    return f"{type(e).__name__}: {e}".splitlines()[0]
+
+
 def _is_cpu_job(spec: JobSpec) -> bool:
     return all(get_variant(v).is_cpu for v in spec.variants.values())
 
@@ -342,11 +350,8 @@ def run_job(spec: JobSpec, out_path: Path, process_start: float | None = None) -
             _merge(result, measure(spec))
             if spec.profiler == "nsys" and result["profiler"] == "events":
                 result["profiler_note"] = "nsys not found: timed with CUDA events"
-    except ConvsweepError as e:
-        result.update(status="failed", error=str(e))
-    except Exception as e:  # a bug or an unexpected CUDA state: still a stored, explained failure
-        traceback.print_exc()
-        result.update(status="failed", error=f"{type(e).__name__}: {e}".splitlines()[0])
+    except Exception as e:
+        result.update(status="failed", error=failure_message(e))
     if result["environment"] is None:
         result["environment"] = environment()
     result["phases_s"] = {k: _finite(v) for k, v in result["phases_s"].items()}
@@ -392,7 +397,6 @@ def measure_to_file(spec: JobSpec, out_path: Path) -> None:
     """The inner half of an nsys job: measure, and write what was measured (or the failure)."""
     try:
         measured = measure(spec)
-        measured.pop("logits", None)
-    except ConvsweepError as e:
-        measured = {"status": "failed", "error": str(e), "environment": environment()}
+    except Exception as e:
+        measured = {"status": "failed", "error": failure_message(e), "environment": environment()}
     write_json_atomic(out_path, measured)

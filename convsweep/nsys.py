@@ -14,6 +14,7 @@ import shutil
 import sqlite3
 import statistics
 import subprocess
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,10 @@ def profile(command: list[str], report_base: Path, nsys: str, log) -> Path:
     report_base.parent.mkdir(parents=True, exist_ok=True)
     args = [nsys, "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none",
             "--export=sqlite", "--force-overwrite=true", "-o", str(report_base), *command]
-    proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # nsys draws progress bars with carriage returns: keep the job's own lines and nsys's messages
+    kept = [line.split("\r")[-1] for line in proc.stdout.splitlines()]
+    print("\n".join(line for line in kept if line and not line.lstrip().startswith("[")), file=log or sys.stdout)
     sqlite_path = report_base.with_suffix(".sqlite")
     if proc.returncode != 0:
         raise ConvsweepError(f"nsys profile exited with {proc.returncode} (see the job log)")

@@ -34,7 +34,7 @@ def test_second_compile_hits_the_cache_and_options_change_the_key(tmp_path, monk
     var = load_registry()["naive"]
     first = compile_variant(var, var.defaults(), "sm_90")
     again = compile_variant(var, var.defaults(), "sm_90")
-    other = compile_variant(var, {**var.defaults(), "BLOCK_X": 32}, "sm_90")
+    other = compile_variant(var, {**var.defaults(), "BLOCK": 128}, "sm_90")
     assert not first.cache_hit and again.cache_hit and not other.cache_hit
     assert again.cubin == first.cubin and again.kernels == first.kernels
     assert other.options_hash != first.options_hash

@@ -29,14 +29,14 @@ def test_defaults_are_filled_from_the_schema(tmp_path):
 
 def test_matrix_is_the_product_of_the_axes(tmp_path):
     data = copy.deepcopy(BASE)
-    data["experiments"]["e1"].update(variants=["naive", "reference"], streams=[1, 2], params={"naive": {"BLOCK_X": [8, 16]}})
+    data["experiments"]["e1"].update(variants=["naive", "reference"], streams=[1, 2], params={"naive": {"BLOCK": [128, 512]}})
     jobs = expand_config(load_config(write(tmp_path, data)))
     # naive: 2 params x 2 batches x 2 streams; reference: 2 batches x 2 streams
     assert len(jobs) == 8 + 4
     assert len({j.job_id for j in jobs}) == len(jobs)
     naive = [j for j in jobs if j.label == "naive"]
-    assert {j.params["conv1"]["BLOCK_X"] for j in naive} == {8, 16}
-    assert all(j.params["conv1"]["BLOCK_Y"] == 16 for j in naive)  # unlisted tunables at their defaults
+    assert {j.params["conv1"]["BLOCK"] for j in naive} == {128, 512}
+    assert all(j.params["conv2"] == j.params["conv1"] for j in naive)
 
 
 def test_per_layer_variant_map(tmp_path):
@@ -82,9 +82,9 @@ def test_bad_config_gives_one_line_with_file_and_key(tmp_path, mutate, expected)
     (lambda e: e.update(variants=[{"conv1": "naive"}]), "no variant for layer 'conv2'"),
     (lambda e: e.update(variants=[{"conv1": "naive", "conv2": "naive", "conv9": "naive"}]), "unknown layer 'conv9'"),
     (lambda e: e.update(params={"naive": {"TILE": [8]}}), "params.naive.TILE: variant 'naive' has no tunable 'TILE'"),
-    (lambda e: e.update(params={"naive": {"BLOCK_X": [7]}}), "params.naive.BLOCK_X: 7 is not an allowed value"),
-    (lambda e: e.update(params={"naive": {"BLOCK_X": [32], "BLOCK_Y": [32, 64]}}), "not an allowed value"),
-    (lambda e: e.update(params={"naiv": {"BLOCK_X": [8]}}), "params.naiv: unknown variant"),
+    (lambda e: e.update(params={"naive": {"BLOCK": [7]}}), "params.naive.BLOCK: 7 is not an allowed value"),
+    (lambda e: e.update(params={"naive": {"BLOCK": [256, 2048]}}), "2048 is not an allowed value"),
+    (lambda e: e.update(params={"naiv": {"BLOCK": [64]}}), "params.naiv: unknown variant"),
 ])
 def test_matrix_errors_name_the_key(tmp_path, mutate, expected):
     data = copy.deepcopy(BASE)
@@ -93,17 +93,16 @@ def test_matrix_errors_name_the_key(tmp_path, mutate, expected):
         expand_config(load_config(write(tmp_path, data)))
 
 
-def test_restrictions_filter_the_grid_and_can_empty_it(tmp_path):
-    from dataclasses import replace
+def test_restrictions_filter_the_grid_and_can_empty_it():
+    from convsweep.variants import Variant
 
-    from convsweep.variants import load_registry
-
-    naive = load_registry()["naive"]
-    assert len(naive.param_combinations({"BLOCK_X": [32], "BLOCK_Y": [32]}, "p")) == 1  # 1024 threads: allowed
-    strict = replace(naive, restrictions=("BLOCK_X * BLOCK_Y <= 256",))
-    assert [c["BLOCK_Y"] for c in strict.param_combinations({"BLOCK_X": [16], "BLOCK_Y": [8, 16, 32]}, "p")] == [8, 16]
+    tiles = {"TX": {"default": 16, "values": [8, 16, 32]}, "TY": {"default": 16, "values": [8, 16, 32]}}
+    var = Variant(name="tiled", precision="fp32", description="", params=tiles, restrictions=("TX * TY <= 256",))
+    combos = var.param_combinations({"TX": [16], "TY": [8, 16, 32]}, "p")
+    assert [c["TY"] for c in combos] == [8, 16]
+    assert len(var.all_combinations()) == 6  # of 9, the three with more than 256 threads are left out
     with pytest.raises(ConfigError, match="no combination"):
-        strict.param_combinations({"BLOCK_X": [32], "BLOCK_Y": [32]}, "params.naive")
+        var.param_combinations({"TX": [32], "TY": [32]}, "params.tiled")
 
 
 def test_missing_and_invalid_files(tmp_path):

@@ -27,9 +27,10 @@ def test_naive_launch_plan_covers_every_output():
     naive = load_registry()["naive"]
     shape = ConvShape(B=7, C=3, M=5, H=23, W=19, K=5)
     (launch,) = naive.launch_plan(shape, naive.defaults())
-    bx, by, _ = launch.block
-    tiles = -(-shape.W_out // bx) * -(-shape.H_out // by)
-    assert launch.grid == (shape.B * tiles, shape.M, 1)
+    threads, _, _ = launch.block
+    blocks_per_plane = -(-shape.H_out * shape.W_out // threads)
+    assert launch.grid == (shape.B * blocks_per_plane, shape.M, 1)
+    assert launch.grid[0] * threads >= shape.B * shape.H_out * shape.W_out
 
 
 def test_a_shape_a_variant_cannot_handle_is_refused_with_the_constraint():
