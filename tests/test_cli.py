@@ -1,0 +1,71 @@
+"""The command line: one clear line for bad input, exit status 2, nothing half-written."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from convsweep.config import ROOT
+
+
+def convsweep(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "convsweep.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def one_error_line(proc) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("convsweep: ")
+    return lines[0]
+
+
+def test_jobs_lists_the_default_matrix():
+    proc = convsweep("jobs", "--config", str(ROOT / "experiments.yaml"))
+    assert proc.returncode == 0
+    assert len(proc.stdout.strip().splitlines()) == 6  # naive + reference at three batches
+
+
+def test_bad_config_is_one_line(tmp_path):
+    bad = tmp_path / "experiments.yaml"
+    bad.write_text("experiments:\n  e:\n    variants: [naive]\n    batches: [100]\n    streamz: [1]\n")
+    line = one_error_line(convsweep("jobs", "--config", str(bad)))
+    assert str(bad) in line and "experiments.e" in line and "streamz" in line
+
+
+def test_unknown_variant_and_tunable_are_one_line():
+    assert "unknown variant 'nope'" in one_error_line(convsweep("compile", "nope", "--arch", "sm_90"))
+    assert "has no tunable 'TILE'" in one_error_line(convsweep("compile", "naive", "--param", "TILE=8", "--arch", "sm_90"))
+
+
+def test_compile_prints_resources_and_writes_the_build(tmp_path):
+    out = tmp_path / "b.json"
+    proc = convsweep("compile", "naive", "--param", "BLOCK=128", "--arch", "sm_90", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "conv_forward" in proc.stdout and "regs" in proc.stdout
+    build = json.loads(out.read_text())["builds"][0]
+    assert build["params"] == {"BLOCK": 128} and build["kernels"][0]["registers"] > 0
+
+
+def test_query_without_a_database_is_one_line(tmp_path):
+    line = one_error_line(convsweep("query", "summary", "--db", f"sqlite:///{tmp_path}/none.sqlite"))
+    assert "none.sqlite" in line
+
+
+def test_unreachable_database_is_one_line(tmp_path):
+    result = tmp_path / "r.json"
+    result.write_text("{}")
+    line = one_error_line(convsweep("ingest", "--db", "postgresql+psycopg://u@127.0.0.1:1/x", str(result)))
+    assert "unreachable" in line
+
+
+def test_run_job_with_a_broken_spec_is_one_line(tmp_path):
+    line = one_error_line(convsweep("run-job", "--spec", "{not json", "--out", str(tmp_path / "r.json")))
+    assert "--spec" in line
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("flag", ["--verbose", "-v"])
+def test_verbose_shows_the_traceback(flag):
+    proc = convsweep(flag, "compile", "nope", "--arch", "sm_90")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
