@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Start a throwaway PostgreSQL 15 on a loopback port for the store tests and print its URL as
+# the last line of stdout. Everything else goes to stderr or to logs in the data directory.
+# Running it again while that server is up prints the same URL (idempotent, fast); the data
+# lives under /tmp, so nothing needs stopping between CI runs.
+set -euo pipefail
+
+db=convsweep_test
+state="${TMPDIR:-/tmp}/convsweep-test-pg.state"
+
+if ! command -v initdb >/dev/null 2>&1; then
+    echo "start-postgres: initdb not found; PostgreSQL tests will be skipped" >&2
+    exit 0
+fi
+bindir="$(dirname "$(readlink -f "$(command -v initdb)")")"
+
+# The server refuses to run as root: run its tools as the postgres OS user then.
+if [ "$(id -u)" = 0 ]; then
+    as_pg=(runuser -u postgres --)
+else
+    as_pg=()
+fi
+
+url_for() { echo "postgresql+psycopg://postgres@127.0.0.1:$1/$db"; }
+
+ensure_db() {  # dir port
+    local exists
+    exists="$("${as_pg[@]}" "$bindir/psql" -h "$1" -p "$2" -U postgres -d postgres -XAtq \
+        -c "SELECT 1 FROM pg_database WHERE datname = '$db'")"
+    if [ "$exists" != 1 ]; then
+        "${as_pg[@]}" "$bindir/createdb" -h "$1" -p "$2" -U postgres "$db" >&2
+    fi
+}
+
+if [ -f "$state" ]; then
+    read -r dir port <"$state" || true
+    if [ -n "${dir:-}" ] && [ -n "${port:-}" ] \
+        && "${as_pg[@]}" "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+        ensure_db "$dir" "$port"
+        url_for "$port"
+        exit 0
+    fi
+    # That server is gone (reboot, killed): drop its leftovers and start afresh.
+    case "${dir:-}" in "${TMPDIR:-/tmp}"/convsweep-pg.*) rm -rf "$dir" ;; esac
+fi
+
+dir="$(mktemp -d "${TMPDIR:-/tmp}/convsweep-pg.XXXXXX")"
+if [ ${#as_pg[@]} -gt 0 ]; then
+    chown postgres: "$dir"
+fi
+port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+
+if ! "${as_pg[@]}" "$bindir/initdb" -A trust -U postgres --no-sync -D "$dir/data" >"$dir/initdb.log" 2>&1; then
+    echo "start-postgres: initdb failed, see $dir/initdb.log:" >&2
+    tail -5 "$dir/initdb.log" >&2
+    exit 1
+fi
+# A test server: durability is not wanted, speed is.
+if ! "${as_pg[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/log" -w -t 30 \
+    -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+    start >/dev/null; then
+    echo "start-postgres: server did not start, see $dir/log:" >&2
+    tail -5 "$dir/log" >&2
+    exit 1
+fi
+ensure_db "$dir" "$port"
+echo "$dir $port" >"$state"
+url_for "$port"

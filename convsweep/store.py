@@ -1,0 +1,566 @@
+"""The result store: SQLAlchemy models of runs and their builds, samples and profiles, and the
+idempotent ingest of per-job result JSON files (docs/result-format.md) into SQLite or PostgreSQL."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Engine,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    insert,
+    select,
+    text,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+from convsweep.errors import StoreError
+
+DB_DIR = Path(__file__).resolve().parent.parent / "db"
+MIGRATIONS_DIR = DB_DIR / "migrations"
+DEFAULT_URL = "sqlite:///db/results.sqlite"
+RESULT_FORMAT = 1
+STATUSES = ("ok", "incorrect", "failed")
+PG_CONNECT_TIMEOUT_S = 5
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Serializes concurrent migrations on one PostgreSQL database (any constant, unique to us).
+_PG_MIGRATION_LOCK = 0x636F6E76
+
+REQUIRED_KEYS = {
+    "": ("format", "job_id", "run_key", "spec", "sweep", "environment", "status"),
+    "spec": ("experiment", "network", "variants", "batch", "streams", "host_memory"),
+    "sweep": ("experiment", "config_hash"),
+}
+
+# Deterministic constraint names, so the hand-written migration and the models agree.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+run_build = Table(
+    "run_build",
+    Base.metadata,
+    Column("run_id", ForeignKey("run.id", ondelete="CASCADE"), primary_key=True),
+    Column("build_id", ForeignKey("build.id", ondelete="CASCADE"), primary_key=True, index=True),
+)
+
+
+class Sweep(Base):
+    __tablename__ = "sweep"
+    __table_args__ = (UniqueConstraint("experiment", "config_hash"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment: Mapped[str] = mapped_column(String)
+    config_hash: Mapped[str] = mapped_column(String)
+    config_path: Mapped[str | None] = mapped_column(String)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Environment(Base):
+    __tablename__ = "environment"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    env_hash: Mapped[str] = mapped_column(String, unique=True)
+    hostname: Mapped[str | None] = mapped_column(String)
+    gpu: Mapped[str | None] = mapped_column(String)
+    compute_capability: Mapped[str | None] = mapped_column(String)
+    driver: Mapped[str | None] = mapped_column(String)
+    nvrtc: Mapped[str | None] = mapped_column(String)
+    nsys: Mapped[str | None] = mapped_column(String)
+    python: Mapped[str | None] = mapped_column(String)
+    packages: Mapped[dict[str, Any] | None]
+    git_commit: Mapped[str | None] = mapped_column(String)
+
+
+class Build(Base):
+    __tablename__ = "build"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    build_key: Mapped[str] = mapped_column(String, unique=True)
+    variant: Mapped[str] = mapped_column(String)
+    params: Mapped[dict[str, Any] | None]
+    arch: Mapped[str | None] = mapped_column(String)
+    options_hash: Mapped[str | None] = mapped_column(String)
+    source_hash: Mapped[str | None] = mapped_column(String)
+    compile_ms: Mapped[float | None] = mapped_column(Float)
+    cache_hit: Mapped[bool | None] = mapped_column(Boolean)
+    log: Mapped[str | None] = mapped_column(Text)
+    kernels: Mapped[list[Any] | None]
+
+
+class Run(Base):
+    __tablename__ = "run"
+    __table_args__ = (Index(None, "experiment", "variant", "batch", "streams"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_key: Mapped[str] = mapped_column(String, unique=True)
+    job_id: Mapped[str] = mapped_column(String)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweep.id"), index=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environment.id"), index=True)
+    experiment: Mapped[str] = mapped_column(String)
+    network: Mapped[str] = mapped_column(String)
+    dataset: Mapped[str | None] = mapped_column(String)
+    variants: Mapped[dict[str, Any]]
+    params: Mapped[dict[str, Any] | None]
+    variant: Mapped[str] = mapped_column(String)
+    batch: Mapped[int] = mapped_column(Integer)
+    streams: Mapped[int] = mapped_column(Integer)
+    host_memory: Mapped[str] = mapped_column(String)
+    repeats: Mapped[int | None] = mapped_column(Integer)
+    warmup: Mapped[int | None] = mapped_column(Integer)
+    profiler_requested: Mapped[str | None] = mapped_column(String)
+    profiler: Mapped[str | None] = mapped_column(String)
+    status: Mapped[str] = mapped_column(String)
+    error: Mapped[str | None] = mapped_column(Text)
+    accuracy: Mapped[float | None] = mapped_column(Float)
+    max_rel_err: Mapped[float | None] = mapped_column(Float)
+    tolerance: Mapped[float | None] = mapped_column(Float)
+    images_unique: Mapped[int | None] = mapped_column(Integer)
+    cycled: Mapped[bool | None] = mapped_column(Boolean)
+    op_time_1_ms: Mapped[float | None] = mapped_column(Float)
+    op_time_2_ms: Mapped[float | None] = mapped_column(Float)
+    op_time_ms: Mapped[dict[str, Any] | None]
+    h2d_ms: Mapped[float | None] = mapped_column(Float)
+    d2h_ms: Mapped[float | None] = mapped_column(Float)
+    compute_ms: Mapped[float | None] = mapped_column(Float)
+    forward_ms: Mapped[float | None] = mapped_column(Float)
+    overlap: Mapped[float | None] = mapped_column(Float)
+    total_s: Mapped[float | None] = mapped_column(Float)
+    compile_ms: Mapped[float | None] = mapped_column(Float)
+    phases: Mapped[dict[str, Any] | None]
+    floors: Mapped[dict[str, Any] | None]
+    files: Mapped[dict[str, Any] | None]
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    result_path: Mapped[str | None] = mapped_column(String)
+
+    sweep: Mapped[Sweep] = relationship()
+    environment: Mapped[Environment] = relationship()
+    builds: Mapped[list[Build]] = relationship(secondary=run_build)
+    samples: Mapped[list[Sample]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
+    kernels: Mapped[list[KernelStat]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
+    memcpys: Mapped[list[Memcpy]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
+
+
+class Sample(Base):
+    __tablename__ = "sample"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), index=True)
+    metric: Mapped[str] = mapped_column(String)
+    layer: Mapped[str | None] = mapped_column(String)
+    repeat: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+
+
+class KernelStat(Base):
+    __tablename__ = "kernel"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), index=True)
+    layer: Mapped[str | None] = mapped_column(String)
+    name: Mapped[str] = mapped_column(String)
+    launches: Mapped[int | None] = mapped_column(Integer)
+    total_ms: Mapped[float | None] = mapped_column(Float)
+    median_ms: Mapped[float | None] = mapped_column(Float)
+    grid: Mapped[list[Any] | None]
+    block: Mapped[list[Any] | None]
+    registers: Mapped[int | None] = mapped_column(Integer)
+    static_shared_bytes: Mapped[int | None] = mapped_column(Integer)
+    dynamic_shared_bytes: Mapped[int | None] = mapped_column(Integer)
+    local_bytes: Mapped[int | None] = mapped_column(Integer)
+
+
+class Memcpy(Base):
+    __tablename__ = "memcpy"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String)
+    count: Mapped[int | None] = mapped_column(Integer)
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
+    total_ms: Mapped[float | None] = mapped_column(Float)
+
+
+@dataclass
+class IngestReport:
+    """What one ingest_files call did; runs already stored count as unchanged."""
+
+    added: int = 0
+    unchanged: int = 0
+    added_by_status: Counter[str] = field(default_factory=Counter)
+
+
+# --- connecting ---------------------------------------------------------------------------
+
+
+def resolve_url(url: str | None = None) -> URL:
+    """The database URL: the argument, else $CONVSWEEP_DB, else db/results.sqlite under the cwd."""
+    raw = url or os.environ.get("CONVSWEEP_DB") or DEFAULT_URL
+    try:
+        sa_url = make_url(raw)
+    except ArgumentError:
+        hidden = re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", raw)
+        raise StoreError(f"bad database URL {hidden!r}: expected e.g. sqlite:///db/results.sqlite "
+                         "or postgresql://user@host/db") from None
+    if sa_url.drivername == "postgresql":
+        # psycopg 3 is the driver we install; SQLAlchemy's default would be psycopg2.
+        sa_url = sa_url.set(drivername="postgresql+psycopg")
+    return sa_url
+
+
+def show_url(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+def one_line(exc: BaseException, url: URL | None = None) -> str:
+    """A driver error as one line, without the password even if the driver echoed it."""
+    inner = getattr(exc, "orig", None) or exc
+    message = " ".join(str(inner).split()) or type(inner).__name__
+    if url is not None and url.password:
+        message = message.replace(str(url.password), "***")
+    return message
+
+
+def sqlite_path(url: URL) -> Path | None:
+    """The file of a SQLite URL, or None for in-memory and non-SQLite databases."""
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    if url.database.startswith("file:"):
+        return None
+    return Path(url.database)
+
+
+def make_engine(url: URL, *, read_only: bool = False, **kwargs: Any) -> Engine:
+    """An engine with our connection settings; bad URLs and missing drivers become StoreError."""
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        connect_args.setdefault("connect_timeout", PG_CONNECT_TIMEOUT_S)
+        if read_only:
+            connect_args["options"] = "-c default_transaction_read_only=on"
+            # Every statement goes through the extended protocol, which takes one statement at a
+            # time: no "COMMIT; SET default_transaction_read_only=off; UPDATE ..." in one string.
+            connect_args["prepare_threshold"] = 0
+    try:
+        engine = create_engine(url, connect_args=connect_args, **kwargs)
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        raise StoreError(f"bad database URL {show_url(url)}: {one_line(exc)}") from None
+    if backend == "sqlite":
+        _tune_sqlite(engine, read_only)
+    return engine
+
+
+def _tune_sqlite(engine: Engine, read_only: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # We emit BEGIN ourselves (below): pysqlite's own transaction handling breaks SAVEPOINT
+        # and would start write transactions too late to wait politely for other writers.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        if read_only:
+            # mode=ro in the URL guards the file; query_only also guards anything ATTACHed.
+            cursor.execute("PRAGMA query_only=ON")
+        else:
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        mode = connection.get_execution_options().get("sqlite_begin", "DEFERRED")
+        connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _writer(engine: Engine) -> Engine:
+    """The engine whose transactions take SQLite's write lock up front, so concurrent writers queue."""
+    return engine.execution_options(sqlite_begin="IMMEDIATE")
+
+
+def open_store(url: str | None = None) -> Engine:
+    """Connect to the result database and bring its schema up to date (Alembic, head)."""
+    sa_url = resolve_url(url)
+    path = sqlite_path(sa_url)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create {path.parent} for the database: {exc.strerror}") from None
+    engine = make_engine(sa_url)
+    try:
+        connection = _writer(engine).connect()
+    except DBAPIError as exc:
+        engine.dispose()
+        raise StoreError(f"database {show_url(sa_url)} unreachable: {one_line(exc, sa_url)}") from None
+    try:
+        with connection, connection.begin():
+            if connection.dialect.name == "postgresql":
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
+            config = Config()
+            config.set_main_option("script_location", str(MIGRATIONS_DIR))
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+    except SQLAlchemyError as exc:
+        engine.dispose()
+        raise StoreError(f"cannot migrate database {show_url(sa_url)}: {one_line(exc, sa_url)}") from None
+    return engine
+
+
+# --- ingesting ----------------------------------------------------------------------------
+
+
+def sha256_json(value: Any) -> str:
+    """sha256 of the canonical JSON of a value (sorted keys, no whitespace)."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def build_key(build: dict[str, Any]) -> str:
+    return sha256_json({k: build.get(k) for k in ("variant", "params", "arch", "options_hash", "source_hash")})
+
+
+def variant_label(variants: dict[str, str]) -> str:
+    """'naive' when every layer uses naive, else 'conv1=naive,conv2=tiled' in network order."""
+    names = list(variants.values())
+    if names and all(name == names[0] for name in names):
+        return str(names[0])
+    return ",".join(f"{layer}={name}" for layer, name in variants.items())
+
+
+def check_result(result: Any, source: str) -> None:
+    """Raise StoreError naming the file and key when a result is not one we can store."""
+    if not isinstance(result, dict):
+        raise StoreError(f"{source}: expected a JSON object, got {type(result).__name__}")
+    if "format" in result and result["format"] != RESULT_FORMAT:
+        raise StoreError(f"{source}: result format {result['format']!r} is not supported "
+                         f"(expected {RESULT_FORMAT})")
+    for section, keys in REQUIRED_KEYS.items():
+        where = result[section] if section else result
+        if not isinstance(where, dict):
+            raise StoreError(f"{source}: key '{section}' must be an object")
+        for key in keys:
+            if key not in where:
+                raise StoreError(f"{source}: missing key '{section + '.' if section else ''}{key}'")
+    if result["status"] not in STATUSES:
+        raise StoreError(f"{source}: key 'status' is {result['status']!r}, expected one of {', '.join(STATUSES)}")
+    if not isinstance(result["spec"]["variants"], dict):
+        raise StoreError(f"{source}: key 'spec.variants' must be an object of layer -> variant")
+    for key in ("timings", "images"):
+        if not isinstance(result.get(key) or {}, dict):
+            raise StoreError(f"{source}: key '{key}' must be an object or null")
+    for key in ("samples", "builds", "kernels", "memcpys"):
+        items = result.get(key) or []
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            raise StoreError(f"{source}: key '{key}' must be a list of objects")
+
+
+def _timestamp(value: str | None, source: str, key: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        # Python 3.10's fromisoformat does not take the "Z" suffix.
+        stamp = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+    except (TypeError, ValueError):
+        raise StoreError(f"{source}: key '{key}' is not an ISO 8601 time: {value!r}") from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=timezone.utc)
+    return stamp.astimezone(timezone.utc)
+
+
+def _get_or_create(session: Session, model: type[Base], keys: dict[str, Any], values: dict[str, Any]) -> int:
+    """The id of the row with these key columns, inserted if missing; safe against concurrent inserts."""
+    dialect = session.get_bind().dialect.name
+    row = {**values, **keys}
+    if dialect in ("postgresql", "sqlite"):
+        insert_fn = pg_insert if dialect == "postgresql" else sqlite_insert
+        session.execute(insert_fn(model).values(row).on_conflict_do_nothing(index_elements=list(keys)))
+    else:
+        found = session.scalar(select(model.id).filter_by(**keys))
+        if found is not None:
+            return found
+        session.execute(insert(model).values(row))
+    return session.scalar(select(model.id).filter_by(**keys))
+
+
+class _AlreadyStored(Exception):
+    """Internal: the run is in the database already; roll back and report unchanged."""
+
+
+def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | None = None) -> bool:
+    """Store one result in one transaction; False (and nothing written) when its run_key is stored."""
+    source = result_path or f"result {result.get('job_id', '?') if isinstance(result, dict) else '?'}"
+    check_result(result, source)
+    try:
+        with Session(_writer(engine)) as session, session.begin():
+            if session.scalar(select(Run.id).where(Run.run_key == result["run_key"])) is not None:
+                raise _AlreadyStored
+            session.add(_run_row(session, result, result_path, source))
+        return True
+    except _AlreadyStored:
+        return False
+    except IntegrityError as exc:
+        # Another process may have stored the same run between our check and our insert.
+        with Session(engine) as session:
+            if session.scalar(select(Run.id).where(Run.run_key == result["run_key"])) is not None:
+                return False
+        raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
+    except DBAPIError as exc:
+        raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
+
+
+def _run_row(session: Session, result: dict[str, Any], result_path: str | None, source: str) -> Run:
+    spec = result["spec"]
+    sweep = result["sweep"]
+    env = result["environment"]
+    timings = result.get("timings") or {}
+    images = result.get("images") or {}
+    op_time_ms = timings.get("op_time_ms") or {}
+    layers = list(spec["variants"]) or list(op_time_ms)
+    now = datetime.now(timezone.utc)
+
+    sweep_id = _get_or_create(
+        session, Sweep,
+        {"experiment": sweep["experiment"], "config_hash": sweep["config_hash"]},
+        {"config_path": sweep.get("config_path"), "created_at": now},
+    )
+    environment_id = _get_or_create(
+        session, Environment,
+        {"env_hash": sha256_json(env)},
+        {k: env.get(k) for k in ("hostname", "gpu", "compute_capability", "driver", "nvrtc",
+                                 "nsys", "python", "packages", "git_commit")},
+    )
+    # A build keeps the compile_ms and cache_hit of the run that first stored it; each run's own
+    # compile time is run.compile_ms.
+    build_ids = {
+        _get_or_create(
+            session, Build,
+            {"build_key": build_key(build)},
+            {k: build.get(k) for k in ("variant", "params", "arch", "options_hash", "source_hash",
+                                       "compile_ms", "cache_hit", "log", "kernels")},
+        )
+        for build in result.get("builds") or []
+    }
+
+    def op_time(index: int) -> float | None:
+        return op_time_ms.get(layers[index]) if len(layers) > index else None
+
+    run = Run(
+        run_key=result["run_key"],
+        job_id=result["job_id"],
+        sweep_id=sweep_id,
+        environment_id=environment_id,
+        experiment=spec["experiment"],
+        network=spec["network"],
+        dataset=spec.get("dataset"),
+        variants=spec["variants"],
+        params=spec.get("params"),
+        variant=variant_label(spec["variants"]),
+        batch=spec["batch"],
+        streams=spec["streams"],
+        host_memory=spec["host_memory"],
+        repeats=spec.get("repeats"),
+        warmup=spec.get("warmup"),
+        profiler_requested=spec.get("profiler"),
+        profiler=result.get("profiler"),
+        status=result["status"],
+        error=result.get("error"),
+        accuracy=result.get("accuracy"),
+        max_rel_err=result.get("max_rel_err"),
+        tolerance=result.get("tolerance"),
+        images_unique=images.get("unique"),
+        cycled=images.get("cycled"),
+        op_time_1_ms=op_time(0),
+        op_time_2_ms=op_time(1),
+        op_time_ms=timings.get("op_time_ms"),
+        h2d_ms=timings.get("h2d_ms"),
+        d2h_ms=timings.get("d2h_ms"),
+        compute_ms=timings.get("compute_ms"),
+        forward_ms=timings.get("forward_ms"),
+        overlap=timings.get("overlap"),
+        total_s=timings.get("total_s"),
+        compile_ms=timings.get("compile_ms"),
+        phases=result.get("phases_s"),
+        floors=result.get("floors"),
+        files=result.get("files"),
+        started_at=_timestamp(result.get("started_at"), source, "started_at"),
+        ingested_at=now,
+        result_path=result_path,
+    )
+    run.builds = [session.get(Build, build_id) for build_id in sorted(build_ids)]
+    run.samples = [
+        Sample(metric=s.get("metric"), layer=s.get("layer"), repeat=s.get("repeat"), value=s.get("value"))
+        for s in result.get("samples") or []
+    ]
+    run.kernels = [
+        KernelStat(**{k: kernel.get(k) for k in (
+            "layer", "name", "launches", "total_ms", "median_ms", "grid", "block", "registers",
+            "static_shared_bytes", "dynamic_shared_bytes", "local_bytes")})
+        for kernel in result.get("kernels") or []
+    ]
+    run.memcpys = [
+        Memcpy(kind=m.get("kind"), count=m.get("count"), bytes=m.get("bytes"), total_ms=m.get("total_ms"))
+        for m in result.get("memcpys") or []
+    ]
+    return run
+
+
+def read_result(path: str | Path) -> dict[str, Any]:
+    """One result file, parsed; unreadable or non-JSON files raise StoreError naming the file."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{path}: not valid JSON: {exc}") from None
+
+
+def ingest_files(engine: Engine, paths: Iterable[str | Path]) -> IngestReport:
+    """Ingest result files one transaction each; stops at the first file that cannot be stored."""
+    report = IngestReport()
+    for path in paths:
+        result = read_result(path)
+        if ingest_result(engine, result, str(path)):
+            report.added += 1
+            report.added_by_status[result["status"]] += 1
+        else:
+            report.unchanged += 1
+    return report

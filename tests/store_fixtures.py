@@ -1,0 +1,148 @@
+"""Store test helpers: a database URL per backend (a SQLite file, or a fresh PostgreSQL database
+on the server in $CONVSWEEP_TEST_PG_URL) and a factory for result dicts in the contract's shape."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, func, select
+from sqlalchemy.engine import Engine, make_url
+
+from convsweep.store import Base
+
+PG_ENV = "CONVSWEEP_TEST_PG_URL"
+NO_PG_REASON = "no PostgreSQL server: set CONVSWEEP_TEST_PG_URL (.ci/run starts one)"
+BACKENDS = ["sqlite", "postgresql"]
+TABLES = ["sweep", "environment", "build", "run", "run_build", "sample", "kernel", "memcpy"]
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path):
+    """A URL of an empty database on each backend; PostgreSQL gets a database of its own."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'db' / 'results.sqlite'}"
+        return
+    server = os.environ.get(PG_ENV)
+    if not server:
+        pytest.skip(NO_PG_REASON)
+    name = f"convsweep_t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(make_url(server).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(server).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+def row_counts(engine: Engine) -> dict[str, int]:
+    with engine.connect() as connection:
+        return {t: connection.scalar(select(func.count()).select_from(Base.metadata.tables[t])) for t in TABLES}
+
+
+def make_result(variant: str | dict[str, str] = "naive", batch: int = 100, streams: int = 1,
+                status: str = "ok", op_time_ms: tuple[float, float] = (0.74, 1.76),
+                experiment: str = "lenet86-baseline", host_memory: str = "pageable",
+                **overrides: Any) -> dict[str, Any]:
+    """One job's result JSON (docs/result-format.md); ok, incorrect or failed."""
+    variants = variant if isinstance(variant, dict) else {"conv1": variant, "conv2": variant}
+    spec = {
+        "experiment": experiment, "network": "networks/lenet86.yaml", "dataset": "mnist5k",
+        "variants": variants, "params": {layer: {} for layer in variants},
+        "batch": batch, "streams": streams, "host_memory": host_memory,
+        "repeats": 3, "warmup": 1, "profiler": "nsys",
+    }
+    run_key = hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    failed = status == "failed"
+    timed = not failed
+    layers = list(variants)
+    result: dict[str, Any] = {
+        "format": 1,
+        "job_id": f"{'-'.join(sorted(set(variants.values())))}-b{batch}-s{streams}-{run_key[:8]}",
+        "run_key": run_key,
+        "spec": spec,
+        "sweep": {"experiment": experiment, "config_hash": "c" * 64, "config_path": "experiments.yaml"},
+        "environment": {
+            "hostname": "node1", "gpu": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
+            "driver": "13000", "nvrtc": "13.0", "nsys": "2025.3.1", "python": "3.11.7",
+            "packages": {"numpy": "2.1.0", "cuda-core": "0.4.0"}, "git_commit": "abc123",
+        },
+        "status": status,
+        "error": {"ok": None,
+                  "incorrect": "max_rel_err 0.5 exceeds tolerance 1e-05 (fp32)",
+                  "failed": "compile failed: tiled.cu(12): error: identifier TILE undefined"}[status],
+        "profiler": "nsys" if timed else None,
+        "started_at": "2026-11-22T18:40:00+00:00",
+        "accuracy": (0.982 if status == "ok" else 0.1) if timed else None,
+        "max_rel_err": (3.1e-7 if status == "ok" else 0.5) if timed else None,
+        "tolerance": 1e-5,
+        "images": {"batch": batch, "unique": min(batch, 5000), "cycled": batch > 5000},
+        "timings": {
+            "op_time_ms": dict(zip(layers, op_time_ms)) if timed else None,
+            "h2d_ms": 3.9 if timed else None, "d2h_ms": 0.01 if timed else None,
+            "compute_ms": sum(op_time_ms) + 0.1 if timed else None,
+            "forward_ms": sum(op_time_ms) + 4.0 if timed else None,
+            "overlap": 0.0 if timed else None, "total_s": 6.2 if timed else None,
+            "compile_ms": 1.2 if timed else None,
+        },
+        "phases_s": {"load": 0.3, "compile": 0.01, "timed": 0.5},
+        "floors": {layer: {"bytes": 12345, "flops": 678} for layer in layers},
+        "samples": [
+            {"metric": "op_time_ms", "layer": layer, "repeat": r, "value": t + 0.001 * r}
+            for layer, t in zip(layers, op_time_ms) for r in range(3)
+        ] + [{"metric": "forward_ms", "layer": None, "repeat": r, "value": 42.1 + r} for r in range(3)]
+        if timed else [],
+        "builds": [
+            {"variant": name, "params": {}, "arch": "sm_90", "options_hash": "o" * 64,
+             "source_hash": hashlib.sha256(name.encode()).hexdigest(), "compile_ms": 35.2,
+             "cache_hit": False, "log": "ptxas info : Used 40 registers",
+             "kernels": [{"name": f"{name}_forward", "registers": 40, "shared_bytes": 0,
+                          "local_bytes": 0, "spill_store_bytes": 0, "spill_load_bytes": 0}]}
+            for name in sorted(set(variants.values()))
+        ] if timed else [],
+        "kernels": [
+            {"layer": layer, "name": f"{variants[layer]}_forward", "launches": 3, "total_ms": 3 * t,
+             "median_ms": t, "grid": [80, 4, batch], "block": [16, 16, 1], "registers": 40,
+             "static_shared_bytes": 1024, "dynamic_shared_bytes": 0, "local_bytes": 0}
+            for layer, t in zip(layers, op_time_ms)
+        ] if timed else [],
+        "memcpys": [
+            {"kind": "H2D", "count": 3, "bytes": 14792000 * batch // 500, "total_ms": 6.1},
+            {"kind": "D2H", "count": 3, "bytes": 40 * batch, "total_ms": 0.03},
+        ] if timed else [],
+        "files": {"nsys_report": f"results/{experiment}/runs/x.nsys-rep"},
+    }
+    for key, value in overrides.items():
+        result[key] = value
+    return copy.deepcopy(result)
+
+
+def standard_results() -> list[dict[str, Any]]:
+    """Two variants at two batch sizes, plus an incorrect run (fastest of all) and a failed one."""
+    return [
+        make_result("naive", 100, op_time_ms=(0.082, 0.191)),
+        make_result("naive", 1000, op_time_ms=(0.740, 1.76)),
+        make_result("tiled", 100, op_time_ms=(0.060, 0.150)),
+        make_result("tiled", 1000, op_time_ms=(0.500, 1.20)),
+        make_result("fp16", 1000, status="incorrect", op_time_ms=(0.010, 0.020)),
+        make_result("broken", 100, status="failed"),
+    ]
+
+
+def write_results(directory: Path, results: list[dict[str, Any]]) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for result in results:
+        path = directory / f"{result['job_id']}.json"
+        path.write_text(json.dumps(result), encoding="utf-8")
+        paths.append(path)
+    return paths

@@ -1,0 +1,178 @@
+"""Named and ad-hoc queries on both backends: results, formats, and a connection that cannot write."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+
+import pytest
+
+from convsweep.errors import StoreError
+from convsweep.query import QUERIES_DIR, list_queries, render, run_query
+from convsweep.store import ingest_result, open_store
+from store_fixtures import db_url, row_counts, standard_results  # noqa: F401
+
+WRITES = [
+    "UPDATE run SET status = 'ok'",
+    "DELETE FROM sample",
+    "DROP TABLE sample",
+    "INSERT INTO sweep (experiment, config_hash, created_at) VALUES ('x', 'y', CURRENT_TIMESTAMP)",
+    "CREATE TABLE intruder (id INTEGER)",
+    "DROP VIEW run_summary",
+]
+
+
+@pytest.fixture
+def loaded_url(db_url):
+    """A database holding standard_results(): 4 ok runs, one incorrect, one failed."""
+    engine = open_store(db_url)
+    for result in standard_results():
+        ingest_result(engine, result, None)
+    engine.dispose()
+    return db_url
+
+
+def rows_of(url, sql_or_name, params=None):
+    return json.loads(run_query(url, sql_or_name, fmt="json", params=params))
+
+
+def test_summary_is_the_seeds_table_of_ok_runs(loaded_url):
+    rows = rows_of(loaded_url, "summary")
+    assert list(rows[0]) == ["variant", "batch", "streams", "op time 1 (ms)", "op time 2 (ms)",
+                             "forward (ms)", "total (s)", "accuracy"]
+    assert [(r["variant"], r["batch"]) for r in rows] == [
+        ("naive", 100), ("naive", 1000), ("tiled", 100), ("tiled", 1000)]
+    assert rows[1]["op time 1 (ms)"] == pytest.approx(0.74)
+    assert rows[1]["op time 2 (ms)"] == pytest.approx(1.76)
+    assert rows[1]["accuracy"] == pytest.approx(0.982)
+
+
+def test_summary_table_pastes_into_markdown(loaded_url):
+    table = run_query(loaded_url, "summary")
+    lines = table.splitlines()
+    assert lines[0].startswith("| variant ") and lines[0].endswith("|")
+    assert set(lines[1]) <= set("|-: ")
+    assert len(lines) == 2 + 4
+    naive_1000 = [cell.strip() for cell in lines[3].strip("|").split("|")]
+    assert naive_1000 == ["naive", "1000", "1", "0.7400", "1.760", "6.500", "6.200", "0.9820"]
+
+
+def test_best_never_counts_incorrect_or_failed_runs(loaded_url):
+    rows = rows_of(loaded_url, "best")
+    best = {(r["layer"], r["batch"]): (r["variant"], r["op time (ms)"]) for r in rows}
+    # fp16 (incorrect) is ten times faster at batch 1000; it must not win.
+    assert best == {
+        ("op time 1", 100): ("tiled", pytest.approx(0.060)),
+        ("op time 1", 1000): ("tiled", pytest.approx(0.500)),
+        ("op time 2", 100): ("tiled", pytest.approx(0.150)),
+        ("op time 2", 1000): ("tiled", pytest.approx(1.20)),
+    }
+
+
+def test_failures_and_runs_show_the_messages(loaded_url):
+    failures = rows_of(loaded_url, "failures")
+    assert {(r["variant"], r["status"]) for r in failures} == {("fp16", "incorrect"), ("broken", "failed")}
+    assert any("identifier TILE undefined" in r["error"] for r in failures)
+    runs = rows_of(loaded_url, "runs")
+    assert len(runs) == 6
+    assert {r["status"] for r in runs} == {"ok", "incorrect", "failed"}
+
+
+def test_kernels_query(loaded_url):
+    rows = rows_of(loaded_url, "kernels")
+    assert len(rows) == 2 * 5
+    naive = [r for r in rows if r["variant"] == "naive" and r["batch"] == 1000]
+    assert [(r["layer"], r["kernel"], r["launches"], r["median (ms)"], r["registers"], r["shared_bytes"])
+            for r in naive] == [("conv1", "naive_forward", 3, 0.74, 40, 1024),
+                                ("conv2", "naive_forward", 3, 1.76, 40, 1024)]
+
+
+@pytest.mark.parametrize("name", [name for name, _ in list_queries()])
+def test_every_named_query_runs(loaded_url, name):
+    assert run_query(loaded_url, name, fmt="csv").splitlines()[0]
+
+
+def test_list_queries_describes_each_file():
+    queries = dict(list_queries())
+    assert {"summary", "runs", "best", "failures", "kernels"} <= set(queries)
+    for name, description in queries.items():
+        assert description and not description.startswith("-"), name
+        assert (QUERIES_DIR / f"{name}.sql").read_text().startswith(f"-- {description}")
+
+
+@pytest.mark.parametrize("sql", WRITES)
+def test_writes_are_refused_and_data_stays(loaded_url, sql):
+    before = rows_of(loaded_url, "runs")
+    with pytest.raises(StoreError, match=r"^read-only connection: ") as caught:
+        run_query(loaded_url, sql)
+    assert "\n" not in str(caught.value)
+    assert rows_of(loaded_url, "runs") == before
+    engine = open_store(loaded_url)
+    assert row_counts(engine)["sample"] == 4 * 9 + 9
+    engine.dispose()
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT 1; UPDATE run SET status = 'ok'",
+    "COMMIT; SET default_transaction_read_only = off; UPDATE run SET status = 'ok'",
+])
+def test_several_statements_in_one_string_cannot_write(loaded_url, sql):
+    with pytest.raises(StoreError):
+        run_query(loaded_url, sql)
+    assert {r["status"] for r in rows_of(loaded_url, "runs")} == {"ok", "incorrect", "failed"}
+
+
+def test_formats(loaded_url):
+    sql = "SELECT variant, batch, op_time_1_ms FROM run_summary WHERE status = 'ok' ORDER BY variant, batch"
+    parsed = list(csv.DictReader(io.StringIO(run_query(loaded_url, sql, fmt="csv"))))
+    assert parsed[0] == {"variant": "naive", "batch": "100", "op_time_1_ms": "0.082"}
+    as_json = rows_of(loaded_url, sql)
+    assert as_json[0] == {"variant": "naive", "batch": 100, "op_time_1_ms": 0.082}
+    with pytest.raises(StoreError, match="unknown output format 'xml'"):
+        run_query(loaded_url, sql, fmt="xml")
+
+
+def test_sql_file_path(loaded_url, tmp_path):
+    path = tmp_path / "mine.sql"
+    path.write_text("-- How many runs?\nSELECT COUNT(*) AS runs FROM run\n", encoding="utf-8")
+    assert rows_of(loaded_url, str(path)) == [{"runs": 6}]
+
+
+def test_parameters_bind(loaded_url):
+    rows = rows_of(loaded_url, "SELECT variant FROM run WHERE batch = :batch AND status = :status ORDER BY variant",
+                   params={"batch": 1000, "status": "ok"})
+    assert rows == [{"variant": "naive"}, {"variant": "tiled"}]
+
+
+def test_sql_errors_are_one_line(loaded_url):
+    with pytest.raises(StoreError, match=r"^query failed: ") as caught:
+        run_query(loaded_url, "SELECT no_such_column FROM run")
+    assert "\n" not in str(caught.value)
+
+
+def test_unknown_query_name_lists_the_known_ones(loaded_url):
+    with pytest.raises(StoreError, match=r"no query named 'sumary' .*known: .*summary"):
+        run_query(loaded_url, "sumary")
+
+
+def test_missing_sqlite_database(tmp_path):
+    missing = tmp_path / "db" / "results.sqlite"
+    with pytest.raises(StoreError, match=rf"^no database at {missing}: run a sweep first$"):
+        run_query(f"sqlite:///{missing}", "summary")
+    assert not missing.exists()
+
+
+def test_unreachable_postgresql_fails_fast():
+    start_s = time.monotonic()
+    with pytest.raises(StoreError, match=r"^database postgresql\+psycopg://u:\*\*\*@127.0.0.1:1/x unreachable: "):
+        run_query("postgresql://u:pw@127.0.0.1:1/x", "summary")
+    assert time.monotonic() - start_s < 6
+
+
+def test_empty_result_and_float_cells():
+    assert render(["a", "b"], [], "table").splitlines()[0].startswith("| a")
+    table = render(["ms", "n", "err"], [(17.4, 3, 3.1e-7), (1234.5678, None, 0.0)], "table")
+    assert "17.40" in table and "1235" in table and "3.100e-07" in table
+    assert json.loads(render(["x"], [(None,)], "json")) == [{"x": None}]

@@ -1,0 +1,274 @@
+"""The result store on SQLite and PostgreSQL: schema, idempotent ingest, atomicity, errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timezone
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect, select
+from sqlalchemy.orm import Session
+
+from convsweep.errors import StoreError
+from convsweep.store import (
+    Base,
+    Build,
+    Run,
+    _run_row,
+    _writer,
+    ingest_files,
+    ingest_result,
+    open_store,
+    resolve_url,
+    variant_label,
+)
+from store_fixtures import db_url, make_result, row_counts, standard_results, write_results  # noqa: F401
+
+RUN_SUMMARY_COLUMNS = [
+    "experiment", "variant", "batch", "streams", "host_memory", "status", "op_time_1_ms",
+    "op_time_2_ms", "forward_ms", "total_s", "accuracy", "max_rel_err", "profiler", "run_id",
+]
+
+
+@pytest.fixture
+def engine(db_url):
+    engine = open_store(db_url)
+    yield engine
+    engine.dispose()
+
+
+def test_migration_matches_models(engine):
+    with engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+        assert diff == []
+        assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+
+
+def test_open_store_twice_is_a_no_op(db_url):
+    first = open_store(db_url)
+    ingest_result(first, make_result())
+    first.dispose()
+    second = open_store(db_url)
+    assert row_counts(second)["run"] == 1
+    second.dispose()
+
+
+def test_sqlite_is_wal_with_foreign_keys(tmp_path):
+    engine = open_store(f"sqlite:///{tmp_path / 'new' / 'dir' / 'results.sqlite'}")
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    engine.dispose()
+    assert (tmp_path / "new" / "dir" / "results.sqlite").is_file()
+
+
+def test_default_url_is_env_then_db_results_sqlite(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CONVSWEEP_DB", raising=False)
+    open_store(None).dispose()
+    assert (tmp_path / "db" / "results.sqlite").is_file()
+    monkeypatch.setenv("CONVSWEEP_DB", f"sqlite:///{tmp_path / 'elsewhere.sqlite'}")
+    assert resolve_url(None).database == str(tmp_path / "elsewhere.sqlite")
+    assert resolve_url("postgresql://u@h/x").drivername == "postgresql+psycopg"
+
+
+def test_ingest_stores_everything(engine):
+    result = make_result({"conv1": "naive", "conv2": "tiled"}, batch=1000, op_time_ms=(0.74, 1.2))
+    assert ingest_result(engine, result, "results/x/runs/a.json") is True
+    counts = row_counts(engine)
+    assert counts == {"sweep": 1, "environment": 1, "build": 2, "run": 1, "run_build": 2,
+                      "sample": 9, "kernel": 2, "memcpy": 2}
+    with Session(engine) as session:
+        run = session.scalars(select(Run)).one()
+        assert run.variant == "conv1=naive,conv2=tiled"
+        assert (run.op_time_1_ms, run.op_time_2_ms) == (0.74, 1.2)
+        assert run.op_time_ms == {"conv1": 0.74, "conv2": 1.2}
+        assert run.batch == 1000 and run.status == "ok" and run.profiler_requested == "nsys"
+        assert run.result_path == "results/x/runs/a.json"
+        started_at = run.started_at
+        if started_at.tzinfo is not None:  # PostgreSQL answers in the session's time zone
+            started_at = started_at.astimezone(timezone.utc).replace(tzinfo=None)
+        assert started_at.isoformat() == "2026-11-22T18:40:00"
+        assert sorted(b.variant for b in run.builds) == ["naive", "tiled"]
+        assert run.environment.packages == {"numpy": "2.1.0", "cuda-core": "0.4.0"}
+        assert sorted(k.layer for k in run.kernels) == ["conv1", "conv2"]
+        assert {m.kind: m.bytes for m in run.memcpys}["H2D"] == 14792000 * 2
+        assert [s.value for s in run.samples if s.metric == "forward_ms"] == [42.1, 43.1, 44.1]
+
+
+def test_variant_label():
+    assert variant_label({"conv1": "naive", "conv2": "naive"}) == "naive"
+    assert variant_label({"conv1": "naive", "conv2": "tiled"}) == "conv1=naive,conv2=tiled"
+
+
+def test_shared_sweep_environment_and_builds_are_stored_once(engine):
+    for batch in (100, 1000, 10000):
+        assert ingest_result(engine, make_result("naive", batch), None)
+    counts = row_counts(engine)
+    assert (counts["run"], counts["sweep"], counts["environment"], counts["build"], counts["run_build"]) == (3, 1, 1, 1, 3)
+    with Session(engine) as session:
+        assert session.scalars(select(Build.variant)).all() == ["naive"]
+
+
+def test_reingesting_the_same_files_changes_nothing(engine, tmp_path):
+    paths = write_results(tmp_path / "runs", standard_results())
+    first = ingest_files(engine, paths)
+    assert (first.added, first.unchanged) == (6, 0)
+    assert first.added_by_status == {"ok": 4, "incorrect": 1, "failed": 1}
+    counts = row_counts(engine)
+    second = ingest_files(engine, paths)
+    assert (second.added, second.unchanged) == (0, 6)
+    assert row_counts(engine) == counts
+    assert ingest_result(engine, standard_results()[0], None) is False
+
+
+def test_failed_and_incorrect_runs_keep_their_messages(engine):
+    for result in standard_results():
+        ingest_result(engine, result, None)
+    with Session(engine) as session:
+        bad = {r.variant: (r.status, r.error) for r in session.scalars(select(Run).where(Run.status != "ok"))}
+    assert bad == {
+        "fp16": ("incorrect", "max_rel_err 0.5 exceeds tolerance 1e-05 (fp32)"),
+        "broken": ("failed", "compile failed: tiled.cu(12): error: identifier TILE undefined"),
+    }
+
+
+def test_failure_mid_ingest_leaves_no_row(engine):
+    result = make_result()
+    result["samples"][2]["value"] = None
+    with pytest.raises(StoreError, match=r"^cannot store results/bad\.json: .*") as caught:
+        ingest_result(engine, result, "results/bad.json")
+    assert "\n" not in str(caught.value)
+    assert set(row_counts(engine).values()) == {0}
+    assert ingest_result(engine, make_result(), None) is True
+
+
+def test_concurrent_ingests_of_one_run_store_it_once(engine):
+    result = make_result()
+    barrier = threading.Barrier(4)
+    outcomes = []
+
+    def ingest():
+        barrier.wait()
+        outcomes.append(ingest_result(engine, result, None))
+
+    threads = [threading.Thread(target=ingest) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == [False, False, False, True]
+    assert row_counts(engine)["run"] == 1 and row_counts(engine)["sample"] == 9
+
+
+def test_ingest_racing_an_uncommitted_insert_of_the_same_run(engine):
+    # The other writer holds the run uncommitted: PostgreSQL makes our insert wait on the unique
+    # index and then fail (handled as unchanged); SQLite makes our BEGIN IMMEDIATE wait.
+    result = make_result()
+    outcomes = []
+    with Session(_writer(engine)) as other, other.begin():
+        other.add(_run_row(other, result, None, "other"))
+        other.flush()
+        racer = threading.Thread(target=lambda: outcomes.append(ingest_result(engine, result, None)))
+        racer.start()
+        time.sleep(0.5)
+        assert outcomes == []
+    racer.join()
+    assert outcomes == [False]
+    assert row_counts(engine)["run"] == 1
+
+
+def test_concurrent_ingests_of_runs_sharing_a_sweep(engine):
+    results = [make_result("naive", batch) for batch in (1, 2, 3, 4, 5, 6)]
+    barrier = threading.Barrier(len(results))
+    errors = []
+
+    def ingest(result):
+        barrier.wait()
+        try:
+            ingest_result(engine, result, None)
+        except StoreError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ingest, args=(r,)) for r in results]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    counts = row_counts(engine)
+    assert (counts["run"], counts["sweep"], counts["environment"], counts["build"]) == (6, 1, 1, 1)
+
+
+def test_invalid_json_file_names_the_file(engine, tmp_path):
+    path = tmp_path / "runs" / "broken-b100.json"
+    path.parent.mkdir()
+    path.write_text('{"format": 1, "job_id": ', encoding="utf-8")
+    with pytest.raises(StoreError, match=r"broken-b100\.json: not valid JSON"):
+        ingest_files(engine, [path])
+    assert row_counts(engine)["run"] == 0
+
+
+def test_missing_file_names_the_file(engine, tmp_path):
+    with pytest.raises(StoreError, match=r"nothere\.json: cannot read"):
+        ingest_files(engine, [tmp_path / "nothere.json"])
+
+
+@pytest.mark.parametrize("section, key", [("", "run_key"), ("spec", "batch"), ("sweep", "config_hash")])
+def test_missing_key_names_file_and_key(engine, tmp_path, section, key):
+    result = make_result()
+    del (result[section] if section else result)[key]
+    [path] = write_results(tmp_path / "runs", [result])
+    dotted = f"{section}.{key}" if section else key
+    with pytest.raises(StoreError, match=rf"{path.name}: missing key '{dotted}'"):
+        ingest_files(engine, [path])
+    assert row_counts(engine)["run"] == 0
+
+
+def test_started_at_with_z_suffix_and_bad_lists(engine):
+    assert ingest_result(engine, make_result(started_at="2026-11-22T18:40:00Z"), None)
+    with pytest.raises(StoreError, match=r"d\.json: key 'started_at' is not an ISO 8601 time"):
+        ingest_result(engine, make_result(batch=7, started_at="yesterday"), "d.json")
+    with pytest.raises(StoreError, match=r"e\.json: key 'samples' must be a list of objects"):
+        ingest_result(engine, make_result(batch=8, samples=[1.0]), "e.json")
+    assert row_counts(engine)["run"] == 1
+
+
+def test_wrong_format_and_status_are_refused(engine):
+    with pytest.raises(StoreError, match=r"a\.json: result format 2 is not supported"):
+        ingest_result(engine, make_result(format=2), "a.json")
+    with pytest.raises(StoreError, match=r"b\.json: key 'status' is 'great'"):
+        ingest_result(engine, {**make_result(), "status": "great"}, "b.json")
+    with pytest.raises(StoreError, match=r"c\.json: expected a JSON object"):
+        ingest_result(engine, [1, 2], "c.json")
+
+
+def test_unreachable_postgresql_fails_fast_without_the_password():
+    start_s = time.monotonic()
+    with pytest.raises(StoreError) as caught:
+        open_store("postgresql+psycopg://someone:s3cret@127.0.0.1:1/convsweep")
+    message = str(caught.value)
+    assert time.monotonic() - start_s < 6
+    assert message.startswith("database postgresql+psycopg://someone:***@127.0.0.1:1/convsweep unreachable: ")
+    assert "s3cret" not in message and "\n" not in message
+
+
+def test_bad_urls_are_one_line_store_errors():
+    with pytest.raises(StoreError, match=r"^bad database URL 'not a url'"):
+        open_store("not a url")
+    with pytest.raises(StoreError, match=r"^bad database URL nosuchdb://u:\*\*\*@h/x") as caught:
+        open_store("nosuchdb://u:pw@h/x")
+    assert "pw@" not in str(caught.value)
+
+
+def test_result_file_round_trip_keeps_path(engine, tmp_path):
+    [path] = write_results(tmp_path / "runs", [make_result()])
+    ingest_files(engine, [path])
+    with Session(engine) as session:
+        assert session.scalars(select(Run.result_path)).one() == str(path)
+    assert json.loads(Path(path).read_text())["run_key"]
