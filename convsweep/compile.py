@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .config import canonical_hash
+from .config import cache_dir, canonical_hash
 from .errors import CompileError
 from .variants import KERNELS_DIR, Variant
 
@@ -59,10 +59,6 @@ class Build:
         d["variant"] = d.pop("name")
         d["kernels"] = [asdict(k) for k in self.kernels]
         return d
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("CONVSWEEP_CACHE", Path.home() / ".cache" / "convsweep"))
 
 
 @functools.lru_cache(maxsize=1)

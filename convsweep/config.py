@@ -68,6 +68,11 @@ class JobSpec:
         return cls(**{k: v for k, v in d.items() if k != "sweep"}, sweep=sweep or d.get("sweep", {}))
 
 
+def cache_dir() -> Path:
+    """Compiled kernels, upscaled images and reference logits: derived data, safe to delete."""
+    return Path(os.environ.get("CONVSWEEP_CACHE") or Path.home() / ".cache" / "convsweep")
+
+
 def _schema() -> dict:
     with open(SCHEMA_PATH) as f:
         return yaml.safe_load(f)

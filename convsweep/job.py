@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from . import nsys as nsys_mod
-from .compile import cache_dir, nvrtc_version
-from .config import ROOT, JobSpec, canonical_hash
+from .compile import nvrtc_version
+from .config import ROOT, JobSpec, cache_dir, canonical_hash
 from .errors import ConvsweepError
 from .variants import ConvShape, get_variant
 

@@ -67,12 +67,15 @@ def check_sweep(tmp_path: Path, config_db_url: str, env=None):
     summary = (tmp_path / "results" / "cpu-sweep" / "summary.md").read_text()
     assert "| reference" in summary
 
-    # Interrupt: one result lost, the ingest marker gone. The rerun redoes only that job.
-    lost = sorted((tmp_path / "results" / "cpu-sweep" / "runs").glob("reference-b16-*.json"))[0]
-    lost.unlink()
+    # As an interruption leaves it: one job's result never written, ingest and report never run.
+    # The rerun redoes only that job, then ingests all four without duplicating the three stored.
+    exp_dir = tmp_path / "results" / "cpu-sweep"
+    for path in [*exp_dir.glob("runs/reference-b16-*.json"), exp_dir / "ingested.json", exp_dir / "summary.md"]:
+        path.unlink()
     again = snakemake(tmp_path, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.count("rule run_job:") == 1
+    assert json.loads((exp_dir / "ingested.json").read_text())["unchanged"] == 4  # the lost job's row was already stored
     assert sorted(r.run_key for r in runs(db_url)) == sorted(r.run_key for r in rows)  # nothing duplicated
 
     nothing = snakemake(tmp_path, env=env)
