@@ -13,9 +13,6 @@ from pathlib import Path
 
 from .errors import ConvsweepError
 
-_PROCESS_START = None
-
-
 def _process_start() -> float | None:
     try:
         import psutil

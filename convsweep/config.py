@@ -217,11 +217,3 @@ def _param_grid(layer_map: dict[str, str], grids: dict, registry, where: str) ->
         chosen = dict(zip(names, combo))
         out.append({layer: dict(chosen[var]) for layer, var in layer_map.items()})
     return out
-
-
-def spec_json(config: Config, job_id: str) -> str:
-    """The JSON a Snakemake rule hands to `convsweep run-job --spec`."""
-    for job in expand_config(config):
-        if job.job_id == job_id:
-            return json.dumps({**job.to_dict(), "sweep": job.sweep}, sort_keys=True)
-    raise ConfigError(f"{config.path}: no job '{job_id}' in the sweep matrix")

@@ -101,12 +101,18 @@ def environment(gpu=None, nsys_path: str | None = None) -> dict:
 
 
 # -- inputs -------------------------------------------------------------------------------------
-def _load_inputs(spec: JobSpec):
-    from .data import batch_indices, load_dataset
-    from .network import load_network, load_weights
+def _load_network(spec: JobSpec):
+    from .network import load_network
 
     net_path = Path(spec.network)
-    network = load_network(net_path if net_path.is_absolute() else ROOT / net_path)
+    return load_network(net_path if net_path.is_absolute() else ROOT / net_path)
+
+
+def _load_inputs(spec: JobSpec):
+    from .data import batch_indices, load_dataset
+    from .network import load_weights
+
+    network = _load_network(spec)
     size = network.input_shape[-1]
     if isinstance(spec.dataset, dict):
         dataset = load_dataset(spec.dataset["name"], images=spec.dataset["images"], labels=spec.dataset["labels"], image_size=size)
@@ -377,7 +383,7 @@ def _run_under_nsys(spec: JobSpec, out_path: Path, nsys_path: str, result: dict)
         result.update(status="failed", error=inner["error"], environment=inner.get("environment"))
         return
     conv_names = list(spec.variants)
-    activities = nsys_mod.read_activities(sqlite_path, set(conv_names))
+    activities = nsys_mod.read_activities(sqlite_path, {layer.name for layer in _load_network(spec).layers})
     summary = nsys_mod.summarize(activities, conv_names)
     if summary["repeats_seen"] != spec.repeats:
         raise ConvsweepError(f"nsys report holds {summary['repeats_seen']} timed repeats, expected {spec.repeats}")

@@ -2,6 +2,9 @@ import os
 
 import pytest
 
+# The two-backend `db_url` fixture (SQLite file, throwaway PostgreSQL database) for every module.
+pytest_plugins = ["store_fixtures"]
+
 
 def pytest_configure(config):
     # A private cache per test session: tests never depend on what a previous run left behind.

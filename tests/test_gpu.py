@@ -112,6 +112,7 @@ def test_job_under_nsys_reads_the_report(tmp_path):
     assert kernels > 0 and report.endswith(".nsys-rep")
     conv = {k["layer"]: k for k in result["kernels"] if k["name"] == "conv_forward"}
     assert set(conv) == {"conv1", "conv2"} and all(k["launches"] == 4 for k in conv.values())
+    assert {k["layer"] for k in result["kernels"] if k["name"] == "maxpool2d"} == {"pool1", "pool2"}
     t = result["timings"]
     for layer in ("conv1", "conv2"):
         assert t["op_time_ms"][layer] == pytest.approx(conv[layer]["median_ms"], rel=1e-6)

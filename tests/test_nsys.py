@@ -78,7 +78,8 @@ def one_pass(ex, t0, tag, conv1_ns, conv2_ns):
 def test_serial_passes_are_attributed_to_repeats_and_layers(tmp_path):
     ex = Export(tmp_path / "r.sqlite")
     one_pass(ex, 0, "warmup 0", 9_000_000, 9_000_000)  # warm-up: ignored
-    ends = [one_pass(ex, 100_000_000 * (r + 1), f"repeat {r}", 1_000_000 * (r + 1), 2_000_000) for r in range(3)]
+    for r in range(3):
+        one_pass(ex, 100_000_000 * (r + 1), f"repeat {r}", 1_000_000 * (r + 1), 2_000_000)
     ex.close()
     acts = read_activities(tmp_path / "r.sqlite", {"conv1", "conv2"})
     assert {a.repeat for a in acts} == {None, 0, 1, 2}

@@ -12,7 +12,7 @@ import pytest
 from convsweep.errors import StoreError
 from convsweep.query import QUERIES_DIR, list_queries, render, run_query
 from convsweep.store import ingest_result, open_store
-from store_fixtures import db_url, row_counts, standard_results  # noqa: F401
+from store_fixtures import row_counts, standard_results
 
 WRITES = [
     "UPDATE run SET status = 'ok'",

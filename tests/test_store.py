@@ -27,7 +27,7 @@ from convsweep.store import (
     resolve_url,
     variant_label,
 )
-from store_fixtures import db_url, make_result, row_counts, standard_results, write_results  # noqa: F401
+from store_fixtures import make_result, row_counts, standard_results, write_results
 
 RUN_SUMMARY_COLUMNS = [
     "experiment", "variant", "batch", "streams", "host_memory", "status", "op_time_1_ms",

@@ -15,15 +15,14 @@ import yaml
 from sqlalchemy import create_engine, text
 
 from convsweep.config import ROOT
-from store_fixtures import db_url  # noqa: F401  (the two-backend fixture)
 
 SNAKEMAKE = shutil.which("snakemake")
 pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
 
 
-def sweep_config(db_url: str) -> dict:
+def sweep_config(url: str) -> dict:
     return {
-        "db_url": db_url,
+        "db_url": url,
         "results_dir": "results",
         "experiments": {
             "cpu-sweep": {
@@ -43,8 +42,8 @@ def snakemake(workdir: Path, *extra: str, env=None) -> subprocess.CompletedProce
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
 
 
-def runs(db_url: str) -> list:
-    engine = create_engine(db_url)
+def runs(url: str) -> list:
+    engine = create_engine(url)
     try:
         with engine.connect() as c:
             return c.execute(text("SELECT run_key, variant, batch, status, error FROM run ORDER BY variant, batch")).all()
@@ -54,10 +53,10 @@ def runs(db_url: str) -> list:
 
 def check_sweep(tmp_path: Path, config_db_url: str, env=None):
     (tmp_path / "experiments.yaml").write_text(yaml.safe_dump(sweep_config(config_db_url)))
-    db_url = (env or {}).get("CONVSWEEP_DB", config_db_url)
+    url = (env or {}).get("CONVSWEEP_DB", config_db_url)
     first = snakemake(tmp_path, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
-    rows = runs(db_url)
+    rows = runs(url)
     assert len(rows) == 4
     ref = [r for r in rows if r.variant == "reference"]
     assert [r.status for r in ref] == ["ok", "ok"]
@@ -76,7 +75,7 @@ def check_sweep(tmp_path: Path, config_db_url: str, env=None):
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.count("rule run_job:") == 1
     assert json.loads((exp_dir / "ingested.json").read_text())["unchanged"] == 4  # the lost job's row was already stored
-    assert sorted(r.run_key for r in runs(db_url)) == sorted(r.run_key for r in rows)  # nothing duplicated
+    assert sorted(r.run_key for r in runs(url)) == sorted(r.run_key for r in rows)  # nothing duplicated
 
     nothing = snakemake(tmp_path, env=env)
     assert "Nothing to be done" in nothing.stdout + nothing.stderr
