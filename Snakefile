@@ -10,9 +10,10 @@ min_version("8.0")
 configfile: "experiments.yaml"
 
 
-validate(config, "workflow/schemas/experiments.schema.yaml")
-
+# convsweep's check first: it reports a bad key as one line (file: key.path: what was expected);
+# Snakemake's validate then applies the same schema and defaults.
 plan = SweepPlan(config, workflow.configfiles[-1] if workflow.configfiles else "experiments.yaml")
+validate(config, "workflow/schemas/experiments.schema.yaml")
 RESULTS = plan.results_dir
 
 

@@ -21,10 +21,9 @@ def build_id(variant: str, params: dict) -> str:
 class SweepPlan:
     def __init__(self, config: dict, config_path: str | Path = "experiments.yaml"):
         self.config = Config(Path(config_path), validate(config, str(config_path)))
-
-    @cached_property
-    def jobs(self) -> list[JobSpec]:
-        return expand_config(self.config)
+        # Expanded now, so a bad variant or tunable stops the workflow while it is parsed,
+        # with one line, instead of inside some rule's input function.
+        self.jobs: list[JobSpec] = expand_config(self.config)
 
     @cached_property
     def _by_id(self) -> dict[tuple[str, str], JobSpec]:

@@ -99,3 +99,15 @@ def test_lint_is_clean():
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Lints for" not in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("experiment, expected", [
+    ({"variants": ["naive"], "batches": [100], "streamz": [1]}, "experiments.e: unknown key ('streamz' was unexpected)"),
+    ({"variants": ["nieve"], "batches": [100]}, "experiments.e.variants[0]: unknown variant 'nieve'"),
+])
+def test_bad_config_stops_the_workflow_with_one_line(tmp_path, experiment, expected):
+    (tmp_path / "experiments.yaml").write_text(yaml.safe_dump({"experiments": {"e": experiment}}))
+    proc = snakemake(tmp_path, "--dry-run")
+    assert proc.returncode != 0
+    assert f"experiments.yaml: {expected}" in proc.stdout + proc.stderr
+    assert not (tmp_path / "results").exists()
