@@ -85,7 +85,7 @@ def cmd_measure(args) -> None:
 def cmd_compile(args) -> None:
     from tabulate import tabulate
 
-    from .compile import compile_variant
+    from .compile import compile_source
     from .job import write_json_atomic
     from .variants import get_variant, load_registry
 
@@ -97,8 +97,12 @@ def cmd_compile(args) -> None:
         if var.is_cpu:
             raise ConvsweepError(f"variant '{name}' runs on the CPU: nothing to compile")
         combos = var.all_combinations() if args.all_params else [var.resolve_params(_parse_params(args.param), "--param")]
+        fixed = _parse_params(args.define)
+        missing = [f"{n}_FIXED" for n in var.compile_time if f"{n}_FIXED" not in fixed]
+        if missing:
+            raise ConvsweepError(f"variant '{name}' fixes the layer shape at compile time: give --define {'=... --define '.join(missing)}=...")
         for params in combos:
-            build = compile_variant(var, params, arch)
+            build = compile_source(var.source, name, {**params, **fixed}, arch)
             records.append(build.record())
             for k in build.kernels:
                 rows.append([name, json.dumps(params, sort_keys=True), arch, k.name, k.registers, k.shared_bytes,
@@ -172,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("variant", help="a variant name, or 'all'")
     p.add_argument("--param", action="append", metavar="NAME=VALUE")
     p.add_argument("--all-params", action="store_true", help="every combination in the registry")
+    p.add_argument("--define", action="append", metavar="NAME=VALUE",
+                   help="a shape macro for variants compiled per layer shape (e.g. K_FIXED=7)")
     p.add_argument("--arch", default="auto")
     p.add_argument("--out")
     p.set_defaults(func=cmd_compile)

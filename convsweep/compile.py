@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .config import cache_dir, canonical_hash
 from .errors import CompileError
-from .variants import KERNELS_DIR, Variant
+from .variants import KERNELS_DIR, ConvShape, Variant
 
 _ERROR_LINE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?:catastrophic )?error: (?P<msg>.*)$", re.M)
 _ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
@@ -133,8 +133,9 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Build:
                  compile_ms, False, text, kernels)
 
 
-def compile_variant(variant: Variant, params: dict, arch: str) -> Build:
-    return compile_source(variant.source, variant.name, params, arch)
+def compile_variant(variant: Variant, params: dict, arch: str, shape: ConvShape | None = None) -> Build:
+    """Compile a variant; `shape` is needed only by variants that fix shape values at compile time."""
+    return compile_source(variant.source, variant.name, variant.defines(params, shape), arch)
 
 
 def _first_error(text: str, source: str, name: str) -> str:

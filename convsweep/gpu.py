@@ -166,20 +166,47 @@ class Gpu:
 
         _check(driver.cuMemsetD8Async(dev.ptr, byte, dev.nbytes, int(stream.handle)), "cuMemsetD8Async")
 
-    def kernel(self, build, name: str):
-        """The entry point `name` of a compiled Build, loading its module once."""
+    def module(self, build, private: bool = False):
+        """The loaded module of a Build: shared by default, or a private instance whose
+        __constant__ globals belong to one caller (two layers must not share them)."""
         from cuda.core import ObjectCode
 
         key = (build.name, build.options_hash, build.source_hash, build.arch)
-        if key not in self._modules:
+        if private or key not in self._modules:
             try:
-                self._modules[key] = ObjectCode.from_cubin(build.cubin)
+                module = ObjectCode.from_cubin(build.cubin)
+                module.handle  # load now, so a bad cubin fails here with its name
             except Exception as e:
                 raise DeviceError(f"cannot load module of '{build.name}' ({build.arch}) on {self.name}: {e}") from None
+            if private:
+                self._owned.append(module)
+                return module
+            self._modules[key] = module
+        return self._modules[key]
+
+    def kernel(self, module, name: str):
         try:
-            return self._modules[key].get_kernel(name)
+            return module.get_kernel(name)
         except Exception as e:
-            raise DeviceError(f"module '{build.source}' has no kernel '{name}': {e}") from None
+            raise DeviceError(f"module has no kernel '{name}': {e}") from None
+
+    def global_array(self, module, name: str, dtype=np.float32) -> DeviceArray:
+        """A module-scope __device__/__constant__ variable as a device array."""
+        from cuda.bindings import driver
+
+        symbol = name.encode()
+        handle = module.handle
+        if isinstance(handle, driver.CUlibrary):
+            ptr, nbytes = _check(driver.cuLibraryGetGlobal(handle, symbol), f"cuLibraryGetGlobal({name})")
+        else:
+            ptr, nbytes = _check(driver.cuModuleGetGlobal(handle, symbol), f"cuModuleGetGlobal({name})")
+        return DeviceArray(int(ptr), (int(nbytes) // np.dtype(dtype).itemsize,), np.dtype(dtype))
+
+    def copy(self, dst: DeviceArray, src: DeviceArray, stream) -> None:
+        from cuda.bindings import driver
+
+        assert src.nbytes <= dst.nbytes, "copy: destination too small"
+        _check(driver.cuMemcpyDtoDAsync(dst.ptr, src.ptr, src.nbytes, int(stream.handle)), "cuMemcpyDtoDAsync")
 
     def launch(self, stream, kernel, grid, block, shared_bytes, *args) -> None:
         from cuda.core import LaunchConfig, launch

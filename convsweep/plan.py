@@ -10,7 +10,7 @@ import shlex
 from functools import cached_property
 from pathlib import Path
 
-from .config import Config, JobSpec, canonical_hash, expand_config, validate
+from .config import ROOT, Config, JobSpec, canonical_hash, expand_config, validate
 from .variants import get_variant
 
 
@@ -56,12 +56,18 @@ class SweepPlan:
         return json.dumps({**job.to_dict(), "sweep": job.sweep}, sort_keys=True)
 
     def _builds(self, job: JobSpec) -> dict[str, tuple[str, dict]]:
+        """build id -> (variant, macros): a variant that fixes shape values builds once per layer shape."""
+        from .network import load_network
+        from .runner import conv_shape
+
+        network = load_network(ROOT / job.network if not Path(job.network).is_absolute() else job.network)
         builds = {}
-        for layer, name in job.variants.items():
-            var = get_variant(name)
+        for layer in network.conv_layers:
+            var = get_variant(job.variants[layer.name])
             if not var.is_cpu:
-                params = var.resolve_params(job.params.get(layer), f"params.{layer}")
-                builds[build_id(name, params)] = (name, params)
+                params = var.resolve_params(job.params.get(layer.name), f"params.{layer.name}")
+                macros = var.defines(params, conv_shape(layer, 1))
+                builds[build_id(var.name, macros)] = (var.name, macros)
         return builds
 
     @cached_property
@@ -76,6 +82,7 @@ class SweepPlan:
 
     def compile_args(self, build: str) -> str:
         """Command-line arguments of `convsweep compile` for one build id."""
-        variant, params = self._all_builds[build]
-        args = [variant] + [f"--param={k}={json.dumps(v)}" for k, v in sorted(params.items())]
+        variant, macros = self._all_builds[build]
+        tunables = get_variant(variant).params
+        args = [variant] + [f"--{'param' if k in tunables else 'define'}={k}={json.dumps(v)}" for k, v in sorted(macros.items())]
         return " ".join(shlex.quote(a) for a in args)

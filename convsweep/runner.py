@@ -38,9 +38,20 @@ def conv_shape(layer, batch: int) -> ConvShape:
 class ConvOp:
     """One conv layer bound to a variant, its parameters and its compiled module."""
 
-    def __init__(self, gpu: Gpu, variant: Variant, params: dict, build: Build):
-        self.gpu, self.variant, self.params, self.build = gpu, variant, params, build
-        self.kernels = {name: gpu.kernel(build, name) for name in variant.kernel_names}
+    def __init__(self, gpu: Gpu, variant: Variant, params: dict, layer_shape: ConvShape):
+        self.gpu, self.variant, self.params = gpu, variant, params
+        self.build = compile_variant(variant, params, gpu.arch, layer_shape)
+        self.module = gpu.module(self.build, private=variant.constant_weights is not None)
+        self.kernels = {name: gpu.kernel(self.module, name) for name in variant.kernel_names}
+
+    def bind_weights(self, k: DeviceArray, stream) -> None:
+        """Once per layer, before any launch: variants that keep k in __constant__ get it there."""
+        if self.variant.constant_weights:
+            symbol = self.gpu.global_array(self.module, self.variant.constant_weights)
+            if k.nbytes > symbol.nbytes:
+                raise ShapeError(f"variant '{self.variant.name}': {k.nbytes} bytes of weights do not fit "
+                                 f"__constant__ {self.variant.constant_weights} ({symbol.nbytes} bytes)")
+            self.gpu.copy(symbol, k, stream)
 
     def enqueue(self, stream, y: DeviceArray, x: DeviceArray, k: DeviceArray, bias: DeviceArray, shape: ConvShape):
         for launch in self.variant.launch_plan(shape, self.params):
@@ -72,8 +83,9 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1, variant
     gpu = gpu or Gpu()
     try:
         stream = gpu.stream()
-        op = ConvOp(gpu, var, resolved, compile_variant(var, resolved, gpu.arch))
+        op = ConvOp(gpu, var, resolved, shape)
         dx, dw, db = (gpu.to_device(a, stream) for a in (x, w, b))
+        op.bind_weights(dw, stream)
         dy = gpu.alloc((shape.B, shape.M, shape.H_out, shape.W_out))
         gpu.fill(dy, 0xFF, stream)
         op.enqueue(stream, dy, dx, dw, db, shape)
@@ -99,17 +111,20 @@ class GpuNetwork:
                  params: dict[str, dict], lanes: int, capacity: int, stream):
         self.gpu, self.network = gpu, network
         self.layers_build = compile_source(KERNELS_DIR / "layers.cu", "layers", {}, gpu.arch)
-        self.layer_kernels = {n: gpu.kernel(self.layers_build, n) for n in ("relu_inplace", "maxpool2d", "dense")}
+        layers_module = gpu.module(self.layers_build)
+        self.layer_kernels = {n: gpu.kernel(layers_module, n) for n in ("relu_inplace", "maxpool2d", "dense")}
         self.convs: dict[str, ConvOp] = {}
         self.builds: list[Build] = [self.layers_build]
         for layer in network.conv_layers:
             var = variants[layer.name]
             for b in (1, capacity):  # refuse unsupported shapes before anything is allocated
                 var.check_shape(conv_shape(layer, b), params[layer.name])
-            build = compile_variant(var, params[layer.name], gpu.arch)
-            self.builds.append(build)
-            self.convs[layer.name] = ConvOp(gpu, var, params[layer.name], build)
+            op = ConvOp(gpu, var, params[layer.name], conv_shape(layer, 1))
+            self.builds.append(op.build)
+            self.convs[layer.name] = op
         self.weights = {name: gpu.to_device(array.astype(np.float32), stream) for name, array in weights.items()}
+        for name, op in self.convs.items():
+            op.bind_weights(self.weights[f"{name}.weight"], stream)
         self.steps = self._plan(variants)
         self.lanes = [self._lane(capacity) for _ in range(lanes)]
 

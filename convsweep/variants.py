@@ -22,7 +22,8 @@ REGISTRY_PATH = KERNELS_DIR / "variants.yaml"
 
 TOLERANCE = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2}
 _KEYS = {"source", "cpu", "precision", "description", "params", "restrictions", "constraints",
-         "fuses", "min_cc", "launches"}
+         "fuses", "min_cc", "launches", "compile_time", "constant_weights"}
+_SHAPE_NAMES = ("C", "M", "H", "W", "K", "S")  # what a build may fix; never B, which varies per chunk
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,18 @@ class Variant:
     fuses: tuple[str, ...] = ()
     min_cc: float = 0.0
     launches: tuple[dict, ...] = ()
+    compile_time: tuple[str, ...] = ()  # shape names compiled in as <NAME>_FIXED macros
+    constant_weights: str | None = None  # __constant__ symbol the runner fills with k
+
+    def defines(self, params: dict, shape: ConvShape | None) -> dict[str, Any]:
+        """The macros of one build: the tunables, plus the layer's shape where the kernel fixes it."""
+        if not self.compile_time:
+            return dict(params)
+        if shape is None:
+            raise ConfigError(f"variant '{self.name}' is compiled per layer shape ({', '.join(self.compile_time)}): "
+                              "give the shape")
+        names = shape.names()
+        return {**params, **{f"{n}_FIXED": names[n] for n in self.compile_time}}
 
     @property
     def is_cpu(self) -> bool:
@@ -186,6 +199,9 @@ def load_registry(path: Path = REGISTRY_PATH) -> dict[str, Variant]:
             source = Path(path).parent / entry["source"]
             if not entry.get("launches"):
                 raise ConfigError(f"{where}.launches: a GPU variant needs at least one launch")
+        fixed = tuple(entry.get("compile_time") or ())
+        if not set(fixed) <= set(_SHAPE_NAMES):
+            raise ConfigError(f"{where}.compile_time: expected names from {list(_SHAPE_NAMES)}, got {list(fixed)}")
         params = entry.get("params") or {}
         for pname, pspec in params.items():
             if not isinstance(pspec, dict) or "default" not in pspec or pspec["default"] not in pspec.get("values", []):
@@ -194,7 +210,8 @@ def load_registry(path: Path = REGISTRY_PATH) -> dict[str, Variant]:
             name=name, precision=precision, description=entry.get("description", ""), source=source,
             params=params, restrictions=tuple(entry.get("restrictions") or ()),
             constraints=tuple(entry.get("constraints") or ()), fuses=tuple(entry.get("fuses") or ()),
-            min_cc=float(entry.get("min_cc", 0.0)), launches=tuple(entry.get("launches") or ()))
+            min_cc=float(entry.get("min_cc", 0.0)), launches=tuple(entry.get("launches") or ()),
+            compile_time=fixed, constant_weights=entry.get("constant_weights"))
     return registry
 
 

@@ -69,3 +69,10 @@ def test_run_job_with_a_broken_spec_is_one_line(tmp_path):
 def test_verbose_shows_the_traceback(flag):
     proc = convsweep(flag, "compile", "nope", "--arch", "sm_90")
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_compile_of_a_shape_fixing_variant_needs_the_defines():
+    assert "--define C_FIXED" in one_error_line(convsweep("compile", "restrict_unroll", "--arch", "sm_90"))
+    proc = convsweep("compile", "restrict_unroll", "--arch", "sm_90", "--define", "C_FIXED=4", "--define", "K_FIXED=7",
+                     "--define", "S_FIXED=1")
+    assert proc.returncode == 0 and "conv_forward" in proc.stdout, proc.stderr

@@ -5,7 +5,10 @@ import pytest
 
 from convsweep.compile import compile_source, compile_variant, parse_ptxas_log
 from convsweep.errors import CompileError
-from convsweep.variants import KERNELS_DIR, load_registry
+from convsweep.variants import KERNELS_DIR, ConvShape, load_registry
+
+# Variants that compile the layer shape in are built for each of these (LeNet-86's two convs, and a stride-2 one).
+SHAPES = [ConvShape(1, 1, 4, 86, 86, 7), ConvShape(1, 4, 16, 40, 40, 7), ConvShape(1, 8, 2, 17, 17, 3, 2)]
 
 GPU_VARIANTS = [(name, params) for name, var in load_registry().items() if not var.is_cpu
                 for params in var.all_combinations()]
@@ -15,12 +18,13 @@ GPU_VARIANTS = [(name, params) for name, var in load_registry().items() if not v
 @pytest.mark.parametrize("name, params", GPU_VARIANTS, ids=lambda v: str(v))
 def test_every_variant_and_parameter_combination_compiles(name, params, arch):
     var = load_registry()[name]
-    build = compile_variant(var, params, arch)
-    assert build.cubin[:4] == b"\x7fELF"
-    names = {k.name for k in build.kernels}
-    assert set(var.kernel_names) <= names, f"{name}: launches name kernels the module lacks"
-    for k in build.kernels:
-        assert k.registers > 0
+    for shape in SHAPES if var.compile_time else [None]:
+        build = compile_variant(var, params, arch, shape)
+        assert build.cubin[:4] == b"\x7fELF"
+        names = {k.name for k in build.kernels}
+        assert set(var.kernel_names) <= names, f"{name}: launches name kernels the module lacks"
+        for k in build.kernels:
+            assert k.registers > 0
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -78,3 +82,14 @@ ptxas info    : Used 10 registers, used 0 barriers
     a, b = parse_ptxas_log(log)
     assert (a.name, a.registers, a.shared_bytes, a.local_bytes, a.spill_store_bytes, a.spill_load_bytes) == ("a", 40, 2048, 256, 8, 12)
     assert (b.name, b.registers, b.shared_bytes, b.local_bytes) == ("b", 10, 0, 0)
+
+
+def test_shape_fixing_variants_build_per_shape_and_need_the_shape():
+    var = load_registry()["restrict_unroll"]
+    first, second = (compile_variant(var, var.defaults(), "sm_90", s) for s in SHAPES[:2])
+    assert first.params["K_FIXED"] == 7 and (first.params["C_FIXED"], second.params["C_FIXED"]) == (1, 4)
+    assert first.options_hash != second.options_hash
+    from convsweep.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="compiled per layer shape"):
+        compile_variant(var, var.defaults(), "sm_90")
