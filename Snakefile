@@ -7,7 +7,10 @@ from convsweep.plan import SweepPlan
 min_version("8.0")
 
 
-configfile: "experiments.yaml"
+# `--configfile sweeps/x.yaml` runs that sweep alone; experiments.yaml is the default, not a base.
+if not workflow.overwrite_configfiles:
+
+    configfile: "experiments.yaml"
 
 
 # convsweep's check first: it reports a bad key as one line (file: key.path: what was expected);

@@ -111,3 +111,13 @@ def test_bad_config_stops_the_workflow_with_one_line(tmp_path, experiment, expec
     assert proc.returncode != 0
     assert f"experiments.yaml: {expected}" in proc.stdout + proc.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_a_configfile_replaces_the_default_sweep(tmp_path):
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"experiments": {"only-this": {"variants": ["reference"], "batches": [8]}}}))
+    proc = subprocess.run([SNAKEMAKE, "--dry-run", "--configfile", str(other), "--cores", "1"],
+                          capture_output=True, text=True, cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "only-this" in out and "lenet86-baseline" not in out
