@@ -14,3 +14,29 @@ __device__ __forceinline__ int conv_out_size(int in, int k, int s) { return (in 
 __device__ __forceinline__ long long image_offset(int b, int C, int H, int W) {
     return (long long)b * C * H * W;
 }
+
+// Implicit-GEMM helper (fused_gemm, register_tiled_gemm): rows r = (c, p, q) of the unrolled
+// input matrix, as offsets from a window origin.
+// It walks rows r of the unrolled matrix by a fixed step, keeping off = c*H*W + p*W + q (the row's
+// offset from a window origin) without a division per step.
+struct RowCursor {
+    int r, p, q, off;
+    int dp, dq, d_off;
+
+    __device__ RowCursor(int r0, int step, int K, int H, int W) : r(r0) {
+        q = r0 % K;
+        p = (r0 / K) % K;
+        off = (r0 / (K * K)) * H * W + p * W + q;
+        dq = step % K;
+        dp = (step / K) % K;
+        d_off = (step / (K * K)) * H * W + dp * W + dq;
+    }
+    __device__ void advance(int step, int K, int H, int W) {
+        r += step;
+        q += dq;
+        p += dp;
+        off += d_off;
+        if (q >= K) { q -= K; ++p; off += W - K; }
+        if (p >= K) { p -= K; off += (H - K) * W; }
+    }
+};

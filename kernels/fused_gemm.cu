@@ -36,30 +36,6 @@ static_assert(TILE_R % kLoadRows == 0, "TILE_R and TILE_M must divide one anothe
 static_assert(TILE_N >= TILE_R, "the weight tile is loaded by one row of TILE_N threads per map");
 static_assert(4 * (TILE_M * TILE_R + TILE_R * TILE_N) <= 48 * 1024, "tiles exceed 48 KB of shared memory");
 
-// Walks rows r of the unrolled matrix by a fixed step, keeping off = c*H*W + p*W + q (the row's
-// offset from a window origin) without a division per step.
-struct RowCursor {
-    int r, p, q, off;
-    int dp, dq, d_off;
-
-    __device__ RowCursor(int r0, int step, int K, int H, int W) : r(r0) {
-        q = r0 % K;
-        p = (r0 / K) % K;
-        off = (r0 / (K * K)) * H * W + p * W + q;
-        dq = step % K;
-        dp = (step / K) % K;
-        d_off = (step / (K * K)) * H * W + dp * W + dq;
-    }
-    __device__ void advance(int step, int K, int H, int W) {
-        r += step;
-        q += dq;
-        p += dp;
-        off += d_off;
-        if (q >= K) { q -= K; ++p; off += W - K; }
-        if (p >= K) { p -= K; off += (H - K) * W; }
-    }
-};
-
 extern "C" __global__ void __launch_bounds__(kThreads) conv_forward(CONV_ARGS) {
     __shared__ float k_tile[TILE_M][TILE_R];
     __shared__ float x_tile[TILE_R][TILE_N];

@@ -59,30 +59,6 @@ static_assert(BLOCK_K % kLoadRows == 0, "loader rows per pass must divide BLOCK_
 static_assert(BLOCK_K % 4 == 0, "BLOCK_K must be a multiple of 4 (float4 weight loads)");
 static_assert(4 * BLOCK_K * (BLOCK_M + kPadM + BLOCK_N) <= 48 * 1024, "tiles exceed 48 KB of shared memory");
 
-// Walks rows r of the unrolled matrix by a fixed step, keeping off = c*H*W + p*W + q (the row's
-// offset from a window origin) without a division per step.
-struct RowCursor {
-    int r, p, q, off;
-    int dp, dq, d_off;
-
-    __device__ RowCursor(int r0, int step, int K, int H, int W) : r(r0) {
-        q = r0 % K;
-        p = (r0 / K) % K;
-        off = (r0 / (K * K)) * H * W + p * W + q;
-        dq = step % K;
-        dp = (step / K) % K;
-        d_off = (step / (K * K)) * H * W + dp * W + dq;
-    }
-    __device__ void advance(int step, int K, int H, int W) {
-        r += step;
-        q += dq;
-        p += dp;
-        off += d_off;
-        if (q >= K) { q -= K; ++p; off += W - K; }
-        if (p >= K) { p -= K; off += (H - K) * W; }
-    }
-};
-
 // The i-th map / j-th pixel of a thread's register tile, relative to the block tile.
 __device__ __forceinline__ int tile_m(int ty, int i) { return (ty + (i / kVecM) * kThreadsM) * kVecM + i % kVecM; }
 __device__ __forceinline__ int tile_n(int tx, int j) { return (tx + (j / kVecN) * kThreadsN) * kVecN + j % kVecN; }
