@@ -12,7 +12,7 @@ import pytest
 from convsweep.errors import StoreError
 from convsweep.query import QUERIES_DIR, list_queries, render, run_query
 from convsweep.store import ingest_result, open_store
-from store_fixtures import row_counts, standard_results
+from store_fixtures import make_result, row_counts, standard_results
 
 WRITES = [
     "UPDATE run SET status = 'ok'",
@@ -69,6 +69,21 @@ def test_best_never_counts_incorrect_or_failed_runs(loaded_url):
         ("op time 2", 100): ("tiled", pytest.approx(0.150)),
         ("op time 2", 1000): ("tiled", pytest.approx(1.20)),
     }
+
+
+def test_best_names_the_winning_tunables(db_url):
+    engine = open_store(db_url)
+    for block, op_ms in ((128, 0.9), (256, 0.7), (512, 0.8)):
+        result = make_result("naive", batch=1000, op_time_ms=(op_ms, op_ms))
+        result["spec"]["params"] = {"conv1": {"BLOCK": block}, "conv2": {"BLOCK": block}}
+        result["run_key"] = f"{block:064d}"
+        ingest_result(engine, result, None)
+    engine.dispose()
+    rows = rows_of(db_url, "best")
+    # SQLite hands JSON columns back as text, PostgreSQL as objects
+    tunables = [r["tunables (per layer)"] for r in rows]
+    tunables = [json.loads(t) if isinstance(t, str) else t for t in tunables]
+    assert [t["conv1"]["BLOCK"] for t in tunables] == [256, 256]
 
 
 def test_failures_and_runs_show_the_messages(loaded_url):
