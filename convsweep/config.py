@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, ShapeError
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "workflow" / "schemas" / "experiments.schema.yaml"
@@ -176,6 +176,8 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
             for var in set(layer_map.values()):
                 if var not in registry:
                     raise ConfigError(f"{where}.variants[{v}]: unknown variant '{var}' (known: {', '.join(sorted(registry))})")
+            for layer in net.conv_layers:
+                _check_fits(net, layer.name, registry[layer_map[layer.name]], f"{where}.variants[{v}]")
             for grid_name in exp.get("params", {}):
                 if grid_name not in registry:
                     raise ConfigError(f"{where}.params.{grid_name}: unknown variant '{grid_name}'")
@@ -192,6 +194,19 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
     for job in jobs:
         seen.setdefault(job.job_id, job)
     return list(seen.values())
+
+
+def _check_fits(net, layer_name: str, variant, where: str) -> None:
+    """A variant's element types and fused layers must match the network, whatever the batch."""
+    if variant.is_cpu:
+        return
+    if net.dtype not in variant.dtypes:
+        raise ConfigError(f"{where}: variant '{variant.name}' computes {'/'.join(variant.dtypes)}, "
+                          f"but {net.path.name} is {net.dtype}")
+    try:
+        net.fused_layers(layer_name, variant.fuses)
+    except ShapeError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _layer_map(entry: str | dict, conv_names: list[str], where: str) -> dict[str, str]:

@@ -40,13 +40,25 @@ DATASETS: dict[str, DatasetFiles] = {
 
 @dataclass(frozen=True)
 class Dataset:
-    """Images ready for a network (float32 [N, 1, S, S] in [0, 1]) and their labels."""
+    """Images ready for a network (float32 [N, C, H, W] in [0, 1]) and their labels (None for
+    synthetic inputs, which are checked against the reference but have no accuracy)."""
 
     name: str
     images: np.ndarray
-    labels: np.ndarray
+    labels: np.ndarray | None
     source: tuple[str, ...]
     sha256: str
+
+
+RANDOM = "random"
+
+
+def random_dataset(shape: tuple[int, ...], count: int, seed: int = 0) -> Dataset:
+    """`count` seeded uniform images of `shape` [C, H, W]: inputs for workloads timed for speed."""
+    rng = np.random.default_rng(seed)
+    images = rng.random((count, *shape), dtype=np.float32)
+    sha256 = hashlib.sha256(repr((RANDOM, tuple(shape), count, seed)).encode()).hexdigest()
+    return Dataset(name=RANDOM, images=images, labels=None, source=(RANDOM,), sha256=sha256)
 
 
 def _idx_kind(ndim: int) -> str:

@@ -27,6 +27,7 @@ NETWORK_KEYS = (frozenset({"name", "input", "layers"}), frozenset({"dtype", "wei
 
 CONV_CHUNK_ELEMENTS = 1 << 22  # bounds the im2col buffer (32 MiB in float64) however large the batch
 FORWARD_CHUNK = 64  # images per pass through the whole network in reference_forward
+RANDOM = "random"  # `weights: random`: seeded weights for workloads measured for speed, not accuracy
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,25 @@ class Network:
     dtype: str
     layers: tuple[Layer, ...]
     weights_path: Path | None
+    random_weights: bool = False  # `weights: random`: no trained weights, so no meaningful accuracy
 
     @property
     def conv_layers(self) -> tuple[Layer, ...]:
         return tuple(layer for layer in self.layers if layer.type == "conv2d")
+
+    def fused_layers(self, conv_name: str, fuses: tuple[str, ...]) -> tuple[Layer, ...]:
+        """The layers right after `conv_name` that a kernel fusing `fuses` (relu, maxpool) computes.
+
+        A fused kernel writes what the last of them would, so they must follow the conv in that
+        order; otherwise the variant cannot stand in for this layer.
+        """
+        index = [layer.name for layer in self.layers].index(conv_name)
+        after = self.layers[index + 1 : index + 1 + len(fuses)]
+        kinds = tuple({"relu": "relu", "maxpool2d": "maxpool"}.get(layer.type, layer.type) for layer in after)
+        if kinds != tuple(fuses):
+            raise ShapeError(f"{self.path}: layer {conv_name} is followed by {', '.join(kinds) or 'nothing'}, "
+                             f"but the variant fuses {', '.join(fuses)} after it")
+        return tuple(after)
 
     def layer(self, name: str) -> Layer:
         for layer in self.layers:
@@ -169,8 +185,8 @@ def load_network(path: str | os.PathLike) -> Network:
         raise ConfigError(f"{path}: dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     weights = spec.get("weights")
     if weights is not None and (not isinstance(weights, str) or not weights):
-        raise ConfigError(f"{path}: weights: expected a path relative to this file, got {weights!r}")
-    weights_path = (path.resolve().parent / weights).resolve() if weights else None
+        raise ConfigError(f"{path}: weights: expected a path relative to this file, or 'random', got {weights!r}")
+    weights_path = (path.resolve().parent / weights).resolve() if weights and weights != RANDOM else None
 
     layer_specs = spec["layers"]
     if not isinstance(layer_specs, list) or not layer_specs:
@@ -183,7 +199,7 @@ def load_network(path: str | os.PathLike) -> Network:
             raise ConfigError(f"{path}: layers[{index}].name: expected a unique name, got duplicate {layer.name!r}")
         layers.append(layer)
         shape = layer.out_shape
-    return Network(name, path, input_shape, dtype, tuple(layers), weights_path)
+    return Network(name, path, input_shape, dtype, tuple(layers), weights_path, random_weights=weights == RANDOM)
 
 
 def weight_shapes(network: Network) -> dict[str, tuple[int, ...]]:
@@ -202,9 +218,11 @@ def weight_shapes(network: Network) -> dict[str, tuple[int, ...]]:
 
 def load_weights(network: Network) -> dict[str, np.ndarray]:
     """Read the network's npz, checking every array's presence, shape and finiteness."""
+    if network.random_weights:
+        return random_weights(network)
     path = network.weights_path
     if path is None:
-        raise DataError(f"{network.path}: weights: missing; expected a path to an .npz file")
+        raise DataError(f"{network.path}: weights: missing; expected a path to an .npz file, or 'random'")
     if not path.is_file():
         raise DataError(f"{path}: no such file (weights of {network.path})")
     expected = weight_shapes(network)
@@ -231,6 +249,17 @@ def load_weights(network: Network) -> dict[str, np.ndarray]:
     return weights
 
 
+def random_weights(network: Network) -> dict[str, np.ndarray]:
+    """Weights seeded by the network's name, scaled by 1/sqrt(fan-in) so activations stay O(1)."""
+    rng = np.random.default_rng(list(network.name.encode()))
+    shapes = weight_shapes(network)
+    weights = {}
+    for key, shape in shapes.items():
+        fan_in = int(np.prod(shapes[key.rsplit(".", 1)[0] + ".weight"][1:]))
+        weights[key] = (rng.uniform(-1.0, 1.0, shape) / np.sqrt(fan_in)).astype(network.dtype)
+    return weights
+
+
 def conv2d_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1) -> np.ndarray:
     """Valid convolution y[b,m,h,w] = bias[m] + sum x[b,c,h*S+p,w*S+q] k[m,c,p,q], in x's dtype.
 
@@ -253,6 +282,8 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 
     bias = b.astype(dtype)[:, None]
     out = np.empty((batch, m, h_out, w_out), dtype=dtype)
     per_image = c * k * k * h_out * w_out
+    if per_image > CONV_CHUNK_ELEMENTS:  # one image's columns alone are too large: shift and multiply
+        return _conv2d_by_offsets(x.astype(dtype, copy=False), w.astype(dtype), bias, s, h_out, w_out)
     chunk = max(1, min(256, CONV_CHUNK_ELEMENTS // per_image))
     for start in range(0, batch, chunk):
         xs = x[start : start + chunk].astype(dtype, copy=False)
@@ -264,6 +295,23 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 
         result += bias
         out[start : start + chunk] = result.reshape(len(xs), m, h_out, w_out)
     return out
+
+
+def _conv2d_by_offsets(x, w, bias, s, h_out, w_out):
+    """y = bias + sum over (p, q) of k[:, :, p, q] @ x shifted by (p, q): K*K GEMMs, no column buffer.
+
+    For large layers (256 channels on 228x228): memory stays one shifted input per image.
+    """
+    m, c, k, _ = w.shape
+    out = np.empty((len(x), m, h_out * w_out), dtype=x.dtype)
+    for i, image in enumerate(x):
+        acc = np.repeat(bias, h_out * w_out, axis=1)
+        for p in range(k):
+            for q in range(k):
+                shifted = np.ascontiguousarray(image[:, p : p + s * h_out : s, q : q + s * w_out : s]).reshape(c, -1)
+                acc += w[:, :, p, q] @ shifted
+        out[i] = acc
+    return out.reshape(len(x), m, h_out, w_out)
 
 
 def maxpool2d_reference(x: np.ndarray, size: int, stride: int) -> np.ndarray:

@@ -66,7 +66,7 @@ class SweepPlan:
             var = get_variant(job.variants[layer.name])
             if not var.is_cpu:
                 params = var.resolve_params(job.params.get(layer.name), f"params.{layer.name}")
-                macros = var.defines(params, conv_shape(layer, 1))
+                macros = var.defines(params, conv_shape(layer, 1, network.dtype))
                 builds[build_id(var.name, macros)] = (var.name, macros)
         return builds
 

@@ -30,9 +30,12 @@ except ImportError:  # NVTX is optional outside nsys; ranges are only labels
 _THREADS = 256
 
 
-def conv_shape(layer, batch: int) -> ConvShape:
+def conv_shape(layer, batch: int, dtype: str = "float32", fused: tuple = ()) -> ConvShape:
+    """The kernel's problem for a conv layer and the layers fused into it (a max-pool sets P, PS)."""
     c, h, w = layer.in_shape
-    return ConvShape(B=batch, C=c, M=layer.out_channels, H=h, W=w, K=layer.kernel, S=layer.stride)
+    pool = next((f for f in fused if f.type == "maxpool2d"), None)
+    return ConvShape(B=batch, C=c, M=layer.out_channels, H=h, W=w, K=layer.kernel, S=layer.stride,
+                     P=pool.size if pool else 0, PS=pool.stride if pool else 0, dtype=dtype)
 
 
 class ConvOp:
@@ -53,32 +56,52 @@ class ConvOp:
                                  f"__constant__ {self.variant.constant_weights} ({symbol.nbytes} bytes)")
             self.gpu.copy(symbol, k, stream)
 
-    def enqueue(self, stream, y: DeviceArray, x: DeviceArray, k: DeviceArray, bias: DeviceArray, shape: ConvShape):
+    def workspace(self, shape: ConvShape) -> DeviceArray | None:
+        """The scratch buffer one stream needs for `shape` (None when the variant needs none)."""
+        nbytes = self.variant.workspace_bytes(shape, self.params)
+        return self.gpu.alloc((nbytes,), np.uint8) if nbytes else None
+
+    def enqueue(self, stream, y: DeviceArray, x: DeviceArray, k: DeviceArray, bias: DeviceArray, shape: ConvShape,
+                workspace: DeviceArray | None = None):
+        """Launch the variant's kernels: CONV_ARGS, then the workspace and pool arguments it declares."""
+        args = [y.arg, x.arg, k.arg, bias.arg, *(np.int32(v) for v in (shape.B, shape.C, shape.M, shape.H, shape.W,
+                                                                       shape.K, shape.S))]
+        if self.variant.workspace:
+            need = self.variant.workspace_bytes(shape, self.params)
+            if workspace is None or workspace.nbytes < need:
+                raise ShapeError(f"variant '{self.variant.name}': needs a {need}-byte workspace for {shape}")
+            args.append(workspace.arg)
+        if self.variant.fuses_pool:
+            args += [np.int32(shape.P), np.int32(shape.PS)]
         for launch in self.variant.launch_plan(shape, self.params):
-            self.gpu.launch(stream, self.kernels[launch.kernel], launch.grid, launch.block, launch.shared_bytes,
-                            y.arg, x.arg, k.arg, bias.arg, *(np.int32(v) for v in
-                            (shape.B, shape.C, shape.M, shape.H, shape.W, shape.K, shape.S)))
+            self.gpu.launch(stream, self.kernels[launch.kernel], launch.grid, launch.block, launch.shared_bytes, *args)
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1, variant: str = "naive",
-           params: dict | None = None, gpu: Gpu | None = None) -> np.ndarray:
+           params: dict | None = None, gpu: Gpu | None = None, pool: int | tuple[int, int] | None = None) -> np.ndarray:
     """One conv layer, y = conv(x, w) + b, with any registered variant; returns a new numpy array.
 
-    Shapes are x [B, C, H, W], w [M, C, K, K], b [M]. The output is poisoned (NaN) before the
-    kernel runs, so an element a variant forgets to write cannot pass for a result.
+    Shapes are x [B, C, H, W], w [M, C, K, K], b [M]; float64 x runs in float64 (variants
+    that list it), anything else in float32. A variant that fuses ReLU and max-pooling returns
+    maxpool(relu(conv)), and needs `pool` (window, or (window, stride)). The output is poisoned
+    (NaN) before the kernel runs, so an element a variant forgets to write cannot pass for a result.
     """
-    from .network import conv2d_reference
+    from .network import conv2d_reference, maxpool2d_reference
     from .variants import get_variant
 
     var = get_variant(variant)
-    x, w, b = (np.ascontiguousarray(a, dtype=np.float32) for a in (x, w, b))
+    dtype = np.float64 if np.asarray(x).dtype == np.float64 else np.float32
+    x, w, b = (np.ascontiguousarray(a, dtype=dtype) for a in (x, w, b))
     if x.ndim != 4 or w.ndim != 4 or w.shape[2] != w.shape[3] or w.shape[1] != x.shape[1] or b.shape != (w.shape[0],):
         raise ShapeError(f"conv2d: expected x [B,C,H,W], w [M,C,K,K], b [M]; got {x.shape}, {w.shape}, {b.shape}")
-    shape = ConvShape(B=x.shape[0], C=x.shape[1], M=w.shape[0], H=x.shape[2], W=x.shape[3], K=w.shape[2], S=stride)
+    size, pool_stride = (pool, pool) if isinstance(pool, int) else (pool or (0, 0))
+    shape = ConvShape(B=x.shape[0], C=x.shape[1], M=w.shape[0], H=x.shape[2], W=x.shape[3], K=w.shape[2], S=stride,
+                      P=size, PS=pool_stride, dtype=np.dtype(dtype).name)
     resolved = var.resolve_params(params, f"conv2d({variant}).params")
-    var.check_shape(shape, resolved)
     if var.is_cpu:
-        return conv2d_reference(x, w, b, stride)
+        y = conv2d_reference(x, w, b, stride)
+        return maxpool2d_reference(np.maximum(y, 0), size, pool_stride) if size else y
+    var.check_shape(shape, resolved)
     owns = gpu is None
     gpu = gpu or Gpu()
     try:
@@ -86,10 +109,10 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1, variant
         op = ConvOp(gpu, var, resolved, shape)
         dx, dw, db = (gpu.to_device(a, stream) for a in (x, w, b))
         op.bind_weights(dw, stream)
-        dy = gpu.alloc((shape.B, shape.M, shape.H_out, shape.W_out))
+        dy = gpu.alloc(shape.out_shape, dtype)
         gpu.fill(dy, 0xFF, stream)
-        op.enqueue(stream, dy, dx, dw, db, shape)
-        y = np.empty(dy.shape, np.float32)
+        op.enqueue(stream, dy, dx, dw, db, shape, op.workspace(shape))
+        y = np.empty(dy.shape, dtype)
         gpu.download(dy, y, stream)
         stream.sync()
         return y
@@ -100,46 +123,53 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1, variant
 
 @dataclass
 class Lane:
-    """Activation buffers for one stream: the output of every layer for up to `capacity` images."""
+    """Buffers for one stream: every layer's output for up to `capacity` images, and the conv
+    workspaces (im2col columns, half copies, ...) of the variants that need one."""
 
     capacity: int
     outputs: dict[str, DeviceArray] = field(default_factory=dict)
+    workspaces: dict[str, DeviceArray | None] = field(default_factory=dict)
 
 
 class GpuNetwork:
     def __init__(self, gpu: Gpu, network, weights: dict[str, np.ndarray], variants: dict[str, Variant],
                  params: dict[str, dict], lanes: int, capacity: int, stream):
         self.gpu, self.network = gpu, network
-        self.layers_build = compile_source(KERNELS_DIR / "layers.cu", "layers", {}, gpu.arch)
+        self.dtype = np.dtype(network.dtype)
+        self.layers_build = compile_source(KERNELS_DIR / "layers.cu", "layers",
+                                           {"CONV_T": "double"} if network.dtype == "float64" else {}, gpu.arch)
         layers_module = gpu.module(self.layers_build)
         self.layer_kernels = {n: gpu.kernel(layers_module, n) for n in ("relu_inplace", "maxpool2d", "dense")}
+        self.steps = self._plan(variants)
         self.convs: dict[str, ConvOp] = {}
         self.builds: list[Build] = [self.layers_build]
-        for layer in network.conv_layers:
+        for layer, fused in self.steps:
+            if layer.type != "conv2d":
+                continue
             var = variants[layer.name]
             for b in (1, capacity):  # refuse unsupported shapes before anything is allocated
-                var.check_shape(conv_shape(layer, b), params[layer.name])
-            op = ConvOp(gpu, var, params[layer.name], conv_shape(layer, 1))
+                var.check_shape(self.shape(layer, fused, b), params[layer.name])
+            op = ConvOp(gpu, var, params[layer.name], self.shape(layer, fused, 1))
             self.builds.append(op.build)
             self.convs[layer.name] = op
-        self.weights = {name: gpu.to_device(array.astype(np.float32), stream) for name, array in weights.items()}
+        self.weights = {name: gpu.to_device(array.astype(self.dtype), stream) for name, array in weights.items()}
         for name, op in self.convs.items():
             op.bind_weights(self.weights[f"{name}.weight"], stream)
-        self.steps = self._plan(variants)
         self.lanes = [self._lane(capacity) for _ in range(lanes)]
+
+    def shape(self, layer, fused, batch: int) -> ConvShape:
+        return conv_shape(layer, batch, self.network.dtype, fused)
 
     def _plan(self, variants) -> list[tuple]:
         """(layer, layers it stands for): a variant that fuses relu/maxpool swallows those layers."""
-        steps, layers, i = [], list(self.network.layers), 0
-        while i < len(layers):
-            layer, fused = layers[i], []
-            if layer.type == "conv2d":
-                fuses = set(variants[layer.name].fuses)
-                while i + 1 < len(layers) and {"relu": "relu", "maxpool2d": "maxpool"}.get(layers[i + 1].type) in fuses:
-                    i += 1
-                    fused.append(layers[i])
+        steps, skip = [], 0
+        for layer in self.network.layers:
+            if skip:
+                skip -= 1
+                continue
+            fused = self.network.fused_layers(layer.name, variants[layer.name].fuses) if layer.type == "conv2d" else ()
             steps.append((layer, fused))
-            i += 1
+            skip = len(fused)
         return steps
 
     def _lane(self, capacity: int) -> Lane:
@@ -147,7 +177,9 @@ class GpuNetwork:
         for layer, fused in self.steps:
             last = fused[-1] if fused else layer
             if layer.type not in ("relu", "flatten"):  # in place, or a view of the previous output
-                lane.outputs[layer.name] = self.gpu.alloc((capacity,) + tuple(last.out_shape))
+                lane.outputs[layer.name] = self.gpu.alloc((capacity,) + tuple(last.out_shape), self.dtype)
+            if layer.type == "conv2d":
+                lane.workspaces[layer.name] = self.convs[layer.name].workspace(self.shape(layer, fused, capacity))
         return lane
 
     def enqueue(self, stream, lane: Lane, x: DeviceArray, logits: DeviceArray, n: int, events: dict | None = None):
@@ -162,7 +194,8 @@ class GpuNetwork:
                     out = lane.outputs[layer.name].rows(0, n)
                     start = self.gpu.event(stream) if events is not None else None
                     self.convs[layer.name].enqueue(stream, out, cur, self.weights[f"{layer.name}.weight"],
-                                                   self.weights[f"{layer.name}.bias"], conv_shape(layer, n))
+                                                   self.weights[f"{layer.name}.bias"], self.shape(layer, fused, n),
+                                                   lane.workspaces[layer.name])
                     if events is not None:
                         events.setdefault(layer.name, []).append((start, self.gpu.event(stream)))
                     cur = out

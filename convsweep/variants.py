@@ -22,13 +22,19 @@ REGISTRY_PATH = KERNELS_DIR / "variants.yaml"
 
 TOLERANCE = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2}
 _KEYS = {"source", "cpu", "precision", "description", "params", "restrictions", "constraints",
-         "fuses", "min_cc", "launches", "compile_time", "constant_weights"}
+         "fuses", "min_cc", "launches", "compile_time", "constant_weights", "dtypes", "workspace"}
+DTYPES = {"float32": 4, "float64": 8}  # element types a network may store; variants list theirs
+FUSABLE = ("relu", "maxpool")  # what a conv kernel may fuse, in the order the layers follow it
 _SHAPE_NAMES = ("C", "M", "H", "W", "K", "S")  # what a build may fix; never B, which varies per chunk
 
 
 @dataclass(frozen=True)
 class ConvShape:
-    """One conv layer's problem: y[B, M, H_out, W_out] from x[B, C, H, W] and k[M, C, K, K]."""
+    """One conv layer's problem: y[B, M, H_out, W_out] from x[B, C, H, W] and k[M, C, K, K].
+
+    P and PS are the window and stride of a max-pool fused into the conv (0: none), and dtype
+    the element type of every tensor; both change what the kernel computes and is built as.
+    """
 
     B: int
     C: int
@@ -37,6 +43,9 @@ class ConvShape:
     W: int
     K: int
     S: int = 1
+    P: int = 0
+    PS: int = 0
+    dtype: str = "float32"
 
     @property
     def H_out(self) -> int:
@@ -46,9 +55,28 @@ class ConvShape:
     def W_out(self) -> int:
         return (self.W - self.K) // self.S + 1
 
+    @property
+    def H_pool(self) -> int:
+        return (self.H_out - self.P) // self.PS + 1 if self.P else self.H_out
+
+    @property
+    def W_pool(self) -> int:
+        return (self.W_out - self.P) // self.PS + 1 if self.P else self.W_out
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        """What the kernel writes: the pooled maps when a pool is fused."""
+        return (self.B, self.M, self.H_pool, self.W_pool)
+
+    @property
+    def E(self) -> int:
+        """Bytes per element."""
+        return DTYPES[self.dtype]
+
     def names(self) -> dict[str, int]:
         return {"B": self.B, "C": self.C, "M": self.M, "H": self.H, "W": self.W, "K": self.K,
-                "S": self.S, "H_out": self.H_out, "W_out": self.W_out}
+                "S": self.S, "H_out": self.H_out, "W_out": self.W_out, "P": self.P, "PS": self.PS,
+                "H_pool": self.H_pool, "W_pool": self.W_pool, "E": self.E}
 
     @property
     def flops(self) -> int:
@@ -56,9 +84,9 @@ class ConvShape:
 
     @property
     def min_bytes(self) -> int:
-        """fp32 bytes the layer must move at least: input, weights, bias and output once each."""
-        return 4 * (self.B * self.C * self.H * self.W + self.M * self.C * self.K * self.K + self.M
-                    + self.B * self.M * self.H_out * self.W_out)
+        """Bytes the layer must move at least: input, weights, bias and (pooled) output once each."""
+        return self.E * (self.B * self.C * self.H * self.W + self.M * self.C * self.K * self.K + self.M
+                         + self.B * self.M * self.H_pool * self.W_pool)
 
 
 @dataclass(frozen=True)
@@ -83,16 +111,31 @@ class Variant:
     launches: tuple[dict, ...] = ()
     compile_time: tuple[str, ...] = ()  # shape names compiled in as <NAME>_FIXED macros
     constant_weights: str | None = None  # __constant__ symbol the runner fills with k
+    dtypes: tuple[str, ...] = ("float32",)  # element types the kernel is written for (conv_t)
+    workspace: str | None = None  # bytes expression: a per-stream scratch buffer, passed after CONV_ARGS
 
     def defines(self, params: dict, shape: ConvShape | None) -> dict[str, Any]:
-        """The macros of one build: the tunables, plus the layer's shape where the kernel fixes it."""
+        """The macros of one build: the tunables, plus the layer's shape where the kernel fixes it,
+        plus CONV_T for a non-float32 element type."""
+        macros = dict(params)
+        if shape is not None and shape.dtype != "float32":
+            macros["CONV_T"] = {"float64": "double"}[shape.dtype]
         if not self.compile_time:
-            return dict(params)
+            return macros
         if shape is None:
             raise ConfigError(f"variant '{self.name}' is compiled per layer shape ({', '.join(self.compile_time)}): "
                               "give the shape")
         names = shape.names()
-        return {**params, **{f"{n}_FIXED": names[n] for n in self.compile_time}}
+        return {**macros, **{f"{n}_FIXED": names[n] for n in self.compile_time}}
+
+    @property
+    def fuses_pool(self) -> bool:
+        return "maxpool" in self.fuses
+
+    def workspace_bytes(self, shape: ConvShape, params: dict) -> int:
+        if not self.workspace:
+            return 0
+        return int(evaluate(self.workspace, {**shape.names(), **params}, f"{REGISTRY_PATH.name}: {self.name}.workspace"))
 
     @property
     def is_cpu(self) -> bool:
@@ -150,6 +193,14 @@ class Variant:
         """Refuse a shape the kernel cannot compute, naming the constraint, before anything runs."""
         if shape.H_out < 1 or shape.W_out < 1:
             raise ShapeError(f"variant '{self.name}': kernel {shape.K} is larger than the {shape.H}x{shape.W} input")
+        if shape.dtype not in self.dtypes:
+            raise ShapeError(f"variant '{self.name}' computes {'/'.join(self.dtypes)}, not {shape.dtype} "
+                             f"(registry dtypes)")
+        if self.fuses_pool != bool(shape.P):
+            raise ShapeError(f"variant '{self.name}' fuses {'+'.join(self.fuses) or 'nothing'}: it needs "
+                             f"{'a max-pool window (P > 0)' if self.fuses_pool else 'no fused pool'}, got P={shape.P}")
+        if shape.P and (shape.H_out < shape.P or shape.W_out < shape.P):
+            raise ShapeError(f"variant '{self.name}': pool window {shape.P} is larger than the {shape.H_out}x{shape.W_out} output")
         names = {**shape.names(), **params}
         for rule in self.constraints:
             if not evaluate(rule, names, f"{self.name}.constraints"):
@@ -173,7 +224,8 @@ def _dim3(values: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 def _fmt(shape: ConvShape) -> str:
-    return f"B={shape.B} C={shape.C} M={shape.M} H={shape.H} W={shape.W} K={shape.K} S={shape.S}"
+    pool = f" P={shape.P} PS={shape.PS}" if shape.P else ""
+    return f"B={shape.B} C={shape.C} M={shape.M} H={shape.H} W={shape.W} K={shape.K} S={shape.S}{pool}"
 
 
 @functools.lru_cache(maxsize=4)
@@ -199,6 +251,13 @@ def load_registry(path: Path = REGISTRY_PATH) -> dict[str, Variant]:
             source = Path(path).parent / entry["source"]
             if not entry.get("launches"):
                 raise ConfigError(f"{where}.launches: a GPU variant needs at least one launch")
+        dtypes = tuple(entry.get("dtypes") or ("float32",))
+        if not set(dtypes) <= set(DTYPES):
+            raise ConfigError(f"{where}.dtypes: expected names from {list(DTYPES)}, got {list(dtypes)}")
+        fuses = tuple(entry.get("fuses") or ())
+        if fuses != FUSABLE[:len(fuses)]:
+            raise ConfigError(f"{where}.fuses: expected a prefix of {list(FUSABLE)} (the layers that follow a conv), "
+                              f"got {list(fuses)}")
         fixed = tuple(entry.get("compile_time") or ())
         if not set(fixed) <= set(_SHAPE_NAMES):
             raise ConfigError(f"{where}.compile_time: expected names from {list(_SHAPE_NAMES)}, got {list(fixed)}")
@@ -209,7 +268,8 @@ def load_registry(path: Path = REGISTRY_PATH) -> dict[str, Variant]:
         registry[name] = Variant(
             name=name, precision=precision, description=entry.get("description", ""), source=source,
             params=params, restrictions=tuple(entry.get("restrictions") or ()),
-            constraints=tuple(entry.get("constraints") or ()), fuses=tuple(entry.get("fuses") or ()),
+            constraints=tuple(entry.get("constraints") or ()), fuses=fuses, dtypes=dtypes,
+            workspace=str(entry["workspace"]) if entry.get("workspace") else None,
             min_cc=float(entry.get("min_cc", 0.0)), launches=tuple(entry.get("launches") or ()),
             compile_time=fixed, constant_weights=entry.get("constant_weights"))
     return registry

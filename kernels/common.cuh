@@ -1,11 +1,26 @@
-// Shared index helpers for every variant. Tensors are NCHW, contiguous, float32 unless a
-// variant's precision says otherwise. Shapes arrive as kernel arguments (B, C, M, H, W, K, S);
-// H and W are the input sizes, the output is H_out = (H - K) / S + 1 (valid convolution).
+// The kernel ABI and shared index helpers for every variant. Tensors are NCHW and contiguous.
+// Shapes arrive as kernel arguments (B, C, M, H, W, K, S); H and W are the input sizes, the
+// output is H_out = (H - K) / S + 1 (valid convolution).
+//
+// Every entry point takes CONV_ARGS, then, in this order, only what its registry entry declares:
+//   WORKSPACE_ARG  a device buffer of the registry's `workspace` bytes (im2col columns, half
+//                  copies, spectra), private to the stream the launch runs on;
+//   POOL_ARGS      the fused max-pool window P and stride PS (variants whose `fuses` lists
+//                  maxpool; y is then the pooled output, [B][M][H_pool][W_pool]).
 #pragma once
 
+// The element type of x, k, bias and y: float, or double when the network is float64 (the
+// runner defines CONV_T=double for variants whose registry `dtypes` list float64).
+#ifndef CONV_T
+#define CONV_T float
+#endif
+typedef CONV_T conv_t;
+
 #define CONV_ARGS                                                                          \
-    float *__restrict__ y, const float *__restrict__ x, const float *__restrict__ k,        \
-        const float *__restrict__ bias, int B, int C, int M, int H, int W, int K, int S
+    conv_t *__restrict__ y, const conv_t *__restrict__ x, const conv_t *__restrict__ k,     \
+        const conv_t *__restrict__ bias, int B, int C, int M, int H, int W, int K, int S
+#define WORKSPACE_ARG void *__restrict__ workspace
+#define POOL_ARGS int P, int PS
 
 __device__ __forceinline__ int conv_out_size(int in, int k, int s) { return (in - k) / s + 1; }
 

@@ -21,8 +21,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK) conv_forward(CONV_ARGS) {
     if (pixel >= H_out * W_out) return;
     const int h = pixel / W_out, w = pixel % W_out;
 
-    const float *xb = x + image_offset(b, C, H, W);
-    float acc = bias[m];
+    const conv_t *xb = x + image_offset(b, C, H, W);
+    conv_t acc = bias[m];
     for (int c = 0; c < C; ++c)
         for (int p = 0; p < K; ++p)
             for (int q = 0; q < K; ++q)

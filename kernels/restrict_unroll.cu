@@ -26,9 +26,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK) conv_forward(CONV_ARGS) {
     if (pixel >= H_out * W_out) return;
     const int h = pixel / W_out, w = pixel % W_out;
 
-    const float *__restrict__ xp = x + image_offset(b, CC, H, W) + (h * SS) * W + w * SS;
-    const float *__restrict__ kp = k + m * CC * KK * KK;
-    float acc = bias[m];
+    const conv_t *__restrict__ xp = x + image_offset(b, CC, H, W) + (h * SS) * W + w * SS;
+    const conv_t *__restrict__ kp = k + m * CC * KK * KK;
+    conv_t acc = bias[m];
 #pragma unroll UNROLL_C
     for (int c = 0; c < CC; ++c) {
 #pragma unroll

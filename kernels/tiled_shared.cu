@@ -25,13 +25,14 @@
 #endif
 
 extern "C" __global__ void conv_forward(CONV_ARGS) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(8) unsigned char smem_bytes[];
+    conv_t *smem = reinterpret_cast<conv_t *>(smem_bytes);
     const int H_out = conv_out_size(H, K, S);
     const int W_out = conv_out_size(W, K, S);
     const int patch_h = (TILE_H - 1) * S + K;
     const int patch_w = (TILE_W - 1) * S + K;
-    float *patch = smem;                       // [patch_h][patch_w]
-    float *weights = smem + patch_h * patch_w; // [K][K] of (m, c)
+    conv_t *patch = smem;                       // [patch_h][patch_w]
+    conv_t *weights = smem + patch_h * patch_w; // [K][K] of (m, c)
 
     const int tiles_w = (W_out + TILE_W - 1) / TILE_W;
     const int tiles_per_plane = tiles_w * ((H_out + TILE_H - 1) / TILE_H);
@@ -43,21 +44,21 @@ extern "C" __global__ void conv_forward(CONV_ARGS) {
     const int h = h0 + threadIdx.y, w = w0 + threadIdx.x;
     const int row0 = h0 * S, col0 = w0 * S; // input origin of the patch
 
-    const float *xb = x + image_offset(b, C, H, W);
-    const float *km = k + (long long)m * C * K * K;
-    float acc = 0.0f;
+    const conv_t *xb = x + image_offset(b, C, H, W);
+    const conv_t *km = k + (long long)m * C * K * K;
+    conv_t acc = 0;
     // No thread leaves before the loop ends: every thread takes part in every load and barrier.
     for (int c = 0; c < C; ++c) {
-        const float *xc = xb + c * H * W;
+        const conv_t *xc = xb + c * H * W;
         for (int i = threadIdx.y; i < patch_h; i += TILE_H)
             for (int j = threadIdx.x; j < patch_w; j += TILE_W) {
                 const int r = row0 + i, s = col0 + j;
-                patch[i * patch_w + j] = (r < H && s < W) ? xc[r * W + s] : 0.0f;
+                patch[i * patch_w + j] = (r < H && s < W) ? xc[r * W + s] : conv_t(0);
             }
         for (int i = tid; i < K * K; i += TILE_W * TILE_H)
             weights[i] = km[c * K * K + i];
         __syncthreads();
-        const float *window = patch + (threadIdx.y * S) * patch_w + threadIdx.x * S;
+        const conv_t *window = patch + (threadIdx.y * S) * patch_w + threadIdx.x * S;
         for (int p = 0; p < K; ++p)
             for (int q = 0; q < K; ++q)
                 acc += window[p * patch_w + q] * weights[p * K + q];

@@ -168,8 +168,10 @@ def test_conv2d_reference_chunks_and_float32(monkeypatch):
     x = rng.standard_normal((9, 2, 10, 10))
     weight, bias = rng.standard_normal((3, 2, 3, 3)), rng.standard_normal(3)
     whole = conv2d_reference(x, weight, bias)
-    monkeypatch.setattr("convsweep.network.CONV_CHUNK_ELEMENTS", 1)  # one image per chunk
+    monkeypatch.setattr("convsweep.network.CONV_CHUNK_ELEMENTS", 2 * 3 * 3 * 8 * 8)  # one image per chunk
     np.testing.assert_allclose(conv2d_reference(x, weight, bias), whole, rtol=1e-13)
+    monkeypatch.setattr("convsweep.network.CONV_CHUNK_ELEMENTS", 1)  # too large for columns: shifted GEMMs
+    np.testing.assert_allclose(conv2d_reference(x, weight, bias, stride=2), naive_conv(x, weight, bias, 2), rtol=1e-12, atol=1e-12)
     single = conv2d_reference(x.astype(np.float32), weight, bias)
     assert single.dtype == np.float32
     np.testing.assert_allclose(single, whole, rtol=1e-4, atol=1e-4)
