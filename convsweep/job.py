@@ -121,7 +121,7 @@ def _load_inputs(spec: JobSpec):
     else:
         dataset = load_dataset(spec.dataset, image_size=size)
     weights = load_weights(network)
-    idx = batch_indices(len(dataset.labels), spec.batch)
+    idx = batch_indices(len(dataset.images), spec.batch)
     return network, dataset, weights, idx
 
 
@@ -134,7 +134,7 @@ def reference_logits(network, dataset, weights) -> np.ndarray:
     path = cache_dir() / "reference" / f"{key}.npy"
     try:
         cached = np.load(path)
-        if cached.shape[0] == len(dataset.labels):
+        if cached.shape[0] == len(dataset.images):
             return cached
     except (OSError, ValueError):
         pass

@@ -85,6 +85,8 @@ def test_bad_config_gives_one_line_with_file_and_key(tmp_path, mutate, expected)
     (lambda e: e.update(params={"naive": {"BLOCK": [7]}}), "params.naive.BLOCK: 7 is not an allowed value"),
     (lambda e: e.update(params={"naive": {"BLOCK": [256, 2048]}}), "2048 is not an allowed value"),
     (lambda e: e.update(params={"naiv": {"BLOCK": [64]}}), "params.naiv: unknown variant"),
+    (lambda e: e.update(network="networks/fp64_stride5.yaml", variants=["register_tiled_gemm"]),
+     "variants[0]: variant 'register_tiled_gemm' computes float32, but fp64_stride5.yaml is float64"),
 ])
 def test_matrix_errors_name_the_key(tmp_path, mutate, expected):
     data = copy.deepcopy(BASE)

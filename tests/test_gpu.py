@@ -11,20 +11,22 @@ import pytest
 
 from convsweep.config import JobSpec
 from convsweep.errors import ShapeError
-from convsweep.network import conv2d_reference
+from convsweep.network import conv2d_reference, maxpool2d_reference
 from convsweep.nsys import find_nsys
 from convsweep.variants import load_registry
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = {  # B, C, M, H, W, K, S
-    "lenet-conv1": (8, 1, 4, 86, 86, 7, 1),
-    "lenet-conv2": (8, 4, 16, 40, 40, 7, 1),
-    "odd-sizes": (3, 3, 5, 23, 19, 5, 1),
-    "c-greater-than-m-k3-stride2": (2, 8, 2, 17, 17, 3, 2),
-    "batch-1-k5": (1, 2, 3, 12, 12, 5, 1),
+SHAPES = {  # B, C, M, H, W, K, S, and the pool (window, stride) a variant fusing maxpool gets
+    "lenet-conv1": (8, 1, 4, 86, 86, 7, 1, (2, 2)),
+    "lenet-conv2": (8, 4, 16, 40, 40, 7, 1, (4, 4)),
+    "odd-sizes": (3, 3, 5, 23, 19, 5, 1, (2, 2)),
+    "c-greater-than-m-k3-stride2": (2, 8, 2, 17, 17, 3, 2, (3, 2)),
+    "batch-1-k5": (1, 2, 3, 12, 12, 5, 1, (2, 2)),
 }
-CASES = [(name, params) for name, var in load_registry().items() if not var.is_cpu for params in var.all_combinations()]
+REGISTRY = load_registry()
+CASES = [(name, params) for name, var in REGISTRY.items() if not var.is_cpu for params in var.all_combinations()]
+DOUBLE_CASES = [name for name, var in REGISTRY.items() if "float64" in var.dtypes and not var.is_cpu]
 
 
 @pytest.fixture(scope="module")
@@ -39,21 +41,37 @@ def normwise_error(y, ref):
     return float(np.max(np.abs(y.astype(np.float64) - ref)) / np.max(np.abs(ref)))
 
 
+def check_variant(gpu, variant, params, shape, dtype):
+    """Fresh random inputs, NaN-poisoned output (conv2d), compared with float64 numpy."""
+    from convsweep.runner import conv2d
+
+    B, C, M, H, W, K, S, pool = shape
+    var = REGISTRY[variant]
+    rng = np.random.default_rng()
+    x = rng.standard_normal((B, C, H, W)).astype(dtype)
+    w = rng.standard_normal((M, C, K, K)).astype(dtype)
+    b = rng.standard_normal(M).astype(dtype)
+    y = conv2d(x, w, b, stride=S, variant=variant, params=params, gpu=gpu, pool=pool if var.fuses_pool else None)
+    ref = conv2d_reference(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), S)
+    if "relu" in var.fuses:
+        ref = np.maximum(ref, 0.0)
+    if var.fuses_pool:
+        ref = maxpool2d_reference(ref, *pool)
+    assert y.shape == ref.shape and y.dtype == dtype
+    assert np.isfinite(y).all(), "unwritten (poisoned) outputs"
+    return normwise_error(y, ref)
+
+
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 @pytest.mark.parametrize("variant, params", CASES, ids=lambda v: str(v))
 def test_conv_variant_matches_float64(gpu, variant, params, shape):
-    from convsweep.runner import conv2d
+    assert check_variant(gpu, variant, params, shape, np.float32) <= REGISTRY[variant].tolerance
 
-    B, C, M, H, W, K, S = shape
-    rng = np.random.default_rng()
-    x = rng.standard_normal((B, C, H, W)).astype(np.float32)
-    w = rng.standard_normal((M, C, K, K)).astype(np.float32)
-    b = rng.standard_normal(M).astype(np.float32)
-    y = conv2d(x, w, b, stride=S, variant=variant, params=params, gpu=gpu)
-    ref = conv2d_reference(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), S)
-    assert y.shape == ref.shape
-    assert np.isfinite(y).all(), "unwritten (poisoned) outputs"
-    assert normwise_error(y, ref) <= load_registry()[variant].tolerance
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+@pytest.mark.parametrize("variant", DOUBLE_CASES)
+def test_float64_variant_matches_float64(gpu, variant, shape):
+    assert check_variant(gpu, variant, REGISTRY[variant].defaults(), shape, np.float64) <= 1e-12
 
 
 def test_unsupported_shape_is_refused(gpu):
@@ -119,3 +137,34 @@ def test_job_under_nsys_reads_the_report(tmp_path):
     assert t["forward_ms"] > t["h2d_ms"] > 0 and t["overlap"] == 0.0
     assert len([s for s in result["samples"] if s["metric"] == "op_time_ms"]) == 2 * 4
     assert json.loads(out.read_text())["profiler"] == "nsys"
+
+
+@pytest.mark.parametrize("variant", [n for n, v in REGISTRY.items() if not v.is_cpu])
+def test_network_with_each_variant_classifies_like_the_reference(tmp_path, variant):
+    """Status ok means: logits within tolerance, and fp32-class runs predict the reference's class
+    on >= 99.9% of images, fp16-class runs keep the accuracy within 0.5 points (job.check_logits)."""
+    from convsweep.job import run_job
+
+    result = run_job(spec("events", batch=2000, repeats=1, variants={"conv1": variant, "conv2": variant}), tmp_path / "r.json")
+    assert result["status"] == "ok", result["error"]
+    if REGISTRY[variant].precision != "fp16":
+        assert result["prediction_agreement"] >= 0.999
+    assert abs(result["accuracy"] - reference_accuracy(2000)) <= 0.005
+
+
+@pytest.mark.parametrize("network, variant, batch", [
+    ("networks/fp64_stride5.yaml", "naive", 1000),
+    ("networks/fp64_stride5.yaml", "tiled_shared", 1000),
+    ("networks/conv256.yaml", "naive", 1),
+    ("networks/conv256.yaml", "register_tiled_gemm", 1),
+])
+def test_other_workloads_run_and_match_float64(tmp_path, network, variant, batch):
+    from convsweep.job import run_job
+
+    job = spec("events", network=network, dataset="random", batch=batch, repeats=2,
+               variants={"conv1": variant}, params={"conv1": {}})
+    result = run_job(job, tmp_path / "r.json")
+    assert result["status"] == "ok", result["error"]
+    assert result["accuracy"] is None and result["timings"]["op_time_ms"]["conv1"] > 0
+    if "fp64" in network:
+        assert result["max_rel_err"] < 1e-12

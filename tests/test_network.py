@@ -244,3 +244,22 @@ def test_trained_weights_reach_the_recorded_accuracy(lenet, mnist):
     all_predictions = reference_forward(lenet, weights, mnist.images, dtype=np.float32).argmax(1)
     assert np.mean(all_predictions == mnist.labels) == pytest.approx(record["all_accuracy"], abs=1e-9)
     assert record["held_out_accuracy"] > 0.95
+
+
+def test_fused_layers_must_follow_the_conv():
+    lenet = load_network(REPO / "networks" / "lenet86.yaml")
+    assert [layer.name for layer in lenet.fused_layers("conv1", ("relu", "maxpool"))] == ["relu1", "pool1"]
+    assert lenet.fused_layers("conv2", ()) == ()
+    fp64 = load_network(REPO / "networks" / "fp64_stride5.yaml")
+    with pytest.raises(ShapeError, match="conv1 is followed by relu, flatten, but the variant fuses relu, maxpool"):
+        fp64.fused_layers("conv1", ("relu", "maxpool"))
+
+
+def test_the_other_workloads_load_with_seeded_random_weights():
+    wide = load_network(REPO / "networks" / "conv256.yaml")
+    assert wide.layers[0].out_shape == (256, 224, 224) and wide.layers[-1].out_shape == (256, 112, 112)
+    fp64 = load_network(REPO / "networks" / "fp64_stride5.yaml")
+    assert fp64.dtype == "float64" and fp64.layer("flatten").out_shape == (4000,)
+    first, again = load_weights(fp64), load_weights(fp64)
+    assert all(np.array_equal(first[k], again[k]) and first[k].dtype == np.float64 for k in first)
+    assert 0 < np.abs(first["fc1.weight"]).max() <= 1 / np.sqrt(4000)

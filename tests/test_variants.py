@@ -57,9 +57,34 @@ def test_bad_registry_entries_are_reported(tmp_path):
         "a: {precision: fp32, source: nope.cu}": "a.source: expected an existing .cu file",
         "a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1], block: [1]}], colour: 1}": "a.colour: unknown key",
         "a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1], block: [1]}], params: {T: {default: 3, values: [1, 2]}}}": "a.params.T",
+        "a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1], block: [1]}], dtypes: [int8]}": "a.dtypes: expected names from",
+        "a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1], block: [1]}], fuses: [maxpool]}": "a.fuses: expected a prefix",
     }
     for i, (text, expected) in enumerate(cases.items()):
         path = tmp_path / f"reg{i}.yaml"
         path.write_text(text)
         with pytest.raises(ConfigError, match=expected.replace("(", r"\(")):
             load_registry(path)
+
+
+def test_fused_pool_and_dtype_shape_names():
+    shape = ConvShape(B=2, C=4, M=16, H=40, W=40, K=7, P=4, PS=4, dtype="float64")
+    names = shape.names()
+    assert (names["H_out"], names["H_pool"], names["W_pool"], names["E"]) == (34, 8, 8, 8)
+    assert shape.out_shape == (2, 16, 8, 8)
+    assert shape.min_bytes == 8 * (2 * 4 * 40 * 40 + 16 * 4 * 49 + 16 + 2 * 16 * 8 * 8)
+    plain = ConvShape(B=2, C=4, M=16, H=40, W=40, K=7)
+    assert plain.out_shape == (2, 16, 34, 34) and plain.names()["P"] == 0
+
+
+def test_dtype_and_fusion_mismatches_are_refused():
+    registry = load_registry()
+    naive, gemm = registry["naive"], registry["register_tiled_gemm"]
+    double = ConvShape(B=1, C=1, M=10, H=100, W=100, K=5, S=5, dtype="float64")
+    naive.check_shape(double, naive.defaults())
+    assert naive.defines(naive.defaults(), double)["CONV_T"] == "double"
+    assert "CONV_T" not in naive.defines(naive.defaults(), ConvShape(B=1, C=1, M=1, H=9, W=9, K=3))
+    with pytest.raises(ShapeError, match="computes float32, not float64"):
+        gemm.check_shape(double, gemm.defaults())
+    with pytest.raises(ShapeError, match="needs no fused pool"):
+        naive.check_shape(ConvShape(B=1, C=1, M=1, H=9, W=9, K=3, P=2, PS=2), naive.defaults())
