@@ -43,11 +43,14 @@ class JobSpec:
     repeats: int
     warmup: int
     profiler: str
+    chunk_images: int | None = None  # images per pipeline chunk; None: several chunks per stream
     sweep: dict = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("sweep")
+        if d["chunk_images"] is None:  # the automatic chunking keeps the run keys it always had
+            d.pop("chunk_images")
         return d
 
     @property
@@ -61,7 +64,8 @@ class JobSpec:
 
     @property
     def job_id(self) -> str:
-        return f"{self.label}-b{self.batch}-s{self.streams}-{self.host_memory}-{self.run_key[:10]}"
+        chunk = f"-c{self.chunk_images}" if self.chunk_images else ""
+        return f"{self.label}-b{self.batch}-s{self.streams}{chunk}-{self.host_memory}-{self.run_key[:10]}"
 
     @classmethod
     def from_dict(cls, d: dict, sweep: dict | None = None) -> "JobSpec":
@@ -182,12 +186,13 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
                 if grid_name not in registry:
                     raise ConfigError(f"{where}.params.{grid_name}: unknown variant '{grid_name}'")
             for params in _param_grid(layer_map, exp.get("params", {}), registry, f"{where}.params"):
-                for batch, streams, memory in itertools.product(exp["batches"], exp["streams"], exp["host_memory"]):
+                for batch, streams, memory, chunk in itertools.product(exp["batches"], exp["streams"], exp["host_memory"],
+                                                                       exp["chunk_images"]):
                     jobs.append(JobSpec(
                         experiment=name, network=str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved),
                         dataset=exp["dataset"], variants=layer_map, params=params, batch=batch,
                         streams=streams, host_memory=memory, repeats=exp["repeats"], warmup=exp["warmup"],
-                        profiler=exp["profiler"], sweep=sweep))
+                        profiler=exp["profiler"], chunk_images=None if chunk == "auto" else chunk, sweep=sweep))
     if not jobs:
         raise ConfigError(f"{config.path}: the sweep matrix is empty")
     seen: dict[str, JobSpec] = {}

@@ -148,16 +148,20 @@ def reference_logits(network, dataset, weights) -> np.ndarray:
     return logits
 
 
-def _chunks(batch: int, streams: int) -> list[tuple[int, int]]:
-    """streams=1 is one chunk (no overlap); otherwise every stream gets several chunks."""
-    count = 1 if streams == 1 else min(batch, 4 * streams)
-    size = math.ceil(batch / count)
+def _chunks(batch: int, streams: int, chunk_images: int | None = None) -> list[tuple[int, int]]:
+    """[lo, hi) image ranges: `chunk_images` each, or by default one chunk for one stream (no
+    overlap) and four per stream otherwise, so each stream's copies can hide others' kernels."""
+    size = chunk_images or math.ceil(batch / (1 if streams == 1 else min(batch, 4 * streams)))
     return [(lo, min(lo + size, batch)) for lo in range(0, batch, size)]
 
 
 # -- measurement --------------------------------------------------------------------------------
-def measure(spec: JobSpec) -> dict:
-    """Run the job in this process and time it with CUDA events (or the CPU clock for CPU variants)."""
+def measure(spec: JobSpec, keep_logits: bool = False) -> dict:
+    """Run the job in this process and time it with CUDA events (or the CPU clock for CPU variants).
+
+    `keep_logits` leaves the output array in the result (under "logits") for callers that compare
+    runs; result files never hold it.
+    """
     phases = {}
     t = time.perf_counter()
     network, dataset, weights, idx = _load_inputs(spec)
@@ -174,7 +178,7 @@ def measure(spec: JobSpec) -> dict:
     t = time.perf_counter()
     ref = reference_logits(network, dataset, weights)[idx]
     phases["check"] = time.perf_counter() - t
-    logits = result.pop("logits")
+    logits = result["logits"] if keep_logits else result.pop("logits")
     status, error, err, accuracy, agreement = check_logits(logits, ref, dataset.labels, idx, variants)
     from .runner import conv_shape
 
@@ -268,7 +272,7 @@ def _measure_gpu(spec, network, weights, images, variants, params, phases) -> di
     from .runner import GpuNetwork, nvtx_range
 
     conv_names = [layer.name for layer in network.conv_layers]
-    chunks = _chunks(spec.batch, spec.streams)
+    chunks = _chunks(spec.batch, spec.streams, spec.chunk_images)
     capacity = max(hi - lo for lo, hi in chunks)
     samples = []
     with ExitStack() as stack:
@@ -317,10 +321,11 @@ def _measure_gpu(spec, network, weights, images, variants, params, phases) -> di
                     return
                 add = lambda metric, layer, value: samples.append({"metric": metric, "layer": layer, "repeat": repeat, "value": value})
                 add("forward_ms", None, end - start)
-                if len(streams) == 1:  # with several streams, event intervals include other streams' work
+                if len(chunks) == 1:  # with several chunks the copies of one interleave with others' kernels
                     add("h2d_ms", None, h2d_end - start)
                     add("compute_ms", None, d2h_start - h2d_end)
                     add("d2h_ms", None, end - d2h_start)
+                if len(streams) == 1:  # with several streams, event intervals include other streams' work
                     for name in conv_names:
                         add("op_time_ms", name, sum(e - b for b, e in marks[name]))
 

@@ -39,6 +39,20 @@ def test_matrix_is_the_product_of_the_axes(tmp_path):
     assert all(j.params["conv2"] == j.params["conv1"] for j in naive)
 
 
+def test_chunk_size_is_an_axis_and_auto_keeps_the_old_keys(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"].update(streams=[4], chunk_images=["auto", 250])
+    jobs = expand_config(load_config(write(tmp_path, data)))
+    assert sorted(str(j.chunk_images) for j in jobs) == ["250", "250", "None", "None"]
+    auto = next(j for j in jobs if j.chunk_images is None)
+    assert "chunk_images" not in auto.to_dict() and "-c" not in auto.job_id
+    sized = next(j for j in jobs if j.chunk_images)
+    assert "-s4-c250-" in sized.job_id and sized.to_dict()["chunk_images"] == 250
+    data["experiments"]["e1"]["chunk_images"] = [0]
+    with pytest.raises(ConfigError, match="chunk_images"):
+        load_config(write(tmp_path, data))
+
+
 def test_per_layer_variant_map(tmp_path):
     data = copy.deepcopy(BASE)
     data["experiments"]["e1"]["variants"] = [{"conv1": "naive", "conv2": "naive"}]

@@ -168,3 +168,25 @@ def test_other_workloads_run_and_match_float64(tmp_path, network, variant, batch
     assert result["accuracy"] is None and result["timings"]["op_time_ms"]["conv1"] > 0
     if "fp64" in network:
         assert result["max_rel_err"] < 1e-12
+
+
+def test_streams_with_pinned_memory_give_the_same_logits():
+    from convsweep.job import measure
+
+    one = measure(spec("events", batch=3000, repeats=1, variants={"conv1": "naive", "conv2": "naive"}), keep_logits=True)
+    for streams, memory in ((4, "pinned"), (3, "registered")):
+        many = measure(spec("events", batch=3000, repeats=1, streams=streams, host_memory=memory), keep_logits=True)
+        assert many["status"] == "ok", many["error"]
+        np.testing.assert_array_equal(many["logits"], one["logits"])  # same kernels, same order per image
+        assert many["timings"]["forward_ms"] > 0 and many["timings"]["h2d_ms"] is None  # not measurable: null
+
+
+@pytest.mark.skipif(find_nsys() is None, reason="nsys is not installed")
+def test_streams_overlap_copies_with_kernels_under_nsys(tmp_path):
+    from convsweep.job import run_job
+
+    result = run_job(spec("nsys", batch=4000, repeats=2, streams=4, host_memory="pinned"), tmp_path / "r.json")
+    assert result["status"] == "ok", result["error"]
+    t = result["timings"]
+    assert t["overlap"] > 0 and t["streams_used"] >= 2
+    assert t["forward_ms"] < t["h2d_ms"] + t["compute_ms"] + t["d2h_ms"]  # overlap shortens the pass

@@ -1,0 +1,18 @@
+-- Do streams and host memory shorten end-to-end inference: best forward time (ms) and the share of copy time hidden under kernels, per stream count (ok runs)?
+SELECT experiment,
+       variant,
+       batch,
+       host_memory,
+       MIN(CASE WHEN streams = 1 THEN forward_ms END) AS "forward s1",
+       MIN(CASE WHEN streams = 2 THEN forward_ms END) AS "forward s2",
+       MIN(CASE WHEN streams = 4 THEN forward_ms END) AS "forward s4",
+       MIN(CASE WHEN streams = 8 THEN forward_ms END) AS "forward s8",
+       MAX(CASE WHEN streams = 1 THEN overlap END) AS "overlap s1",
+       MAX(CASE WHEN streams = 2 THEN overlap END) AS "overlap s2",
+       MAX(CASE WHEN streams = 4 THEN overlap END) AS "overlap s4",
+       MAX(CASE WHEN streams = 8 THEN overlap END) AS "overlap s8"
+FROM run
+WHERE status = 'ok'
+GROUP BY experiment, variant, batch, host_memory
+ORDER BY experiment, variant, batch,
+         CASE host_memory WHEN 'pageable' THEN 1 WHEN 'pinned' THEN 2 ELSE 3 END
