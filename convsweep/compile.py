@@ -70,14 +70,28 @@ def nvrtc_version() -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _cuda_include_dir() -> str | None:
-    """CUDA's headers (cuda_fp16.h, mma.h) from a wheel or toolkit, when one is installed."""
+def _cuda_include_dirs() -> tuple[str, ...]:
+    """CUDA's headers (cuda_fp16.h, mma.h) from a wheel or toolkit, when one is installed.
+
+    Wheels split them: cuda_runtime.h and mma.h come with the runtime, mma.h's crt/ part with
+    nvidia-cuda-crt, possibly in another site directory; every nvidia/cu*/include that holds
+    crt/ is added after the runtime's directory.
+    """
+    dirs = []
     try:
         from cuda import pathfinder
 
-        return pathfinder.find_nvidia_header_directory("cudart")
+        dirs.append(pathfinder.find_nvidia_header_directory("cudart"))
     except Exception:
-        return None
+        pass
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            dirs += [str(d.parent) for d in sorted(Path(root).glob("cu*/include/crt"))]
+    except ImportError:
+        pass
+    return tuple(dict.fromkeys(d for d in dirs if d))
 
 
 def _source_hash(source: Path) -> str:
@@ -99,9 +113,9 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Build:
 
     source = Path(source)
     defines = [(k, str(v)) for k, v in sorted(params.items())]
-    include_dir = _cuda_include_dir()
+    include_dirs = _cuda_include_dirs()
     option_record = {"arch": arch, "defines": defines, "std": "c++17", "lineinfo": True,
-                     "ptxas": ["-v"], "cuda_headers": bool(include_dir)}
+                     "ptxas": ["-v"], "cuda_headers": bool(include_dirs)}
     options_hash = canonical_hash(option_record)
     source_hash = _source_hash(source)
     key = canonical_hash([source_hash, options_hash, nvrtc_version()])
@@ -114,8 +128,8 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Build:
     options = ProgramOptions(
         name=_relative(source), arch=arch, std="c++17", lineinfo=True, ptxas_options=["-v"],
         define_macro=defines or None,
-        include_path=[str(source.parent)] + ([include_dir] if include_dir else []),
-        use_bundled_headers=not include_dir and nvrtc_version() >= "13.3",
+        include_path=[str(source.parent), *include_dirs],
+        use_bundled_headers=not include_dirs and nvrtc_version() >= "13.3",
     )
     log = io.StringIO()
     start = time.perf_counter()
