@@ -151,6 +151,7 @@ class Run(Base):
     status: Mapped[str] = mapped_column(String)
     error: Mapped[str | None] = mapped_column(Text)
     accuracy: Mapped[float | None] = mapped_column(Float)
+    prediction_agreement: Mapped[float | None] = mapped_column(Float)
     max_rel_err: Mapped[float | None] = mapped_column(Float)
     tolerance: Mapped[float | None] = mapped_column(Float)
     images_unique: Mapped[int | None] = mapped_column(Integer)
@@ -178,6 +179,7 @@ class Run(Base):
     samples: Mapped[list[Sample]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
     kernels: Mapped[list[KernelStat]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
     memcpys: Mapped[list[Memcpy]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
+    layer_times: Mapped[list[LayerTime]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
 
 
 class Sample(Base):
@@ -218,6 +220,19 @@ class Memcpy(Base):
     count: Mapped[int | None] = mapped_column(Integer)
     bytes: Mapped[int | None] = mapped_column(BigInteger)
     total_ms: Mapped[float | None] = mapped_column(Float)
+
+
+class LayerTime(Base):
+    """One conv layer of one run: its median op time and its floors (docs/result-format.md), so
+    GFLOP/s and floor-based GB/s are plain arithmetic in SQL. Failed runs have no op time."""
+
+    __tablename__ = "layer_time"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
+    layer: Mapped[str] = mapped_column(String, primary_key=True)
+    op_time_ms: Mapped[float | None] = mapped_column(Float)
+    flops: Mapped[int | None] = mapped_column(BigInteger)
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
 
 
 @dataclass
@@ -335,14 +350,19 @@ def open_store(url: str | None = None) -> Engine:
         with connection, connection.begin():
             if connection.dialect.name == "postgresql":
                 connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
-            config = Config()
-            config.set_main_option("script_location", str(MIGRATIONS_DIR))
-            config.attributes["connection"] = connection
-            command.upgrade(config, "head")
+            command.upgrade(alembic_config(connection), "head")
     except SQLAlchemyError as exc:
         engine.dispose()
         raise StoreError(f"cannot migrate database {show_url(sa_url)}: {one_line(exc, sa_url)}") from None
     return engine
+
+
+def alembic_config(connection: Any) -> Config:
+    """The Alembic configuration that migrates this open connection (inside its transaction)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["connection"] = connection
+    return config
 
 
 # --- ingesting ----------------------------------------------------------------------------
@@ -391,6 +411,16 @@ def check_result(result: Any, source: str) -> None:
         items = result.get(key) or []
         if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
             raise StoreError(f"{source}: key '{key}' must be a list of objects")
+    if not isinstance((result.get("timings") or {}).get("op_time_ms") or {}, dict):
+        raise StoreError(f"{source}: key 'timings.op_time_ms' must be an object of layer -> ms or null")
+    floors = result.get("floors") or {}
+    if not isinstance(floors, dict) or not all(isinstance(f, dict) for f in floors.values()):
+        raise StoreError(f"{source}: key 'floors' must be an object of layer -> {{bytes, flops}} or null")
+    for layer, floor in floors.items():
+        for key in ("bytes", "flops"):
+            value = floor.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise StoreError(f"{source}: key 'floors.{layer}.{key}' must be an integer or null, got {value!r}")
 
 
 def _timestamp(value: str | None, source: str, key: str) -> datetime | None:
@@ -445,6 +475,16 @@ def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | Non
         raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
     except DBAPIError as exc:
         raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
+
+
+def conv_layers(variants: dict[str, Any], floors: dict[str, Any], op_time_ms: dict[str, Any]) -> list[str]:
+    """The run's conv layers: those of spec.variants in network order, then any other layer that
+    only its floors or op times name."""
+    layers = list(variants)
+    for layer in [*floors, *op_time_ms]:
+        if layer not in layers:
+            layers.append(layer)
+    return layers
 
 
 def _run_row(session: Session, result: dict[str, Any], result_path: str | None, source: str) -> Run:
@@ -504,6 +544,7 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         status=result["status"],
         error=result.get("error"),
         accuracy=result.get("accuracy"),
+        prediction_agreement=result.get("prediction_agreement"),
         max_rel_err=result.get("max_rel_err"),
         tolerance=result.get("tolerance"),
         images_unique=images.get("unique"),
@@ -539,6 +580,12 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     run.memcpys = [
         Memcpy(kind=m.get("kind"), count=m.get("count"), bytes=m.get("bytes"), total_ms=m.get("total_ms"))
         for m in result.get("memcpys") or []
+    ]
+    floors = result.get("floors") or {}
+    run.layer_times = [
+        LayerTime(layer=layer, op_time_ms=op_time_ms.get(layer),
+                  flops=(floors.get(layer) or {}).get("flops"), bytes=(floors.get(layer) or {}).get("bytes"))
+        for layer in conv_layers(spec["variants"], floors, op_time_ms)
     ]
     return run
 

@@ -20,7 +20,7 @@ from convsweep.store import Base
 PG_ENV = "CONVSWEEP_TEST_PG_URL"
 NO_PG_REASON = "no PostgreSQL server: set CONVSWEEP_TEST_PG_URL (.ci/run starts one)"
 BACKENDS = ["sqlite", "postgresql"]
-TABLES = ["sweep", "environment", "build", "run", "run_build", "sample", "kernel", "memcpy"]
+TABLES = ["sweep", "environment", "build", "run", "run_build", "sample", "kernel", "memcpy", "layer_time"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -83,6 +83,7 @@ def make_result(variant: str | dict[str, str] = "naive", batch: int = 100, strea
         "profiler": "nsys" if timed else None,
         "started_at": "2026-11-22T18:40:00+00:00",
         "accuracy": (0.982 if status == "ok" else 0.1) if timed else None,
+        "prediction_agreement": (0.9996 if status == "ok" else 0.12) if timed else None,
         "max_rel_err": (3.1e-7 if status == "ok" else 0.5) if timed else None,
         "tolerance": 1e-5,
         "images": {"batch": batch, "unique": min(batch, 5000), "cycled": batch > 5000},
@@ -95,7 +96,7 @@ def make_result(variant: str | dict[str, str] = "naive", batch: int = 100, strea
             "compile_ms": 1.2 if timed else None,
         },
         "phases_s": {"load": 0.3, "compile": 0.01, "timed": 0.5},
-        "floors": {layer: {"bytes": 12345, "flops": 678} for layer in layers},
+        "floors": {layer: layer_floors(index, batch) for index, layer in enumerate(layers)},
         "samples": [
             {"metric": "op_time_ms", "layer": layer, "repeat": r, "value": t + 0.001 * r}
             for layer, t in zip(layers, op_time_ms) for r in range(3)
@@ -124,6 +125,11 @@ def make_result(variant: str | dict[str, str] = "naive", batch: int = 100, strea
     for key, value in overrides.items():
         result[key] = value
     return copy.deepcopy(result)
+
+
+def layer_floors(index: int, batch: int) -> dict[str, int]:
+    """The fake floors of a run's index-th conv layer; conv2's flops pass 2**31 (BIGINT) from batch 537."""
+    return {"bytes": (index + 1) * 40_000 * batch + 1_000, "flops": (index + 1) * 2_000_000 * batch}
 
 
 def standard_results() -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ import pytest
 from convsweep.errors import StoreError
 from convsweep.query import QUERIES_DIR, list_queries, render, run_query
 from convsweep.store import ingest_result, open_store
-from store_fixtures import make_result, row_counts, standard_results
+from store_fixtures import layer_floors, make_result, row_counts, standard_results
 
 WRITES = [
     "UPDATE run SET status = 'ok'",
@@ -104,6 +104,37 @@ def test_kernels_query(loaded_url):
                                 ("conv2", "naive_forward", 3, 1.76, 40, 1024)]
 
 
+def test_throughput_is_gflops_and_floor_bandwidth_per_ok_layer(loaded_url):
+    rows = rows_of(loaded_url, "throughput")
+    assert list(rows[0]) == ["experiment", "variant", "tunables (per layer)", "batch", "streams", "host_memory",
+                             "layer", "op time (ms)", "GFLOP/s", "GB/s", "run_id"]
+    # Per layer and batch, fastest first; the incorrect fp16 and the failed run never show
+    assert [(r["layer"], r["batch"], r["variant"]) for r in rows] == [
+        (layer, batch, variant) for layer in ("conv1", "conv2") for batch in (100, 1000) for variant in ("tiled", "naive")]
+    naive_1000_conv2 = rows[7]
+    assert naive_1000_conv2["op time (ms)"] == pytest.approx(1.76)
+    floors = layer_floors(1, 1000)
+    assert floors["flops"] > 2**31
+    assert naive_1000_conv2["GFLOP/s"] == pytest.approx(floors["flops"] / 1.76e-3 / 1e9)
+    assert naive_1000_conv2["GB/s"] == pytest.approx(floors["bytes"] / 1.76e-3 / 1e9)
+    tiled_100_conv1 = rows[0]
+    assert tiled_100_conv1["GFLOP/s"] == pytest.approx(layer_floors(0, 100)["flops"] / (0.060 * 1e6))
+
+
+def test_throughput_without_a_time_is_null_not_a_division_error(db_url):
+    engine = open_store(db_url)
+    ingest_result(engine, make_result("naive", 100, op_time_ms=(0.0, 0.5)), None)
+    ingest_result(engine, make_result("tiled", 100, floors={}), None)
+    engine.dispose()
+    rows = {(r["variant"], r["layer"]): (r["GFLOP/s"], r["GB/s"]) for r in rows_of(db_url, "throughput")}
+    assert rows == {
+        ("naive", "conv1"): (None, None),
+        ("naive", "conv2"): (pytest.approx(400_000_000 / 0.5e6), pytest.approx(8_001_000 / 0.5e6)),
+        ("tiled", "conv1"): (None, None),
+        ("tiled", "conv2"): (None, None),
+    }
+
+
 @pytest.mark.parametrize("name", [name for name, _ in list_queries()])
 def test_every_named_query_runs(loaded_url, name):
     assert run_query(loaded_url, name, fmt="csv").splitlines()[0]
@@ -111,7 +142,7 @@ def test_every_named_query_runs(loaded_url, name):
 
 def test_list_queries_describes_each_file():
     queries = dict(list_queries())
-    assert {"summary", "runs", "best", "failures", "kernels"} <= set(queries)
+    assert {"summary", "runs", "best", "failures", "kernels", "throughput"} <= set(queries)
     for name, description in queries.items():
         assert description and not description.startswith("-"), name
         assert (QUERIES_DIR / f"{name}.sql").read_text().startswith(f"-- {description}")

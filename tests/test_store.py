@@ -5,34 +5,42 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import timezone
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, select
+from sqlalchemy import Connection, Engine, MetaData, delete, func, insert, inspect, select
 from sqlalchemy.orm import Session
 
 from convsweep.errors import StoreError
 from convsweep.store import (
     Base,
     Build,
+    LayerTime,
     Run,
     _run_row,
     _writer,
+    alembic_config,
     ingest_files,
     ingest_result,
+    make_engine,
     open_store,
     resolve_url,
+    sha256_json,
+    sqlite_path,
     variant_label,
 )
 from store_fixtures import make_result, row_counts, standard_results, write_results
 
-RUN_SUMMARY_COLUMNS = [
+RUN_SUMMARY_0001_COLUMNS = [
     "experiment", "variant", "batch", "streams", "host_memory", "status", "op_time_1_ms",
     "op_time_2_ms", "forward_ms", "total_s", "accuracy", "max_rel_err", "profiler", "run_id",
 ]
+RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0001_COLUMNS[:-1] + ["prediction_agreement", "run_id"]
 
 
 @pytest.fixture
@@ -82,7 +90,7 @@ def test_ingest_stores_everything(engine):
     assert ingest_result(engine, result, "results/x/runs/a.json") is True
     counts = row_counts(engine)
     assert counts == {"sweep": 1, "environment": 1, "build": 2, "run": 1, "run_build": 2,
-                      "sample": 9, "kernel": 2, "memcpy": 2}
+                      "sample": 9, "kernel": 2, "memcpy": 2, "layer_time": 2}
     with Session(engine) as session:
         run = session.scalars(select(Run)).one()
         assert run.variant == "conv1=naive,conv2=tiled"
@@ -99,6 +107,52 @@ def test_ingest_stores_everything(engine):
         assert sorted(k.layer for k in run.kernels) == ["conv1", "conv2"]
         assert {m.kind: m.bytes for m in run.memcpys}["H2D"] == 14792000 * 2
         assert [s.value for s in run.samples if s.metric == "forward_ms"] == [42.1, 43.1, 44.1]
+        assert run.prediction_agreement == 0.9996
+        # conv2's 4e9 flops need the BIGINT
+        assert sorted((t.layer, t.op_time_ms, t.flops, t.bytes) for t in run.layer_times) == [
+            ("conv1", 0.74, 2_000_000_000, 40_001_000), ("conv2", 1.2, 4_000_000_000, 80_001_000)]
+
+
+def test_failed_runs_keep_their_floors_in_layer_time(engine):
+    ingest_result(engine, make_result("broken", 100, status="failed"), None)
+    # A job that failed before it knew its shapes writes "floors": {} (convsweep/job.py)
+    ingest_result(engine, make_result("broken", 200, status="failed", floors={}), None)
+    # Floors and op times may name a layer spec.variants does not: it gets a row too
+    extra = make_result("naive", 300)
+    extra["floors"]["conv3"] = {"bytes": 7, "flops": 9}
+    ingest_result(engine, extra, None)
+    assert layer_rows(engine) == {
+        ("broken", 100, "conv1", None, 200_000_000, 4_001_000),
+        ("broken", 100, "conv2", None, 400_000_000, 8_001_000),
+        ("broken", 200, "conv1", None, None, None),
+        ("broken", 200, "conv2", None, None, None),
+        ("naive", 300, "conv1", 0.74, 600_000_000, 12_001_000),
+        ("naive", 300, "conv2", 1.76, 1_200_000_000, 24_001_000),
+        ("naive", 300, "conv3", None, 9, 7),
+    }
+    with Session(engine) as session:
+        assert session.scalars(select(Run.prediction_agreement).order_by(Run.batch)).all() == [None, None, 0.9996]
+
+
+def test_deleting_a_run_deletes_its_layer_times(engine):
+    ingest_result(engine, make_result("naive", 100), None)
+    ingest_result(engine, make_result("naive", 200), None)
+    with _writer(engine).begin() as connection:
+        connection.execute(delete(Run.__table__).where(Run.batch == 100))
+    assert {row[1] for row in layer_rows(engine)} == {200}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"floors": [1]}, r"key 'floors' must be an object of layer -> \{bytes, flops\} or null"),
+    ({"floors": {"conv1": 12}}, r"key 'floors' must be an object"),
+    ({"floors": {"conv1": {"bytes": 1, "flops": 1.5}}}, r"key 'floors\.conv1\.flops' must be an integer or null"),
+    ({"floors": {"conv1": {"bytes": "many", "flops": 1}}}, r"key 'floors\.conv1\.bytes' must be an integer"),
+    ({"timings": {"op_time_ms": [0.7, 1.2]}}, r"key 'timings\.op_time_ms' must be an object"),
+])
+def test_bad_floors_and_op_times_are_refused(engine, overrides, message):
+    with pytest.raises(StoreError, match=rf"^f\.json: {message}"):
+        ingest_result(engine, make_result(**overrides), "f.json")
+    assert set(row_counts(engine).values()) == {0}
 
 
 def test_variant_label():
@@ -121,6 +175,7 @@ def test_reingesting_the_same_files_changes_nothing(engine, tmp_path):
     assert (first.added, first.unchanged) == (6, 0)
     assert first.added_by_status == {"ok": 4, "incorrect": 1, "failed": 1}
     counts = row_counts(engine)
+    assert counts["layer_time"] == 6 * 2
     second = ingest_files(engine, paths)
     assert (second.added, second.unchanged) == (0, 6)
     assert row_counts(engine) == counts
@@ -272,3 +327,132 @@ def test_result_file_round_trip_keeps_path(engine, tmp_path):
     with Session(engine) as session:
         assert session.scalars(select(Run.result_path)).one() == str(path)
     assert json.loads(Path(path).read_text())["run_key"]
+
+
+# --- migrations ---------------------------------------------------------------------------
+
+
+def layer_rows(engine: Engine) -> set[tuple[Any, ...]]:
+    """Every layer_time row as (variant, batch, layer, op_time_ms, flops, bytes)."""
+    with engine.connect() as connection:
+        return {tuple(row) for row in connection.execute(
+            select(Run.variant, Run.batch, LayerTime.layer, LayerTime.op_time_ms, LayerTime.flops, LayerTime.bytes)
+            .join(Run, Run.id == LayerTime.run_id))}
+
+
+def expected_layer_rows(results: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
+    rows = set()
+    for result in results:
+        op_time_ms = result["timings"]["op_time_ms"] or {}
+        for layer in result["spec"]["variants"]:
+            floor = result["floors"].get(layer, {})
+            rows.add((variant_label(result["spec"]["variants"]), result["spec"]["batch"], layer,
+                      op_time_ms.get(layer), floor.get("flops"), floor.get("bytes")))
+    return rows
+
+
+def engine_at(db_url: str, revision: str) -> Engine:
+    """An engine on the database, migrated to one revision (not to head, as open_store does)."""
+    url = resolve_url(db_url)
+    path = sqlite_path(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(url)
+    with _writer(engine).begin() as connection:
+        command.upgrade(alembic_config(connection), revision)
+    return engine
+
+
+def insert_at_0001(connection: Connection, result: dict[str, Any]) -> None:
+    """Store a result the way a 0001 database held it: the tables as they are there, no models."""
+    tables = MetaData()
+    tables.reflect(connection, only=["sweep", "environment", "run", "sample"])
+    sweep, environment, run, sample = (tables.tables[t] for t in ("sweep", "environment", "run", "sample"))
+    spec, now = result["spec"], datetime.now(timezone.utc)
+    keys = {"experiment": result["sweep"]["experiment"], "config_hash": result["sweep"]["config_hash"]}
+    sweep_id = connection.scalar(select(sweep.c.id).filter_by(**keys))
+    if sweep_id is None:
+        sweep_id = connection.scalar(insert(sweep).values(**keys, created_at=now).returning(sweep.c.id))
+    env_hash = sha256_json(result["environment"])
+    environment_id = connection.scalar(select(environment.c.id).filter_by(env_hash=env_hash))
+    if environment_id is None:
+        environment_id = connection.scalar(
+            insert(environment).values(env_hash=env_hash, gpu=result["environment"]["gpu"]).returning(environment.c.id))
+    op_time_ms = result["timings"]["op_time_ms"]
+    layers = list(spec["variants"])
+    run_id = connection.scalar(insert(run).values(
+        run_key=result["run_key"], job_id=result["job_id"], sweep_id=sweep_id, environment_id=environment_id,
+        experiment=spec["experiment"], network=spec["network"], dataset=spec["dataset"],
+        variants=spec["variants"], params=spec["params"], variant=variant_label(spec["variants"]),
+        batch=spec["batch"], streams=spec["streams"], host_memory=spec["host_memory"],
+        status=result["status"], accuracy=result["accuracy"],
+        op_time_1_ms=(op_time_ms or {}).get(layers[0]), op_time_2_ms=(op_time_ms or {}).get(layers[1]),
+        op_time_ms=op_time_ms, forward_ms=result["timings"]["forward_ms"], floors=result["floors"],
+        ingested_at=now,
+    ).returning(run.c.id))
+    for s in result["samples"]:
+        connection.execute(insert(sample).values(run_id=run_id, metric=s["metric"], layer=s["layer"],
+                                                 repeat=s["repeat"], value=s["value"]))
+
+
+def test_migrating_a_0001_database_backfills_layer_time(db_url):
+    results = standard_results() + [make_result("naive", 10, status="failed", floors={})]
+    old = engine_at(db_url, "0001")
+    with _writer(old).begin() as connection:
+        assert "layer_time" not in inspect(connection).get_table_names()
+        for result in results:
+            insert_at_0001(connection, result)
+    old.dispose()
+
+    engine = open_store(db_url)
+    try:
+        assert layer_rows(engine) == expected_layer_rows(results)
+        assert row_counts(engine)["layer_time"] == 7 * 2
+        with engine.connect() as connection:
+            # The same schema as a database created at head
+            assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+            assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+            # The database never held it: old runs have no prediction agreement
+            assert set(connection.scalars(select(Run.prediction_agreement))) == {None}
+            assert connection.scalar(select(func.count()).select_from(Run.__table__)) == 7
+        # Ingest stays idempotent over migrated runs, and new runs get their rows as usual
+        assert [ingest_result(engine, result, None) for result in results] == [False] * 7
+        assert ingest_result(engine, make_result("tiled", 5000), None) is True
+        assert layer_rows(engine) == expected_layer_rows(results + [make_result("tiled", 5000)])
+        assert [c["name"] for c in inspect(engine).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+        assert json.loads(run_summary_agreements(engine)) == {"tiled-5000": 0.9996}
+    finally:
+        engine.dispose()
+    # Opening it again migrates nothing and backfills nothing twice
+    again = open_store(db_url)
+    assert row_counts(again)["layer_time"] == 8 * 2
+    again.dispose()
+
+
+def run_summary_agreements(engine: Engine) -> str:
+    with engine.connect() as connection:
+        rows = connection.exec_driver_sql(
+            "SELECT variant, batch, prediction_agreement FROM run_summary WHERE prediction_agreement IS NOT NULL")
+        return json.dumps({f"{variant}-{batch}": agreement for variant, batch, agreement in rows})
+
+
+def test_downgrade_to_0001_keeps_the_runs_and_upgrading_again_restores_layer_time(engine):
+    for result in standard_results():
+        ingest_result(engine, result, None)
+    before = row_counts(engine)
+    ingested = layer_rows(engine)
+    assert ingested == expected_layer_rows(standard_results())
+    with _writer(engine).begin() as connection:
+        command.downgrade(alembic_config(connection), "0001")
+    with engine.connect() as connection:
+        schema = inspect(connection)
+        assert "layer_time" not in schema.get_table_names()
+        assert "prediction_agreement" not in {c["name"] for c in schema.get_columns("run")}
+        assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_0001_COLUMNS
+        # Nothing cascaded away with the dropped column
+        for table in ("run", "sample", "kernel", "memcpy", "run_build"):
+            assert connection.scalar(select(func.count()).select_from(Base.metadata.tables[table])) == before[table]
+    with _writer(engine).begin() as connection:
+        command.upgrade(alembic_config(connection), "head")
+    assert layer_rows(engine) == ingested
+    assert row_counts(engine) == before

@@ -1,0 +1,16 @@
+-- What GFLOP/s and GB/s does each conv layer reach (ok runs; GB/s counts only the bytes the layer must move at least)?
+SELECT r.experiment,
+       r.variant,
+       r.params AS "tunables (per layer)",
+       r.batch,
+       r.streams,
+       r.host_memory,
+       lt.layer,
+       lt.op_time_ms AS "op time (ms)",
+       CASE WHEN lt.op_time_ms > 0 THEN lt.flops / (lt.op_time_ms * 1e6) END AS "GFLOP/s",
+       CASE WHEN lt.op_time_ms > 0 THEN lt.bytes / (lt.op_time_ms * 1e6) END AS "GB/s",
+       r.id AS run_id
+FROM layer_time lt
+JOIN run r ON r.id = lt.run_id
+WHERE r.status = 'ok'
+ORDER BY r.experiment, lt.layer, r.batch, lt.op_time_ms IS NULL, lt.op_time_ms, r.id
