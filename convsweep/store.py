@@ -152,6 +152,7 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text)
     accuracy: Mapped[float | None] = mapped_column(Float)
     prediction_agreement: Mapped[float | None] = mapped_column(Float)
+    chunk_images: Mapped[int | None] = mapped_column(Integer)  # null: the automatic chunking
     max_rel_err: Mapped[float | None] = mapped_column(Float)
     tolerance: Mapped[float | None] = mapped_column(Float)
     images_unique: Mapped[int | None] = mapped_column(Integer)
@@ -180,6 +181,7 @@ class Run(Base):
     kernels: Mapped[list[KernelStat]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
     memcpys: Mapped[list[Memcpy]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
     layer_times: Mapped[list[LayerTime]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
+    phase_times: Mapped[list[Phase]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
 
 
 class Sample(Base):
@@ -230,9 +232,21 @@ class LayerTime(Base):
 
     run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
     layer: Mapped[str] = mapped_column(String, primary_key=True)
+    variant: Mapped[str | None] = mapped_column(String)  # this layer's variant (runs may mix them)
     op_time_ms: Mapped[float | None] = mapped_column(Float)
     flops: Mapped[int | None] = mapped_column(BigInteger)
     bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class Phase(Base):
+    """Where one run's wall time went (total_s split: process start, load, compile, allocate,
+    warm-up, timed repeats, check, nsys profile/export), from the result's phases_s."""
+
+    __tablename__ = "phase"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    seconds: Mapped[float | None] = mapped_column(Float)
 
 
 @dataclass
@@ -537,6 +551,7 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         batch=spec["batch"],
         streams=spec["streams"],
         host_memory=spec["host_memory"],
+        chunk_images=spec.get("chunk_images"),
         repeats=spec.get("repeats"),
         warmup=spec.get("warmup"),
         profiler_requested=spec.get("profiler"),
@@ -583,10 +598,11 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     ]
     floors = result.get("floors") or {}
     run.layer_times = [
-        LayerTime(layer=layer, op_time_ms=op_time_ms.get(layer),
+        LayerTime(layer=layer, variant=spec["variants"].get(layer), op_time_ms=op_time_ms.get(layer),
                   flops=(floors.get(layer) or {}).get("flops"), bytes=(floors.get(layer) or {}).get("bytes"))
         for layer in conv_layers(spec["variants"], floors, op_time_ms)
     ]
+    run.phase_times = [Phase(name=name, seconds=seconds) for name, seconds in (result.get("phases_s") or {}).items()]
     return run
 
 

@@ -1,6 +1,6 @@
 -- What GFLOP/s and GB/s does each conv layer reach (ok runs; GB/s counts only the bytes the layer must move at least)?
 SELECT r.experiment,
-       r.variant,
+       lt.variant,
        r.params AS "tunables (per layer)",
        r.batch,
        r.streams,

@@ -1,0 +1,22 @@
+-- Where does a job's wall time go: total seconds split into process start, data load, compile (or cache hit), allocation, warm-up, timed repeats, the check and the nsys profile/export?
+SELECT r.experiment,
+       r.variant,
+       r.batch,
+       r.streams,
+       r.host_memory,
+       r.profiler,
+       r.total_s AS "total (s)",
+       MAX(CASE WHEN p.name = 'process_start' THEN p.seconds END) AS "start",
+       MAX(CASE WHEN p.name = 'load' THEN p.seconds END) AS "load",
+       MAX(CASE WHEN p.name = 'compile' THEN p.seconds END) AS "compile",
+       MAX(CASE WHEN p.name = 'allocate' THEN p.seconds END) AS "allocate",
+       MAX(CASE WHEN p.name = 'warmup' THEN p.seconds END) AS "warm-up",
+       MAX(CASE WHEN p.name = 'timed' THEN p.seconds END) AS "timed",
+       MAX(CASE WHEN p.name = 'check' THEN p.seconds END) AS "check",
+       MAX(CASE WHEN p.name = 'profile' THEN p.seconds END) AS "nsys",
+       r.id AS run_id
+FROM run r
+LEFT JOIN phase p ON p.run_id = r.id
+WHERE r.status <> 'failed'
+GROUP BY r.id, r.experiment, r.variant, r.batch, r.streams, r.host_memory, r.profiler, r.total_s
+ORDER BY r.experiment, r.variant, r.batch, r.streams, r.host_memory, r.id
