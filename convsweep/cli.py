@@ -153,6 +153,29 @@ def cmd_report(args) -> None:
     print(text)
 
 
+def cmd_bench(args) -> None:
+    from .bench import format_report, load_bench_config, run_bench
+    from .job import write_json_atomic
+
+    config = load_bench_config(args.config)
+    profilers = ("events", "nsys") if args.harness else ()
+    result = run_bench(config, batch=args.batch, repeats=args.repeats, harness=args.harness, harness_profilers=profilers,
+                       log=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
+    if args.json:
+        write_json_atomic(Path(args.json), result)
+    print(format_report(result))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="convsweep", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
@@ -195,6 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", metavar="NAME=VALUE", help="bind :NAME in the SQL")
     p.add_argument("--list", action="store_true", help="list the named queries")
     p.set_defaults(func=cmd_query)
+
+    p = sub.add_parser("bench", help="time the best variants beside cuDNN, the memory floor and the targets",
+                       description="Times every candidate of the bench file per conv layer (checked against float64), "
+                                   "the whole forward and the end-to-end pipeline with the best ones, and cuDNN on the "
+                                   "same shapes when PyTorch is installed; prints ms, GB/s, GFLOP/s, the memory floor, "
+                                   "ratios and the targets of the file.")
+    p.add_argument("--config", default="bench/default.yaml", help="the bench file (default: %(default)s)")
+    p.add_argument("--batch", type=_positive_int, help="images per batch (default: the file's, 10000)")
+    p.add_argument("--repeats", type=_positive_int, help="timed runs per measurement (default: the file's, 20)")
+    p.add_argument("--json", metavar="FILE", help="write every number (samples included) to FILE")
+    p.add_argument("--harness", action="store_true",
+                   help="also run a LeNet job twice with events and twice under nsys (if found) and judge the cached runs' total_s")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("report", help="write an experiment's table as Markdown")
     p.add_argument("--experiment", required=True)

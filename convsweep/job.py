@@ -269,7 +269,7 @@ def _timings_from_samples(samples, conv_names) -> dict:
 
 def _measure_gpu(spec, network, weights, images, variants, params, phases) -> dict:
     from .gpu import Gpu
-    from .runner import GpuNetwork, nvtx_range
+    from .runner import GpuNetwork, nvtx_range, pipeline_pass
 
     conv_names = [layer.name for layer in network.conv_layers]
     chunks = _chunks(spec.batch, spec.streams, spec.chunk_images)
@@ -299,23 +299,8 @@ def _measure_gpu(spec, network, weights, images, variants, params, phases) -> di
         def forward(tag: str, repeat: int | None):
             with nvtx_range(tag):
                 marks = {}
-                start = gpu.event(streams[0])
-                for s in streams[1:]:
-                    s.wait(start)
-                for i, (lo, hi) in enumerate(chunks):
-                    lane = i % len(streams)
-                    s = streams[lane]
-                    with nvtx_range(f"chunk {i}"):
-                        with nvtx_range("h2d"):
-                            gpu.upload(x_host[lo:hi], x_dev.rows(lo, hi), s)
-                        h2d_end = gpu.event(s)
-                        net.enqueue(s, net.lanes[lane], x_dev.rows(lo, hi), logits_dev.rows(lo, hi), hi - lo, marks)
-                        d2h_start = gpu.event(s)
-                        with nvtx_range("d2h"):
-                            gpu.download(logits_dev.rows(lo, hi), logits_host[lo:hi], s)
-                for s in streams[1:]:
-                    streams[0].wait(gpu.event(s))
-                end = gpu.event(streams[0])
+                start, h2d_end, d2h_start, end = pipeline_pass(gpu, net, streams, chunks, x_host, x_dev,
+                                                               logits_host, logits_dev, marks)
                 end.sync()
                 if repeat is None:
                     return

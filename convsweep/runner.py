@@ -228,3 +228,34 @@ class GpuNetwork:
             from cuda.bindings import driver
 
             driver.cuMemcpyDtoDAsync(logits.ptr, cur.ptr, logits.rows(0, n).nbytes, int(stream.handle))
+
+
+def pipeline_pass(gpu: Gpu, net: GpuNetwork, streams: list, chunks: list[tuple[int, int]], x_host: np.ndarray,
+                  x_dev: DeviceArray, logits_host: np.ndarray, logits_dev: DeviceArray, marks: dict | None = None):
+    """Enqueue one pass of a batch, host to host: chunk i goes H2D -> every layer -> D2H on
+    streams[i % len(streams)] with lane i % len(streams) of `net`.
+
+    Returns the timing events (start, h2d_end, d2h_start, end): `start` is on streams[0] before
+    the first H2D (every other stream waits for it), `end` on streams[0] after it waited for every
+    stream's last D2H; h2d_end and d2h_start belong to the last chunk. Nothing is synchronized.
+    `marks` collects per-conv-layer event pairs (GpuNetwork.enqueue).
+    """
+    start = gpu.event(streams[0])
+    for s in streams[1:]:
+        s.wait(start)
+    h2d_end = d2h_start = None
+    for i, (lo, hi) in enumerate(chunks):
+        lane = i % len(streams)
+        s = streams[lane]
+        with nvtx_range(f"chunk {i}"):
+            with nvtx_range("h2d"):
+                gpu.upload(x_host[lo:hi], x_dev.rows(lo, hi), s)
+            h2d_end = gpu.event(s)
+            net.enqueue(s, net.lanes[lane], x_dev.rows(lo, hi), logits_dev.rows(lo, hi), hi - lo, marks)
+            d2h_start = gpu.event(s)
+            with nvtx_range("d2h"):
+                gpu.download(logits_dev.rows(lo, hi), logits_host[lo:hi], s)
+    for s in streams[1:]:
+        streams[0].wait(gpu.event(s))
+    end = gpu.event(streams[0])
+    return start, h2d_end, d2h_start, end

@@ -1,0 +1,530 @@
+"""`convsweep bench` on the CPU: the bench file, the floor arithmetic, the result and table shaping
+with fake numbers, and the whole bench over a fake GPU (numpy memory, numpy kernels) so the
+plumbing between the phases runs here; the real thing is the gpu-marked test at the end."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convsweep import bench
+from convsweep.config import ROOT
+from convsweep.errors import ConfigError
+from convsweep.gpu import DeviceArray
+from convsweep.job import write_json_atomic
+from convsweep.network import load_network
+from convsweep.runner import conv_shape
+
+LENET = load_network(ROOT / "networks/lenet86.yaml")
+GOOD = """
+network: networks/lenet86.yaml
+batch: 64
+repeats: 3
+warmup: 1
+copy_mib: 1
+candidates:
+  conv1:
+    - {variant: register_tiled_gemm, params: {BLOCK_M: 4, BLOCK_N: 256, BLOCK_K: 8, THREAD_M: 4, THREAD_N: 4}}
+    - restrict_unroll
+  conv2:
+    - {variant: register_tiled_gemm}
+    - {variant: fp16}
+targets:
+  batch: 64
+  device: H100
+  ms: {conv1: 0.6, conv2: {fp32: 0.8, fp16: 0.5}, forward: 1.0, end_to_end: 8.0, harness_events: 2000}
+"""
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "bench.yaml"
+    path.write_text(text)
+    return path
+
+
+# -- the bench file ------------------------------------------------------------------------------
+def test_default_bench_file_is_valid():
+    config = bench.load_bench_config("bench/default.yaml")
+    assert config.batch == 10000 and config.repeats == 20
+    assert [c.variant for c in config.candidates["conv1"]] == ["register_tiled_gemm", "restrict_unroll", "wmma_8x32x16"]
+    assert [c.variant for c in config.candidates["conv2"]] == ["register_tiled_gemm", "wmma_16x16x16", "fp16"]
+    first = config.candidates["conv1"][0]
+    assert first.params == {"BLOCK_M": 4, "BLOCK_N": 256, "BLOCK_K": 8, "THREAD_M": 4, "THREAD_N": 4}
+    assert first.resolved == first.params  # every tunable given
+    assert config.candidates["conv2"][0].resolved["BLOCK_M"] == 16  # registry default filled in
+    assert config.targets["ms"]["conv2"] == {"fp32": 0.8, "tf32": 0.8, "fp16": 0.5}
+    assert config.targets["batch"] == 10000 and config.end_to_end == {"streams": 4, "host_memory": "pinned", "chunk_images": None}
+
+
+def test_good_file_and_shorthand(tmp_path):
+    config = bench.load_bench_config(write(tmp_path, GOOD))
+    assert [c.variant for c in config.candidates["conv1"]] == ["register_tiled_gemm", "restrict_unroll"]
+    assert config.copy_mib == 1 and config.harness == {"repeats": 5, "warmup": 1}
+
+
+@pytest.mark.parametrize("edit, key, expected", [
+    (("candidates:", "candidatez: {}\ncandidates:"), "candidatez", "unknown key"),
+    (("- restrict_unroll", "- {variant: restrict_unroll, parms: {}}"), "candidates.conv1[1].parms", "unknown key"),
+    (("- restrict_unroll", "- {variant: nope}"), "candidates.conv1[1].variant", "unknown variant 'nope'"),
+    (("- restrict_unroll", "- reference"), "candidates.conv1[1].variant", "expected a GPU variant"),
+    (("- {variant: fp16}", "- {variant: fp16, params: {TILE: 8}}"), "candidates.conv2[1].params.TILE", "no tunable"),
+    (("- {variant: fp16}", "- {variant: fp16, params: {BLOCK: 3}}"), "candidates.conv2[1].params.BLOCK", "not an allowed value"),
+    (("  conv2:", "  conv3:"), "candidates.conv3", "expected a conv layer of lenet86 (conv1, conv2)"),
+    (("forward: 1.0", "forward: -1"), "targets.ms.forward", "expected a positive number"),
+    (("forward: 1.0", "fwd: 1.0"), "targets.ms.fwd", "unknown key"),
+    (("fp16: 0.5", "fp61: 0.5"), "targets.ms.conv2.fp61", "unknown key"),
+    (("repeats: 3", "repeats: 0"), "repeats", "expected an integer >= 1"),
+    (("copy_mib: 1", "copy_mib: 1\nend_to_end: {host_memory: paged}"), "end_to_end.host_memory", "expected one of"),
+    (("network: networks/lenet86.yaml", "network: networks/nope.yaml"), "network", "expected an existing network"),
+])
+def test_bad_file_is_one_line_naming_file_and_key(tmp_path, edit, key, expected):
+    old, new = edit
+    assert old in GOOD
+    path = write(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(ConfigError) as info:
+        bench.load_bench_config(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: {key}: "), message
+    assert expected in message
+
+
+def test_missing_and_unparsable_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        bench.load_bench_config(tmp_path / "none.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        bench.load_bench_config(write(tmp_path, "candidates: [\n"))
+    with pytest.raises(ConfigError, match="candidates: expected a mapping"):
+        bench.load_bench_config(write(tmp_path, "batch: 3\n"))
+
+
+# -- arithmetic ----------------------------------------------------------------------------------
+def test_floor_arithmetic_matches_the_design_anchors():
+    rate = bench.copy_rate(1 << 30, (2 * (1 << 30)) / 2.99e12 * 1e3)  # a 1 GiB copy at 2.99 TB/s (read + write)
+    assert rate == pytest.approx(2.99e12)
+    conv1 = conv_shape(LENET.layer("conv1"), 10000)
+    conv2 = conv_shape(LENET.layer("conv2"), 10000)
+    assert bench.floor_ms(conv1.min_bytes, rate) == pytest.approx(0.44, abs=0.005)  # DESIGN.md: 0.44 ms
+    assert bench.floor_ms(conv2.min_bytes, rate) == pytest.approx(0.33, abs=0.005)  # DESIGN.md: 0.33 ms
+    assert conv2.flops / 1e9 == pytest.approx(72.5, abs=0.05)
+    assert bench.copy_rate(1000, 1.0, read_and_write=False) == 1e6
+    assert bench.floor_ms(100, None) is None
+    assert bench.throughput(2_000_000, 3_000_000, 2.0) == (1.0, 1.5)  # GB/s, GFLOP/s
+    assert bench.throughput(1, 1, 0) == (None, None)
+
+
+def test_network_traffic_counts_every_launched_step():
+    t = bench.network_traffic(LENET, 1, {})
+    e = 4
+    conv1 = conv_shape(LENET.layer("conv1"), 1).min_bytes
+    conv2 = conv_shape(LENET.layer("conv2"), 1).min_bytes
+    relu1, pool1 = 2 * e * 4 * 80 * 80, e * (4 * 80 * 80 + 4 * 40 * 40)
+    relu2, pool2 = 2 * e * 16 * 34 * 34, e * (16 * 34 * 34 + 16 * 8 * 8)
+    fc1, relu3, fc2 = e * (1024 + 32 * 1024 + 32 + 32), 2 * e * 32, e * (32 + 10 * 32 + 10 + 10)
+    assert t["plan_bytes"] == conv1 + relu1 + pool1 + conv2 + relu2 + pool2 + fc1 + relu3 + fc2
+    weights = 4 * 49 + 4 + 16 * 4 * 49 + 16 + 32 * 1024 + 32 + 10 * 32 + 10
+    assert t["network_bytes"] == e * (86 * 86 + 10 + weights) and t["host_bytes"] == e * (86 * 86 + 10)
+    assert t["flops"] == conv_shape(LENET.layer("conv1"), 1).flops + conv_shape(LENET.layer("conv2"), 1).flops + 2 * (1024 * 32 + 32 * 10)
+    per_image = t["plan_bytes"] - e * weights  # weights once per pass, activations per image
+    assert bench.network_traffic(LENET, 10, {})["plan_bytes"] == e * weights + 10 * per_image
+
+
+def test_conv_check_and_indices():
+    ref = np.arange(1.0, 9.0).reshape(2, 1, 2, 2)
+    assert bench.conv_check(ref.astype(np.float32), ref, 1e-5)[0] == "ok"
+    assert bench.conv_check(ref.astype(np.float32) + 1, ref, 1e-5)[1].startswith("max relative error")
+    poisoned = ref.astype(np.float32)
+    poisoned[1, 0, 1, 1] = np.nan
+    assert "NaN" in bench.conv_check(poisoned, ref, 1e-5)[1]
+    assert "NaN" in bench.conv_check(ref, ref, 1e-5, all_written=False)[1]
+    assert list(bench.check_indices(100, 3)) == [0, 1, 2, 97, 98, 99]
+    assert list(bench.check_indices(4, 8)) == [0, 1, 2, 3]
+    assert bench.loosest_precision(["fp32", "fp16", "tf32"]) == "fp16"
+
+
+# -- result and table from fake numbers ----------------------------------------------------------
+def conv_rec(layer, variant, precision, ms, status="ok", params=None):
+    shape = conv_shape(LENET.layer(layer), 10000)
+    return {"layer": layer, "variant": variant, "params": params or {}, "resolved_params": params or {},
+            "precision": precision, "tolerance": 1e-5, "fused": [], "status": status,
+            "error": None if status == "ok" else "max relative error 1 exceeds the 1e-05 tolerance",
+            "max_rel_err": 1e-7, "samples_ms": [ms * 1.1, ms, ms * 0.95], "bytes": shape.min_bytes, "flops": shape.flops}
+
+
+def fake_measurements(cudnn=True, batch=10000, harness=True):
+    traffic = bench.network_traffic(LENET, batch, {})
+    meas = {"config": "bench/default.yaml", "batch": batch, "repeats": 3, "warmup": 1, "seed": 0, "device": "NVIDIA H100 80GB HBM3",
+            "environment": {"gpu": "NVIDIA H100 80GB HBM3"},
+            "ceilings": {"copy_bytes": 1 << 30, "copy_samples_ms": [0.72, 0.7182, 0.73],
+                         "h2d_bytes": 256 << 20, "h2d_samples_ms": [5.0, 5.0, 5.1], "matmul_TFLOPps": {"fp32": 50.0, "tf32": 400.0, "fp16": 700.0}},
+            "convs": [conv_rec("conv1", "register_tiled_gemm", "fp32", 0.9, params={"BLOCK_M": 4}),
+                      conv_rec("conv1", "restrict_unroll", "fp32", 0.3, status="incorrect"),  # fastest, but wrong
+                      conv_rec("conv1", "wmma_8x32x16", "fp16", 0.5),
+                      conv_rec("conv2", "register_tiled_gemm", "fp32", 1.2),
+                      conv_rec("conv2", "fp16", "fp16", 0.45)],
+            "forward": {"variant": "conv1:wmma_8x32x16+conv2:fp16", "precision": "fp16", "status": "ok", "error": None,
+                        "samples_ms": [2.0, 2.0, 2.2], **traffic},
+            "end_to_end": {"variant": "conv1:wmma_8x32x16+conv2:fp16", "precision": "fp16", "streams": 4, "status": "ok",
+                           "error": None, "samples_ms": [7.5, 7.0, 7.9], **traffic}}
+    if cudnn:
+        per_mode = lambda f32, t32, f16: {"fp32": {"samples_ms": [f32]}, "tf32": {"samples_ms": [t32]}, "fp16": {"samples_ms": [f16]}}
+        meas["cudnn"] = {"available": True, "note": None, "layers": {"conv1": per_mode(7.79, 7.0, 4.47), "conv2": per_mode(5.8, 2.62, 1.01)},
+                         "forward": per_mode(15.9, 10.0, 6.0)}
+    else:
+        meas["cudnn"] = {"available": False, "note": "n/a (PyTorch not installed)"}
+    if harness:
+        meas["harness"] = {"events": {"job_id": "j", "variant": "x", "runs": [{"status": "ok", "error": None, "total_s": 3.1},
+                                                                             {"status": "ok", "error": None, "total_s": 1.5}]},
+                           "nsys": {"status": "skipped", "note": "nsys not found (PATH or $NSYS)"}}
+    return meas
+
+
+def test_result_rows_best_floors_ratios_and_verdicts(tmp_path):
+    targets = bench.load_bench_config("bench/default.yaml").targets
+    result = bench.build_result(fake_measurements(), targets)
+    assert result["ceilings"]["dtod_GBps"] == pytest.approx(2 * (1 << 30) / 0.72e-3 * 1e-9)
+    assert result["best"]["conv1"]["variant"] == "wmma_8x32x16"  # the faster restrict_unroll is incorrect
+    assert result["best"]["conv2"]["variant"] == "fp16"
+    rows = {(r["label"], r.get("variant")): r for r in result["rows"]}
+    wrong = rows[("conv1", "restrict_unroll")]
+    assert wrong["best"] is False and wrong["met"] is False  # a wrong result never meets a target
+    wmma = rows[("conv1", "wmma_8x32x16")]
+    rate = 2 * (1 << 30) / 0.72e-3
+    assert wmma["median_ms"] == 0.5 and wmma["min_ms"] == pytest.approx(0.475)
+    assert wmma["floor_ms"] == pytest.approx(wmma["bytes"] / rate * 1e3)
+    assert wmma["x_floor"] == pytest.approx(0.5 / wmma["floor_ms"])
+    assert wmma["GBps"] == pytest.approx(wmma["bytes"] / 0.5e-3 / 1e9)
+    assert wmma["GFLOPps"] == pytest.approx(wmma["flops"] / 0.5e-3 / 1e9)
+    assert wmma["cudnn_mode"] == "fp16" and wmma["ours_over_cudnn"] == pytest.approx(0.5 / 4.47)
+    assert wmma["target_ms"] == 0.6 and wmma["met"] is True
+    c2 = rows[("conv2", "register_tiled_gemm")]
+    assert c2["target_ms"] == 0.8 and c2["met"] is False and c2["ours_over_cudnn"] == pytest.approx(1.2 / 5.8)
+    assert rows[("conv2", "fp16")]["target_ms"] == 0.5 and rows[("conv2", "fp16")]["met"] is True
+    fwd = rows[("forward", "conv1:wmma_8x32x16+conv2:fp16")]
+    assert fwd["met"] is False and fwd["ours_over_cudnn"] == pytest.approx(2.0 / 6.0)
+    assert fwd["floor_ms"] == pytest.approx(fwd["plan_bytes"] / rate * 1e3) and fwd["network_floor_ms"] < fwd["floor_ms"]
+    e2e = rows[("end_to_end", "conv1:wmma_8x32x16+conv2:fp16")]
+    assert e2e["met"] is True and e2e["floor_ms"] == pytest.approx(e2e["host_bytes"] / ((256 << 20) / 5.0e-3) * 1e3)
+    events = next(r for r in result["rows"] if r["label"] == "harness_events")
+    assert events["median_ms"] == pytest.approx(1500) and events["target_ms"] == 2000 and events["met"] is True
+    nsys = next(r for r in result["rows"] if r["label"] == "harness_nsys")
+    assert nsys["status"] == "skipped" and nsys["met"] is None and "nsys not found" in nsys["error"]
+
+    out = tmp_path / "bench.json"
+    write_json_atomic(out, result)  # no NaN, nothing unserializable
+    assert json.loads(out.read_text())["rows"][0]["samples_ms"] == result["rows"][0]["samples_ms"]
+
+    text = bench.format_report(result)
+    lines = text.splitlines()
+    assert any(line.startswith("| conv1 best") and "wmma_8x32x16" in line and "| yes" in line for line in lines)
+    header = next(line for line in lines if line.startswith("| row"))
+    for column in bench.TABLE_HEADERS:
+        assert column in header
+    assert "0.11 (fp16)" in text  # ours / cuDNN fp16 of conv1 best
+    assert "harness nsys (cached job)" in text and "skipped" in text
+    assert "matmul ceilings" in text and "GFLOP = " in text
+    assert "not judged" not in text and "targets are for the H100" not in text
+
+
+def test_without_pytorch_and_off_target_batch_the_table_says_so():
+    targets = bench.load_bench_config("bench/default.yaml").targets
+    meas = fake_measurements(cudnn=False, batch=256, harness=False)
+    meas["device"] = "NVIDIA H200"
+    result = bench.build_result(meas, targets)
+    assert all(r["met"] is None for r in result["rows"])
+    assert all(r.get("ours_over_cudnn") is None for r in result["rows"])
+    text = bench.format_report(result)
+    assert "n/a (PyTorch not installed)" in text
+    assert "targets are for batch 10000: not judged at batch 256" in text
+    assert "targets are for the H100; this ran on NVIDIA H200" in text
+    conv_lines = [line for line in text.splitlines() if line.startswith("| conv")]
+    assert conv_lines and all("n/a (PyTorch not installed)" in line for line in conv_lines)
+
+
+def test_a_layer_without_a_correct_candidate_has_no_best():
+    meas = fake_measurements(harness=False)
+    meas["convs"] = [c if c["layer"] == "conv1" else {**c, "status": "failed", "error": "boom", "samples_ms": []}
+                     for c in meas["convs"]]
+    result = bench.build_result(meas, {"batch": 10000, "ms": {}})
+    assert result["best"]["conv2"] is None
+    assert "no correct candidate" in bench.format_report(result)
+
+
+# -- the whole bench over a fake GPU -------------------------------------------------------------
+class FakeClock:
+    now = 0.0
+
+
+class FakeEvent:
+    def __init__(self):
+        FakeClock.now += 0.25
+        self.t = FakeClock.now
+
+    def __sub__(self, other):
+        return self.t - other.t
+
+    def sync(self):
+        pass
+
+
+class FakeStream:
+    handle = 0
+
+    def sync(self):
+        pass
+
+    def wait(self, event):
+        pass
+
+
+class FakeGpu:
+    """Device memory in numpy, keyed by made-up addresses; copies and fills act on it at once."""
+
+    name, arch, compute_capability = "Fake H100", "sm_90", 9.0
+
+    def __init__(self):
+        self.blocks, self.next = {}, 1 << 20
+        self.device = type("Device", (), {"sync": lambda self: None})()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def driver_version(self):
+        return "0"
+
+    def stream(self):
+        return FakeStream()
+
+    def event(self, stream):
+        return FakeEvent()
+
+    def alloc(self, shape, dtype=np.float32):
+        dtype = np.dtype(dtype)
+        nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
+        base, self.next = self.next, self.next + nbytes + 256
+        self.blocks[base] = np.zeros(nbytes, np.uint8)
+        return DeviceArray(base, tuple(shape), dtype)
+
+    def mem(self, dev: DeviceArray) -> np.ndarray:
+        for base, block in self.blocks.items():
+            if base <= dev.ptr < base + len(block):
+                assert dev.ptr - base + dev.nbytes <= len(block), "access past the end of an allocation"
+                return block[dev.ptr - base : dev.ptr - base + dev.nbytes]
+        raise AssertionError(f"no allocation holds {dev.ptr:#x}")
+
+    def read(self, dev: DeviceArray) -> np.ndarray:
+        return self.mem(dev).view(dev.dtype).reshape(dev.shape)
+
+    def to_device(self, array, stream):
+        array = np.ascontiguousarray(array)
+        dev = self.alloc(array.shape, array.dtype)
+        self.upload(array, dev, stream)
+        return dev
+
+    def host_array(self, shape, dtype, kind):
+        return np.empty(shape, dtype)
+
+    def upload(self, host, dev, stream):
+        assert host.flags.c_contiguous and host.nbytes == dev.nbytes
+        self.mem(dev)[:] = host.reshape(-1).view(np.uint8)
+
+    def download(self, dev, host, stream):
+        assert host.flags.c_contiguous and host.nbytes == dev.nbytes
+        host.reshape(-1).view(np.uint8)[:] = self.mem(dev)
+
+    def fill(self, dev, byte, stream):
+        self.mem(dev)[:] = byte
+
+    def copy(self, dst, src, stream):
+        self.mem(DeviceArray(dst.ptr, (src.nbytes,), np.dtype(np.uint8)))[:] = self.mem(src)
+
+
+class FakeConvOp:
+    """A variant's kernels as numpy: restrict_unroll computes a wrong answer, naive leaves the last image unwritten."""
+
+    def __init__(self, gpu, variant, params, shape):
+        self.gpu, self.variant = gpu, variant
+        self.build = type("Build", (), {"record": lambda self: {"variant": variant.name, "cache_hit": True}})()
+
+    def bind_weights(self, k, stream):
+        pass
+
+    def workspace(self, shape):
+        return None
+
+    def enqueue(self, stream, y, x, k, bias, shape, workspace=None):
+        from convsweep.network import conv2d_reference, maxpool2d_reference
+
+        out = conv2d_reference(self.gpu.read(x), self.gpu.read(k), self.gpu.read(bias), shape.S)
+        if shape.P:
+            out = maxpool2d_reference(np.maximum(out, 0), shape.P, shape.PS)
+        if self.variant.name == "restrict_unroll":
+            out = out + 1
+        target = self.gpu.read(y)
+        if self.variant.name == "naive":
+            target[:-1] = out[:-1]
+        else:
+            target[...] = out
+
+
+class FakeGpuNetwork:
+    def __init__(self, gpu, network, weights, variants, params, lanes, capacity, stream):
+        self.gpu, self.network, self.weights = gpu, network, weights
+        self.lanes = [object() for _ in range(lanes)]
+        self.capacity, self.builds = capacity, []
+
+    def enqueue(self, stream, lane, x, logits, n, events=None):
+        from convsweep.network import reference_forward
+
+        assert n <= self.capacity
+        if events is not None:
+            for layer in self.network.conv_layers:
+                events.setdefault(layer.name, []).append((FakeEvent(), FakeEvent()))
+        self.gpu.read(logits.rows(0, n))[...] = reference_forward(self.network, self.weights, self.gpu.read(x.rows(0, n)),
+                                                                   dtype=np.float32)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    import convsweep.gpu
+    import convsweep.runner
+
+    monkeypatch.setattr(convsweep.gpu, "Gpu", FakeGpu)
+    monkeypatch.setattr(convsweep.runner, "ConvOp", FakeConvOp)
+    monkeypatch.setattr(convsweep.runner, "GpuNetwork", FakeGpuNetwork)
+    monkeypatch.setattr(bench, "torch_cuda", lambda: (None, "n/a (PyTorch not installed)"))
+
+
+def test_whole_bench_over_a_fake_gpu(tmp_path, fake_gpu):
+    text = GOOD.replace("    - restrict_unroll", "    - restrict_unroll\n    - naive\n    - wmma_8x32x16")
+    config = bench.load_bench_config(write(tmp_path, text))
+    result = bench.run_bench(config, batch=24, repeats=3)
+    convs = {r["variant"]: r for r in result["rows"] if r["label"] == "conv1"}
+    assert convs["register_tiled_gemm"]["status"] == "ok" and convs["register_tiled_gemm"]["max_rel_err"] < 1e-5
+    assert convs["restrict_unroll"]["status"] == "incorrect" and "tolerance" in convs["restrict_unroll"]["error"]
+    assert convs["naive"]["status"] == "incorrect" and "NaN" in convs["naive"]["error"]  # poisoned, never written
+    assert all(r["median_ms"] == 0.25 for r in convs.values())  # one fake clock tick between each event pair
+    assert result["best"]["conv1"]["variant"] in ("register_tiled_gemm", "wmma_8x32x16")
+    assert result["best"]["conv2"]["variant"] in ("register_tiled_gemm", "fp16")
+    for kind in ("forward", "end_to_end"):
+        row = next(r for r in result["rows"] if r["kind"] == kind)
+        assert row["status"] == "ok", row["error"]
+        assert row["median_ms"] > 0 and row["accuracy"] > 0.8 and row["floor_ms"] > 0
+    e2e = next(r for r in result["rows"] if r["kind"] == "end_to_end")
+    from convsweep.job import _chunks
+
+    assert e2e["streams"] == 4 and e2e["chunks"] == len(_chunks(24, 4)) > 4  # several chunks per stream, as jobs cut them
+    ceilings = result["ceilings"]
+    assert ceilings["copy_bytes"] == 1 << 20 and ceilings["dtod_GBps"] > 0 and ceilings["h2d_GBps"] > 0
+    assert result["cudnn"]["note"] == "n/a (PyTorch not installed)"
+    write_json_atomic(tmp_path / "r.json", result)
+    assert "| conv1 best" in bench.format_report(result)
+
+
+@pytest.mark.parametrize("streams, memory", [(1, "pageable"), (4, "pinned")])
+def test_jobs_pipeline_over_a_fake_gpu(fake_gpu, streams, memory):
+    """job._measure_gpu after its pass moved to runner.pipeline_pass: the same samples as before."""
+    from convsweep.config import JobSpec
+    from convsweep.job import measure
+
+    spec = JobSpec(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
+                   variants={"conv1": "naive", "conv2": "naive"}, params={"conv1": {}, "conv2": {}}, batch=40,
+                   streams=streams, host_memory=memory, repeats=2, warmup=1, profiler="events")
+    result = measure(spec)
+    assert result["status"] == "ok", result["error"]
+    metrics = sorted({s["metric"] for s in result["samples"]})
+    if streams == 1:  # one chunk, one stream: copies, compute and per-layer op times are measurable
+        assert metrics == ["compute_ms", "d2h_ms", "forward_ms", "h2d_ms", "op_time_ms"]
+        assert result["timings"]["forward_ms"] == pytest.approx(sum(result["timings"][k] for k in ("h2d_ms", "compute_ms", "d2h_ms")))
+    else:
+        assert metrics == ["forward_ms"]
+    assert len([s for s in result["samples"] if s["metric"] == "forward_ms"]) == 2
+
+
+def test_bench_cli_with_a_bad_file_is_one_line(tmp_path):
+    path = write(tmp_path, GOOD.replace("- restrict_unroll", "- {variant: nope}"))
+    proc = subprocess.run([sys.executable, "-m", "convsweep.cli", "bench", "--config", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"convsweep: {path}: candidates.conv1[1].variant: unknown variant")
+
+
+def test_bench_help():
+    proc = subprocess.run([sys.executable, "-m", "convsweep.cli", "bench", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0
+    for flag in ("--config", "--batch", "--repeats", "--json", "--harness"):
+        assert flag in proc.stdout
+
+
+def test_harness_runs_real_jobs_through_the_cli(tmp_path):
+    """The plumbing of --harness with the CPU reference variant: two fresh run-job processes."""
+    config = bench.load_bench_config(write(tmp_path, GOOD))
+    best = {"conv1": {"variant": "reference", "resolved_params": {}}, "conv2": {"variant": "reference", "resolved_params": {}}}
+    out = bench.run_harness(config, best, batch=40, profilers=("events",))
+    runs = out["events"]["runs"]
+    assert len(runs) == 2 and all(r["status"] == "ok" and r["total_s"] > 0 and r["wall_s"] > 0 for r in runs), runs
+    result = bench.build_result({**fake_measurements(harness=False), "harness": out}, {"batch": 40, "ms": {}})
+    assert next(r for r in result["rows"] if r["kind"] == "harness")["median_ms"] == pytest.approx(runs[-1]["total_s"] * 1e3)
+
+
+# -- PyTorch pieces that run on the CPU ----------------------------------------------------------
+def test_torch_network_matches_the_reference():
+    torch = pytest.importorskip("torch")
+    from convsweep.network import load_weights, reference_forward
+
+    weights = load_weights(LENET)
+    x = np.random.default_rng(0).random((3, 1, 86, 86), dtype=np.float32)
+    forward = bench.torch_network(torch, LENET, {k: torch.from_numpy(v) for k, v in weights.items()}, torch.from_numpy(x))
+    ref = reference_forward(LENET, weights, x.astype(np.float64))
+    assert bench.normwise_error(forward().numpy(), ref) < 1e-5
+
+
+def test_torch_mode_sets_and_restores_the_flags():
+    torch = pytest.importorskip("torch")
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark)
+    with bench._torch_mode(torch, "tf32", True):
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.benchmark
+    with bench._torch_mode(torch, "fp32", False):
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark) == before
+
+
+# -- on a real GPU -------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_bench_on_the_gpu(tmp_path):
+    config = bench.load_bench_config("bench/default.yaml")
+    result = bench.run_bench(config, batch=256, repeats=3)
+    write_json_atomic(tmp_path / "bench.json", result)
+    print(bench.format_report(result))
+    timed = [r for r in result["rows"] if r["kind"] in ("conv", "forward", "end_to_end")]
+    assert len(timed) == 8
+    for row in timed:
+        assert row["status"] == "ok", (row["label"], row.get("variant"), row["error"])
+        assert row["median_ms"] > 0 and all(s > 0 for s in row["samples_ms"]) and len(row["samples_ms"]) == 3
+        assert row["GBps"] > 0 and row["floor_ms"] > 0
+    assert 100 < result["ceilings"]["dtod_GBps"] < 20000 and result["ceilings"]["h2d_GBps"] > 1
+    cudnn = result["cudnn"]
+    if cudnn["available"]:
+        for layer in ("conv1", "conv2"):
+            for mode in bench.CUDNN_MODES:
+                entry = cudnn["layers"][layer][mode]
+                assert entry["samples_ms"] and min(entry["samples_ms"]) > 0, entry
+                assert entry["max_rel_err"] < {"fp32": 1e-5, "tf32": 1e-2, "fp16": 1e-2}[mode]
+    else:
+        assert cudnn["note"].startswith("n/a")
+
+
+@pytest.mark.gpu
+def test_bench_harness_on_the_gpu():
+    config = bench.load_bench_config("bench/default.yaml")
+    best = {c.layer: {"variant": c.variant, "resolved_params": c.resolved}
+            for c in (config.candidates["conv1"][0], config.candidates["conv2"][0])}
+    out = bench.run_harness(config, best, batch=256, profilers=("events",))
+    cached = out["events"]["runs"][-1]
+    assert cached["status"] == "ok", cached["error"]
+    assert all(cached["cache_hits"]) and cached["total_s"] > 0
