@@ -4,6 +4,7 @@ Every check uses fresh random inputs and compares against float64; outputs are p
 NaN before the kernels run (conv2d does it), so an element a kernel never writes fails.
 """
 import json
+import re
 import sqlite3
 
 import numpy as np
@@ -13,7 +14,7 @@ from convsweep.config import JobSpec
 from convsweep.errors import ShapeError
 from convsweep.network import conv2d_reference, maxpool2d_reference
 from convsweep.nsys import find_nsys
-from convsweep.variants import load_registry
+from convsweep.variants import ConvShape, load_registry
 
 pytestmark = pytest.mark.gpu
 
@@ -51,7 +52,14 @@ def check_variant(gpu, variant, params, shape, dtype):
     x = rng.standard_normal((B, C, H, W)).astype(dtype)
     w = rng.standard_normal((M, C, K, K)).astype(dtype)
     b = rng.standard_normal(M).astype(dtype)
-    y = conv2d(x, w, b, stride=S, variant=variant, params=params, gpu=gpu, pool=pool if var.fuses_pool else None)
+    pool = pool if var.fuses_pool else None
+    try:
+        var.check_shape(ConvShape(B, C, M, H, W, K, S, *(pool or (0, 0)), dtype=np.dtype(dtype).name), params)
+    except ShapeError as refusal:  # a shape outside the variant's constraints must be refused, never computed
+        with pytest.raises(ShapeError, match=re.escape(str(refusal))):
+            conv2d(x, w, b, stride=S, variant=variant, params=params, gpu=gpu, pool=pool)
+        return 0.0
+    y = conv2d(x, w, b, stride=S, variant=variant, params=params, gpu=gpu, pool=pool)
     ref = conv2d_reference(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), S)
     if "relu" in var.fuses:
         ref = np.maximum(ref, 0.0)
