@@ -55,7 +55,7 @@ def test_default_bench_file_is_valid():
     assert first.resolved == first.params  # every tunable given
     assert config.candidates["conv2"][0].resolved["BLOCK_M"] == 16  # registry default filled in
     assert config.targets["ms"]["conv2"] == {"fp32": 0.8, "tf32": 0.8, "fp16": 0.5}
-    assert config.targets["batch"] == 10000 and config.end_to_end == {"streams": 4, "host_memory": "pinned", "chunk_images": None}
+    assert config.targets["batch"] == 10000 and config.end_to_end == {"streams": 4, "host_memory": "pinned", "chunk_images": 1250}
 
 
 def test_good_file_and_shorthand(tmp_path):
