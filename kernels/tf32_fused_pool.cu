@@ -17,7 +17,7 @@
 //   B 8x8 col:  b0 (k=t, n=g), b1 (k=t+4, n=g)
 //   C/D 16x8:   c0,c1 (g, 2t + 0/1), c2,c3 (g+8, 2t + 0/1)
 // So A is one conflict-free LDS.128 per k-step (staged as [k-step][lane][a0..a3]); B is the
-// thread's column origin (computed once per unit) + off[k] -> 2 LDS + 2 cvt per mma.
+// thread's column origin (computed once per unit) + off[k] -> 2 LDS per mma (x is staged as tf32).
 //
 // Pool in registers: with window-major columns a window is P*P consecutive columns. P = 2: a
 // tile holds 2 windows, lanes t = {0,1} and {2,3}: max of the thread's 2 columns, shfl_xor 1.
@@ -31,9 +31,11 @@
 // H_pool (last band) or past the band's last tile are masked: origin 0 (in-bounds reads), no store.
 //
 // Why faster than fused_conv_relu_pool (1.58 ms on LeNet conv2 at B=10000, FMA-bound): the
-// 16 x 8 x 8 mma replaces 1024 FFMAs; the cost per mma is ~2 LDS + 2 cvt per thread for B plus
-// 1/NT LDS.128 for A, so the bound becomes shared-memory issue (~1 LDS/clk/SM): ~0.3 ms for
-// conv2 (25 k-steps x 128 tiles x 10000 images), over the 0.16 ms tf32 mma floor.
+// 16 x 8 x 8 mma replaces 1024 FFMAs; the cost per mma is ~2 LDS per thread for B (x is rounded
+// to tf32 once, when staged) plus 1/NT LDS.128 for A, so the bound becomes shared-memory issue
+// (~1 LDS/clk/SM): ~0.3 ms predicted for conv2 (25 k-steps x 128 tiles x 10000 images), over the
+// 0.16 ms tf32 mma floor. Measured on the H100 (bench, B=10000): 1.09 ms with a cvt per use, the
+// ALU pipe (address arithmetic and cvt) 70% busy and occupancy 50% (ncu).
 // Tunables: WARPS (warps per block), NT (n8-tiles per warp unit: A-fragment reuse and
 // independent mmas in flight; even, so a P=4 window never straddles units), PR (pooled rows per
 // block: the staged patch's height, and the block's amount of work).
@@ -82,8 +84,8 @@ __device__ __forceinline__ void k_step(float (&acc)[NT][4], const uint4 *__restr
     const bool v0 = !MASK || r0 < R, v1 = !MASK || r0 + 4 < R;
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
-        const unsigned b0 = v0 ? to_tf32(x_s[origin[i] + o0]) : 0u;
-        const unsigned b1 = v1 ? to_tf32(x_s[origin[i] + o1]) : 0u;
+        const unsigned b0 = v0 ? __float_as_uint(x_s[origin[i] + o0]) : 0u;  // already tf32 (staged so)
+        const unsigned b1 = v1 ? __float_as_uint(x_s[origin[i] + o1]) : 0u;
         mma_tf32(acc[i], a, b0, b1);
     }
 }
@@ -183,7 +185,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_tf32(CON
     const conv_t *__restrict__ xb = x + image_offset(b, C, H, W);
     for (int e = threadIdx.x; e < C * ROWS * W; e += WARPS * 32) {
         const int c = e / (ROWS * W), rem = e % (ROWS * W), row = row0 + rem / W, col = rem % W;
-        x_s[e] = row < H ? __ldg(xb + (c * H + row) * W + col) : 0.f;  // rows past H feed masked windows only
+        // Rounded to tf32 here, once per element, instead of once per use in the k-loop (each element
+        // feeds up to K*K mma columns; ncu showed the ALU pipe, where cvt runs, as the busiest at 70%).
+        // Rows past H feed masked windows only.
+        x_s[e] = __uint_as_float(to_tf32(row < H ? __ldg(xb + (c * H + row) * W + col) : 0.f));
     }
     __syncthreads();
 
