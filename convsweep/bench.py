@@ -640,17 +640,10 @@ def _best_variants(convs: list[dict]) -> dict[str, dict] | None:
 
 def _network_inputs(config: BenchConfig, batch: int):
     """Real images, the network's weights and the float64 reference logits, as jobs load them."""
-    from .data import batch_indices, load_dataset, random_dataset
-    from .job import reference_logits
-    from .network import load_weights
+    from .job import load_batch, reference_logits
 
     network = config.network
-    if config.dataset == "random":  # as jobs do: exactly the batch, checked on the error alone
-        dataset = random_dataset(network.input_shape, batch)
-    else:
-        dataset = load_dataset(config.dataset, image_size=network.input_shape[-1])
-    weights = load_weights(network)
-    idx = batch_indices(len(dataset.images), batch)
+    dataset, weights, idx = load_batch(network, config.dataset, batch)
     ref = reference_logits(network, dataset, weights)[idx]
     images = np.ascontiguousarray(dataset.images[idx], dtype=network.dtype)
     return dataset, weights, idx, images, ref
@@ -697,7 +690,7 @@ def measure_forward(gpu, config: BenchConfig, best, inputs, batch: int, warmup: 
 def measure_end_to_end(gpu, config: BenchConfig, best, inputs, batch: int, warmup: int, repeats: int) -> dict:
     """Host images -> host logits on S streams, chunked as jobs chunk; events around the whole pass."""
     from .job import _chunks, check_logits, failure_message
-    from .runner import GpuNetwork, pipeline_pass
+    from .runner import GpuNetwork, pipeline_buffers, pipeline_pass
 
     dataset, weights, idx, images, ref = inputs
     network = config.network
@@ -712,15 +705,7 @@ def measure_end_to_end(gpu, config: BenchConfig, best, inputs, batch: int, warmu
     try:
         streams = [gpu.stream() for _ in range(e2e["streams"])]
         net = GpuNetwork(gpu, network, weights, variants, params, len(streams), rec["chunk_images"], streams[0])
-        dtype = np.dtype(network.dtype)
-        x_host = gpu.host_array(images.shape, dtype, e2e["host_memory"])
-        x_host[...] = images
-        logits_host = gpu.host_array((batch, *network.layers[-1].out_shape), dtype, e2e["host_memory"])
-        logits_host[...] = np.nan
-        x_dev = gpu.alloc(x_host.shape, dtype)
-        logits_dev = gpu.alloc(logits_host.shape, dtype)
-        gpu.fill(logits_dev, 0xFF, streams[0])
-        streams[0].sync()
+        x_host, x_dev, logits_host, logits_dev = pipeline_buffers(gpu, network, images, e2e["host_memory"], streams[0])
 
         def one_pass() -> float:
             start, _, _, end = pipeline_pass(gpu, net, streams, chunks, x_host, x_dev, logits_host, logits_dev)

@@ -108,21 +108,26 @@ def _load_network(spec: JobSpec):
     return load_network(net_path if net_path.is_absolute() else ROOT / net_path)
 
 
-def _load_inputs(spec: JobSpec):
+def load_batch(network, dataset_spec: str | dict, batch: int):
+    """(dataset, weights, indices of the batch's images): a named or IDX-file dataset, or `random`
+    (exactly the batch: those workloads are large per image)."""
     from .data import batch_indices, load_dataset, random_dataset
     from .network import load_weights
 
-    network = _load_network(spec)
     size = network.input_shape[-1]
-    if spec.dataset == "random":  # exactly the batch: these workloads are large per image
-        dataset = random_dataset(network.input_shape, spec.batch)
-    elif isinstance(spec.dataset, dict):
-        dataset = load_dataset(spec.dataset["name"], images=spec.dataset["images"], labels=spec.dataset["labels"], image_size=size)
+    if dataset_spec == "random":
+        dataset = random_dataset(network.input_shape, batch)
+    elif isinstance(dataset_spec, dict):
+        dataset = load_dataset(dataset_spec["name"], images=dataset_spec["images"], labels=dataset_spec["labels"],
+                               image_size=size)
     else:
-        dataset = load_dataset(spec.dataset, image_size=size)
-    weights = load_weights(network)
-    idx = batch_indices(len(dataset.images), spec.batch)
-    return network, dataset, weights, idx
+        dataset = load_dataset(dataset_spec, image_size=size)
+    return dataset, load_weights(network), batch_indices(len(dataset.images), batch)
+
+
+def _load_inputs(spec: JobSpec):
+    network = _load_network(spec)
+    return (network, *load_batch(network, spec.dataset, spec.batch))
 
 
 def reference_logits(network, dataset, weights) -> np.ndarray:
@@ -269,7 +274,7 @@ def _timings_from_samples(samples, conv_names) -> dict:
 
 def _measure_gpu(spec, network, weights, images, variants, params, phases) -> dict:
     from .gpu import Gpu
-    from .runner import GpuNetwork, nvtx_range, pipeline_pass
+    from .runner import GpuNetwork, nvtx_range, pipeline_buffers, pipeline_pass
 
     conv_names = [layer.name for layer in network.conv_layers]
     chunks = _chunks(spec.batch, spec.streams, spec.chunk_images)
@@ -285,15 +290,7 @@ def _measure_gpu(spec, network, weights, images, variants, params, phases) -> di
         net = GpuNetwork(gpu, network, weights, variants, params, len(streams), capacity, streams[0])
         phases["compile"] = time.perf_counter() - t
         t = time.perf_counter()
-        dtype = np.dtype(network.dtype)
-        x_host = gpu.host_array(images.shape, dtype, spec.host_memory)
-        x_host[...] = images
-        logits_host = gpu.host_array((spec.batch, *network.layers[-1].out_shape), dtype, spec.host_memory)
-        logits_host[...] = np.nan
-        x_dev = gpu.alloc(x_host.shape, dtype)
-        logits_dev = gpu.alloc(logits_host.shape, dtype)
-        gpu.fill(logits_dev, 0xFF, streams[0])  # poisoned: an unwritten logit stays NaN
-        streams[0].sync()
+        x_host, x_dev, logits_host, logits_dev = pipeline_buffers(gpu, network, images, spec.host_memory, streams[0])
         phases["allocate"] = time.perf_counter() - t
 
         def forward(tag: str, repeat: int | None):

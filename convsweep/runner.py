@@ -46,6 +46,15 @@ class ConvOp:
         self.build = compile_variant(variant, params, gpu.arch, layer_shape)
         self.module = gpu.module(self.build, private=variant.constant_weights is not None)
         self.kernels = {name: gpu.kernel(self.module, name) for name in variant.kernel_names}
+        self._plans: dict[ConvShape, tuple[list, int]] = {}  # shape -> (launches, workspace bytes)
+
+    def _plan(self, shape: ConvShape) -> tuple[list, int]:
+        """Launch geometry and workspace size, evaluated once per shape: enqueue is on the hot path
+        (every chunk of every pass), and a pass reuses the same few chunk shapes."""
+        if shape not in self._plans:
+            self._plans[shape] = (self.variant.launch_plan(shape, self.params),
+                                  self.variant.workspace_bytes(shape, self.params))
+        return self._plans[shape]
 
     def bind_weights(self, k: DeviceArray, stream) -> None:
         """Once per layer, before any launch: variants that keep k in __constant__ get it there."""
@@ -58,7 +67,7 @@ class ConvOp:
 
     def workspace(self, shape: ConvShape) -> DeviceArray | None:
         """The scratch buffer one stream needs for `shape` (None when the variant needs none)."""
-        nbytes = self.variant.workspace_bytes(shape, self.params)
+        nbytes = self._plan(shape)[1]
         return self.gpu.alloc((nbytes,), np.uint8) if nbytes else None
 
     def enqueue(self, stream, y: DeviceArray, x: DeviceArray, k: DeviceArray, bias: DeviceArray, shape: ConvShape,
@@ -66,14 +75,14 @@ class ConvOp:
         """Launch the variant's kernels: CONV_ARGS, then the workspace and pool arguments it declares."""
         args = [y.arg, x.arg, k.arg, bias.arg, *(np.int32(v) for v in (shape.B, shape.C, shape.M, shape.H, shape.W,
                                                                        shape.K, shape.S))]
+        launches, need = self._plan(shape)
         if self.variant.workspace:
-            need = self.variant.workspace_bytes(shape, self.params)
             if workspace is None or workspace.nbytes < need:
                 raise ShapeError(f"variant '{self.variant.name}': needs a {need}-byte workspace for {shape}")
             args.append(workspace.arg)
         if self.variant.fuses_pool:
             args += [np.int32(shape.P), np.int32(shape.PS)]
-        for launch in self.variant.launch_plan(shape, self.params):
+        for launch in launches:
             self.gpu.launch(stream, self.kernels[launch.kernel], launch.grid, launch.block, launch.shared_bytes, *args)
 
 
@@ -228,6 +237,22 @@ class GpuNetwork:
             from cuda.bindings import driver
 
             driver.cuMemcpyDtoDAsync(logits.ptr, cur.ptr, logits.rows(0, n).nbytes, int(stream.handle))
+
+
+def pipeline_buffers(gpu: Gpu, network, images: np.ndarray, host_memory: str, stream):
+    """Host and device buffers of a pipeline pass: the images copied into host memory of the given
+    kind, logits poisoned (NaN on the host, 0xFF bytes on the device) so an unwritten one shows.
+    Returns (x_host, x_dev, logits_host, logits_dev)."""
+    dtype = np.dtype(network.dtype)
+    x_host = gpu.host_array(images.shape, dtype, host_memory)
+    x_host[...] = images
+    logits_host = gpu.host_array((len(images), *network.layers[-1].out_shape), dtype, host_memory)
+    logits_host[...] = np.nan
+    x_dev = gpu.alloc(x_host.shape, dtype)
+    logits_dev = gpu.alloc(logits_host.shape, dtype)
+    gpu.fill(logits_dev, 0xFF, stream)
+    stream.sync()
+    return x_host, x_dev, logits_host, logits_dev
 
 
 def pipeline_pass(gpu: Gpu, net: GpuNetwork, streams: list, chunks: list[tuple[int, int]], x_host: np.ndarray,

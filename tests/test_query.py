@@ -86,6 +86,32 @@ def test_best_names_the_winning_tunables(db_url):
     assert [t["conv1"]["BLOCK"] for t in tunables] == [256, 256]
 
 
+def test_streams_pivots_forward_time_and_overlap_by_stream_count(db_url):
+    engine = open_store(db_url)
+    for streams, forward, overlap in ((1, 29.6, 0.0), (2, 26.8, 0.5), (8, 24.4, 0.97)):
+        for memory in ("pageable", "pinned"):
+            result = make_result("naive", batch=10000, streams=streams, host_memory=memory)
+            result["timings"].update(forward_ms=forward if memory == "pinned" else 2 * forward, overlap=overlap)
+            ingest_result(engine, result, None)
+    engine.dispose()
+    rows = rows_of(db_url, "streams")
+    assert [r["host_memory"] for r in rows] == ["pageable", "pinned"]
+    pinned = rows[1]
+    assert (pinned["forward s1"], pinned["forward s2"], pinned["forward s4"], pinned["forward s8"]) == (29.6, 26.8, None, 24.4)
+    assert (pinned["overlap s1"], pinned["overlap s8"]) == (0.0, 0.97)
+
+
+def test_phases_splits_each_runs_wall_time(db_url):
+    engine = open_store(db_url)
+    result = make_result("naive", batch=1000)
+    ingest_result(engine, result, None)
+    ingest_result(engine, make_result("broken", 100, status="failed"), None)  # failed runs are left out
+    engine.dispose()
+    (row,) = rows_of(db_url, "phases")
+    assert (row["load"], row["compile"], row["timed"]) == tuple(result["phases_s"][k] for k in ("load", "compile", "timed"))
+    assert row["nsys"] is None and row["variant"] == "naive"
+
+
 def test_failures_and_runs_show_the_messages(loaded_url):
     failures = rows_of(loaded_url, "failures")
     assert {(r["variant"], r["status"]) for r in failures} == {("fp16", "incorrect"), ("broken", "failed")}

@@ -113,6 +113,18 @@ def test_ingest_stores_everything(engine):
             ("conv1", 0.74, 2_000_000_000, 40_001_000), ("conv2", 1.2, 4_000_000_000, 80_001_000)]
 
 
+def test_ingest_stores_phases_chunk_size_and_each_layers_variant(engine):
+    result = make_result({"conv1": "naive", "conv2": "tiled"}, batch=1000)
+    result["spec"]["chunk_images"] = 250
+    ingest_result(engine, result, None)
+    ingest_result(engine, make_result("naive", 100), None)  # automatic chunking: no chunk_images key
+    with Session(engine) as session:
+        mixed, plain = session.scalars(select(Run).order_by(Run.batch.desc())).all()
+        assert {p.name: p.seconds for p in mixed.phase_times} == result["phases_s"]
+        assert (mixed.chunk_images, plain.chunk_images) == (250, None)
+        assert {t.layer: t.variant for t in mixed.layer_times} == {"conv1": "naive", "conv2": "tiled"}
+
+
 def test_failed_runs_keep_their_floors_in_layer_time(engine):
     ingest_result(engine, make_result("broken", 100, status="failed"), None)
     # A job that failed before it knew its shapes writes "floors": {} (convsweep/job.py)
