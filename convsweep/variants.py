@@ -25,7 +25,7 @@ _KEYS = {"source", "cpu", "precision", "description", "params", "restrictions", 
          "fuses", "min_cc", "launches", "compile_time", "constant_weights", "dtypes", "workspace"}
 DTYPES = {"float32": 4, "float64": 8}  # element types a network may store; variants list theirs
 FUSABLE = ("relu", "maxpool")  # what a conv kernel may fuse, in the order the layers follow it
-_SHAPE_NAMES = ("C", "M", "H", "W", "K", "S")  # what a build may fix; never B, which varies per chunk
+_SHAPE_NAMES = ("C", "M", "H", "W", "K", "S", "P", "PS")  # what a build may fix; never B, which varies per chunk
 
 
 @dataclass(frozen=True)

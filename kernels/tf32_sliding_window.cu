@@ -1,0 +1,232 @@
+// tf32_sliding_window: conv + bias + ReLU + max-pool (the semantics of fused_conv_relu_pool.cu)
+// on tensor cores, with the im2col gather gone: for one input row and one kernel row ky, the
+// products of 16 output pixels with the K kernel columns form a GEMM whose A matrix
+// A[pixel][kx] = x[row][x0 + pixel + kx] is a sliding window over that row (a Hankel matrix).
+// Choosing the order of the mma's rows (pixels) and k (kernel columns) makes each thread's A
+// fragment four CONSECUTIVE input elements, so A is four loads of one row segment straight into
+// registers: no shared-memory staging, no offset tables, no im2col.
+//
+// Fragments (PTX ISA, mma.m16n8k8 .tf32; g = lane / 4, t = lane % 4):
+//   A 16x8: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4)
+//   B 8x8:  b0 (k=t, n=g), b1 (k=t+4, n=g)
+//   C 16x8: c0, c1 (g, 2t + 0/1), c2, c3 (g+8, 2t + 0/1)
+// Orders: mma row g <-> pixel 2g, row g+8 <-> pixel 2g+1 (of the tile's 16); k index t <-> kx
+// kap(t) = (0, 1, 4, 5)[t], k index t+4 <-> kap(t) + 2 (kx 0..7; kx >= K has zero weight). Then
+// (a0, a1, a2, a3) = x[row][o], x[row][o+1], x[row][o+2], x[row][o+3] with o = x0 + 2g + kap(t),
+// and the accumulator's pixel pair (2g, 2g+1) sits in one thread (c0/c2, c1/c3): the pool's
+// horizontal max is in registers (P = 4 adds one shuffle, lanes g ^ 1).
+// The n dimension: maps. With M = 4 only half of the 8 columns would be maps, so columns carry
+// two conv rows: n = dr * 4 + m, B[kx][n] = k[m][c][d - dr][kx] for input row offset d; one mma
+// then yields rows y and y+1 (a vertical pool pair: lanes t ^ 2). M % 8 == 0: n blocks of 8 maps.
+//
+// Mapping: a warp owns one image's band of PR pooled rows (P*PR conv rows, all W_pool * P used
+// columns in TILES tiles of 16); units = B * ceil(H_pool / PR), WARPS per block. For each channel
+// and each of the band's P*PR + K - 1 input rows, a thread loads its A fragment per tile once
+// (4 loads, L1 hits after the first) and issues an mma into every conv row group that row feeds
+// (up to K + RP - 1 of them): loads per mma fall as PR grows, accumulators grow with it.
+// B fragments for every (channel, row offset, map block) are built once per block in shared
+// memory, fragment-ordered (one conflict-free LDS.64 or LDS.128 per use).
+//
+// SPLIT = 3 is 3xTF32: x = big + small, k = big + small (each rounded to tf32), three mmas
+// (small*big + big*small + big*big) recover fp32-class error at 3x the tensor work.
+//
+// Why faster than tf32_fused_pool (0.93 ms on LeNet conv2 at B=10000: ALU-bound on the gather's
+// address arithmetic and shared-memory B loads, 4 blocks/SM): per mma this kernel issues ~0.2-0.7
+// load instructions (no address table, no staging, no __syncthreads in the loop) instead of ~2.
+// Predicted at B=10000 (H100, mma.sync tf32 ~0.5-1 per clock per SM): conv1 1600 mma/image,
+// ~0.15-0.3 ms; conv2 3584 mma/image, ~0.3-0.4 ms; bound by mma issue and L1 load wavefronts.
+// Requirements (registry constraints): stride 1, K <= 8, non-overlapping pool P = 2 or 4,
+// M == 4 or M % 8 == 0, float32; the shape is compiled in (C, M, H, W, K, S, P, PS).
+// Tunables: WARPS (warps per block), PR (pooled rows per warp), SPLIT (1: TF32, 3: 3xTF32).
+#include "common.cuh"
+
+#ifndef WARPS
+#define WARPS 4
+#endif
+#ifndef PR
+#define PR 1
+#endif
+#ifndef SPLIT
+#define SPLIT 1
+#endif
+
+static_assert(sizeof(conv_t) == 4, "tf32_sliding_window is written for float32");
+
+namespace {
+
+// The layer's shape, compiled in (the kernel's own int arguments of the same names are unused).
+constexpr int kC = C_FIXED, kM = M_FIXED, kH = H_FIXED, kW = W_FIXED, kK = K_FIXED, kP = P_FIXED;
+static_assert(S_FIXED == 1 && PS_FIXED == P_FIXED, "stride 1, non-overlapping pool");
+static_assert(kK <= 8 && (kP == 2 || kP == 4) && (kM == 4 || kM % 8 == 0) && (SPLIT == 1 || SPLIT == 3),
+              "see the registry constraints");
+
+constexpr int H_POOL = (kH - kK + 1 - kP) / kP + 1, W_POOL = (kW - kK + 1 - kP) / kP + 1;
+constexpr int TILES = (W_POOL * kP + 15) / 16;  // 16-pixel tiles covering the columns the pool uses
+constexpr int RP = kM >= 8 ? 1 : 8 / kM;        // conv rows side by side in an mma's 8 columns
+constexpr int NB = kM >= 8 ? kM / 8 : 1;        // n8 blocks of maps
+constexpr int G = kP / RP;                      // row groups (mmas stacked vertically) per pooled row
+constexpr int GROUPS = PR * G;                  // row groups of a warp's band
+constexpr int D = kK + RP - 1;                  // input-row offsets one row group reads
+constexpr int BAND_ROWS = PR * kP + kK - 1;     // input rows a band reads
+constexpr int BANDS = (H_POOL + PR - 1) / PR;   // bands per image
+constexpr int FRAGS = kC * D * NB;              // distinct B fragments
+#if SPLIT == 3
+typedef uint4 bfrag_t;  // {big b0, big b1, small b0, small b1}
+#else
+typedef uint2 bfrag_t;  // {b0, b1}
+#endif
+
+__device__ __forceinline__ unsigned to_tf32(float v) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                         unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float max_nan(float m, float v) { return (v > m || v != v) ? v : m; }
+
+__device__ __forceinline__ int kap(int t) { return (t & 1) | ((t & 2) << 1); }  // 0, 1, 4, 5
+
+// The thread's A fragment of one tile: 4 consecutive elements of one input row (big and small
+// halves for 3xTF32). Elements past W (only under zero weights or discarded pixels) read 0, so
+// an Inf there cannot become 0 * Inf = NaN.
+struct AFrag {
+    unsigned big[4];
+    unsigned small[SPLIT == 3 ? 4 : 1];
+};
+
+__device__ __forceinline__ AFrag load_a(const float *__restrict__ row, int tile, int o, bool row_ok) {
+    AFrag a;
+    const bool inside = 16 * tile + 14 + 5 + 3 < kW;  // the tile's furthest element o + 3 (folded once unrolled)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int col = 16 * tile + o + j;
+        const float v = row_ok && (inside || col < kW) ? __ldg(row + col) : 0.f;
+        a.big[j] = to_tf32(v);
+        if constexpr (SPLIT == 3) a.small[j] = to_tf32(v - __uint_as_float(a.big[j]));
+    }
+    return a;
+}
+
+__device__ __forceinline__ void mma(float (&acc)[4], const AFrag &a, const bfrag_t &b) {
+#if SPLIT == 3  // the small terms first: they are the ones fp32 accumulation would otherwise lose
+    mma_tf32(acc, a.small[0], a.small[1], a.small[2], a.small[3], b.x, b.y);
+    mma_tf32(acc, a.big[0], a.big[1], a.big[2], a.big[3], b.z, b.w);
+#endif
+    mma_tf32(acc, a.big[0], a.big[1], a.big[2], a.big[3], b.x, b.y);
+}
+
+// B fragment (c, d, nb) of this lane: column n = g is map m at conv row offset dr; k index t and
+// t + 4 are kernel columns kap(t) and kap(t) + 2 of kernel row d - dr.
+__device__ bfrag_t make_b(const conv_t *__restrict__ k, int c, int d, int nb, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const int m = kM >= 8 ? nb * 8 + g : g % kM, dr = kM >= 8 ? 0 : g / kM, ky = d - dr;
+    float w[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int kx = kap(t) + 2 * h;
+        w[h] = ky >= 0 && ky < kK && kx < kK ? k[((m * kC + c) * kK + ky) * kK + kx] : 0.f;
+    }
+    bfrag_t b;
+    b.x = to_tf32(w[0]);
+    b.y = to_tf32(w[1]);
+#if SPLIT == 3
+    b.z = to_tf32(w[0] - __uint_as_float(b.x));
+    b.w = to_tf32(w[1] - __uint_as_float(b.y));
+#endif
+    return b;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(CONV_ARGS, POOL_ARGS) {
+    // b_s[f][lane], f = (c * D + d) * NB + nb, built once per block.
+    __shared__ bfrag_t b_s[FRAGS][32];
+    for (int e = threadIdx.x; e < FRAGS * 32; e += WARPS * 32) {
+        const int f = e >> 5, nb = f % NB, d = (f / NB) % D, c = f / (NB * D);
+        b_s[f][e & 31] = make_b(k, c, d, nb, e & 31);
+    }
+    __syncthreads();
+    (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS;
+
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const long long unit = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (unit >= (long long)B * BANDS) return;
+    const int b = (int)(unit / BANDS), band = (int)(unit % BANDS), y0 = band * PR * kP;
+    const conv_t *__restrict__ xb = x + image_offset(b, kC, kH, kW);
+    const int o = 2 * g + kap(t);
+
+    float acc[GROUPS][TILES][NB][4];
+#pragma unroll
+    for (int q = 0; q < GROUPS; ++q)
+#pragma unroll
+        for (int i = 0; i < TILES; ++i)
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) acc[q][i][nb][0] = acc[q][i][nb][1] = acc[q][i][nb][2] = acc[q][i][nb][3] = 0.f;
+
+#pragma unroll 1
+    for (int c = 0; c < kC; ++c) {
+#pragma unroll
+        for (int r = 0; r < BAND_ROWS; ++r) {
+            const bool row_ok = y0 + r < kH;  // false only in an image's last, partial band
+            const float *row = xb + (c * kH + y0 + r) * kW;
+#pragma unroll
+            for (int i = 0; i < TILES; ++i) {
+                const AFrag a = load_a(row, i, o, row_ok);
+                // The row groups this input row feeds: group q starts at band row q * RP.
+#pragma unroll
+                for (int q = 0; q < GROUPS; ++q) {
+                    const int d = r - q * RP;
+                    if (d < 0 || d >= D) continue;
+#pragma unroll
+                    for (int nb = 0; nb < NB; ++nb) mma(acc[q][i][nb], a, b_s[(c * D + d) * NB + nb][lane]);
+                }
+            }
+        }
+    }
+
+    // Epilogue: max over the pooled row's groups, its pixel pairs (in-thread) and, P = 4, lanes
+    // g ^ 1; with two conv rows per mma (M = 4), lanes t ^ 2. Then bias, ReLU, one store per value.
+    constexpr int DUPS = (kP == 4 ? 2 : 1) * (RP == 2 ? 2 : 1);  // lanes holding the same pooled values
+    const int dup = (kP == 4 ? (g & 1) : 0) + (RP == 2 ? (t >> 1) * (kP == 4 ? 2 : 1) : 0);
+    const long long ybase = image_offset(b, kM, H_POOL, W_POOL);
+#pragma unroll
+    for (int pr = 0; pr < PR; ++pr) {
+        const int ph = band * PR + pr;
+#pragma unroll
+        for (int i = 0; i < TILES; ++i) {
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                float v[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    v[e] = acc[pr * G][i][nb][e];
+#pragma unroll
+                    for (int q = 1; q < G; ++q) v[e] = max_nan(v[e], acc[pr * G + q][i][nb][e]);
+                }
+                float h[2] = {max_nan(v[0], v[2]), max_nan(v[1], v[3])};  // pixels 2g, 2g+1; columns 2t, 2t+1
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    if (kP == 4) h[j] = max_nan(h[j], __shfl_xor_sync(0xffffffffu, h[j], 4));
+                    if (RP == 2) h[j] = max_nan(h[j], __shfl_xor_sync(0xffffffffu, h[j], 2));
+                }
+                const int pc = (16 * i + 2 * g) / kP;
+                if (ph >= H_POOL || pc >= W_POOL) continue;
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    if (DUPS > 1 && j != dup) continue;  // the lanes sharing two values store one each
+                    const int n = 2 * t + j, m = kM >= 8 ? nb * 8 + n : n % kM;
+                    const float s = h[j] + __ldg(bias + m);
+                    y[ybase + ((long long)m * H_POOL + ph) * W_POOL + pc] = s < 0.f ? 0.f : s;  // NaN stays NaN
+                }
+            }
+        }
+    }
+}
