@@ -185,10 +185,23 @@ class Gpu:
         return self._modules[key]
 
     def kernel(self, module, name: str):
+        """A kernel of a loaded module, allowed the device's whole dynamic shared memory: launches
+        asking for more than the default 48 KB (a registry shared_bytes) then just work."""
+        from cuda.bindings import driver
+
         try:
-            return module.get_kernel(name)
+            kernel = module.get_kernel(name)
         except Exception as e:
             raise DeviceError(f"module has no kernel '{name}': {e}") from None
+        optin = self.device.properties.max_shared_memory_per_block_optin - kernel.attributes.shared_size_bytes
+        attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        handle = kernel.handle
+        if isinstance(handle, driver.CUkernel):
+            _check(driver.cuKernelSetAttribute(attribute, optin, handle, driver.CUdevice(self.device.device_id)),
+                   "cuKernelSetAttribute")
+        else:
+            _check(driver.cuFuncSetAttribute(handle, attribute, optin), "cuFuncSetAttribute")
+        return kernel
 
     def global_array(self, module, name: str, dtype=np.float32) -> DeviceArray:
         """A module-scope __device__/__constant__ variable as a device array."""

@@ -20,10 +20,16 @@
 // then yields rows y and y+1 (a vertical pool pair: lanes t ^ 2). M % 8 == 0: n blocks of 8 maps.
 //
 // Mapping: a warp owns one image's band of PR pooled rows (P*PR conv rows, all W_pool * P used
-// columns in TILES tiles of 16); units = B * ceil(H_pool / PR), WARPS per block. For each channel
-// and each of the band's P*PR + K - 1 input rows, a thread loads its A fragment per tile once
-// (4 loads, L1 hits after the first) and issues an mma into every conv row group that row feeds
-// (up to K + RP - 1 of them): loads per mma fall as PR grows, accumulators grow with it.
+// columns in TILES tiles of 16); a block owns WARPS consecutive bands of one image, grid.x =
+// B * ceil(bands / WARPS). For each channel and each of the band's P*PR + K - 1 input rows, a
+// thread loads its A fragment per tile once and issues an mma into every conv row group that row
+// feeds (up to K + RP - 1 of them): loads per mma fall as PR grows, accumulators grow with it.
+// Where A comes from (STAGED):
+//   0  four __ldg per fragment from global memory (L1 hits after the first) and four cvt.rna.
+//   1  the block's input rows are staged once in shared memory, already rounded to tf32, as
+//      "quad rows": entry j of a row holds elements j..j+3 (zero past W), so a fragment is ONE
+//      LDS.128 (the warp's 20 distinct entries are consecutive: 3 wavefronts, no conflicts)
+//      and a cvt happens once per staged entry instead of once per use.
 // B fragments for every (channel, row offset, map block) are built once per block in shared
 // memory, fragment-ordered (one conflict-free LDS.64 or LDS.128 per use).
 //
@@ -37,7 +43,10 @@
 // ~0.15-0.3 ms; conv2 3584 mma/image, ~0.3-0.4 ms; bound by mma issue and L1 load wavefronts.
 // Requirements (registry constraints): stride 1, K <= 8, non-overlapping pool P = 2 or 4,
 // M == 4 or M % 8 == 0, float32; the shape is compiled in (C, M, H, W, K, S, P, PS).
-// Tunables: WARPS (warps per block), PR (pooled rows per warp), SPLIT (1: TF32, 3: 3xTF32).
+// Measured (bench, B=10000, STAGED 0): conv1 0.954 ms (PR 2), conv2 0.561 ms (PR 2); conv1 is far
+// from its mma bound with ~2.5 global loads and 2.5 cvt per mma: hence STAGED.
+// Tunables: WARPS (warps per block), PR (pooled rows per warp), STAGED (where A comes from),
+// SPLIT (1: TF32, 3: 3xTF32).
 #include "common.cuh"
 
 #ifndef WARPS
@@ -48,6 +57,9 @@
 #endif
 #ifndef SPLIT
 #define SPLIT 1
+#endif
+#ifndef STAGED
+#define STAGED 1
 #endif
 
 static_assert(sizeof(conv_t) == 4, "tf32_sliding_window is written for float32");
@@ -70,6 +82,9 @@ constexpr int D = kK + RP - 1;                  // input-row offsets one row gro
 constexpr int BAND_ROWS = PR * kP + kK - 1;     // input rows a band reads
 constexpr int BANDS = (H_POOL + PR - 1) / PR;   // bands per image
 constexpr int FRAGS = kC * D * NB;              // distinct B fragments
+constexpr int GROUP_BANDS = (BANDS + WARPS - 1) / WARPS;  // band groups (blocks) per image
+constexpr int SROWS = WARPS * PR * kP + kK - 1 < kH ? WARPS * PR * kP + kK - 1 : kH;  // staged rows per channel
+constexpr int QW = 16 * TILES + 4;              // quad entries per staged row: the largest o + 1
 #if SPLIT == 3
 typedef uint4 bfrag_t;  // {big b0, big b1, small b0, small b1}
 #else
@@ -102,15 +117,23 @@ struct AFrag {
     unsigned small[SPLIT == 3 ? 4 : 1];
 };
 
-__device__ __forceinline__ AFrag load_a(const float *__restrict__ row, int tile, int o, bool row_ok) {
+// x[col .. col+3] of one input row, zero past W (or everywhere when the row is past H). `inside`
+// says col + 3 < W is known, which spares the column tests.
+__device__ __forceinline__ float4 quad(const float *__restrict__ row, int col, bool row_ok, bool inside = false) {
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = row_ok && (inside || col + j < kW) ? __ldg(row + col + j) : 0.f;
+    return make_float4(v[0], v[1], v[2], v[3]);
+}
+
+// The fragment from 4 fp32 values (rounded here), or from 4 values staged already rounded.
+__device__ __forceinline__ AFrag fragment(float4 v, bool rounded) {
     AFrag a;
-    const bool inside = 16 * tile + 14 + 5 + 3 < kW;  // the tile's furthest element o + 3 (folded once unrolled)
+    const float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const int col = 16 * tile + o + j;
-        const float v = row_ok && (inside || col < kW) ? __ldg(row + col) : 0.f;
-        a.big[j] = to_tf32(v);
-        if constexpr (SPLIT == 3) a.small[j] = to_tf32(v - __uint_as_float(a.big[j]));
+        a.big[j] = rounded ? __float_as_uint(f[j]) : to_tf32(f[j]);
+        if constexpr (SPLIT == 3) a.small[j] = to_tf32(f[j] - __uint_as_float(a.big[j]));
     }
     return a;
 }
@@ -153,15 +176,27 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
         const int f = e >> 5, nb = f % NB, d = (f / NB) % D, c = f / (NB * D);
         b_s[f][e & 31] = make_b(k, c, d, nb, e & 31);
     }
-    __syncthreads();
     (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS;
 
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const long long unit = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
-    if (unit >= (long long)B * BANDS) return;
-    const int b = (int)(unit / BANDS), band = (int)(unit % BANDS), y0 = band * PR * kP;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
+    const int b = blockIdx.x / GROUP_BANDS, band0 = blockIdx.x % GROUP_BANDS * WARPS, band = band0 + warp;
+    const int y0 = band * PR * kP;
     const conv_t *__restrict__ xb = x + image_offset(b, kC, kH, kW);
     const int o = 2 * g + kap(t);
+#if STAGED
+    // q_s[c][s][j] = x[c][band0 * PR * P + s][j .. j+3], tf32-rounded for SPLIT 1 (registry shared_bytes).
+    extern __shared__ float4 q_s[];
+    for (int e = threadIdx.x; e < kC * SROWS * QW; e += WARPS * 32) {
+        const int c = e / (SROWS * QW), s = e / QW % SROWS, j = e % QW, row = band0 * PR * kP + s;
+        float4 v = quad(xb + (c * kH + row) * kW, j, row < kH);
+        if (SPLIT == 1)
+            v = make_float4(__uint_as_float(to_tf32(v.x)), __uint_as_float(to_tf32(v.y)), __uint_as_float(to_tf32(v.z)),
+                            __uint_as_float(to_tf32(v.w)));
+        q_s[e] = v;
+    }
+#endif
+    __syncthreads();
+    if (band >= BANDS) return;  // the last group of an image may have idle warps
 
     float acc[GROUPS][TILES][NB][4];
 #pragma unroll
@@ -176,10 +211,15 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
 #pragma unroll
         for (int r = 0; r < BAND_ROWS; ++r) {
             const bool row_ok = y0 + r < kH;  // false only in an image's last, partial band
-            const float *row = xb + (c * kH + y0 + r) * kW;
 #pragma unroll
             for (int i = 0; i < TILES; ++i) {
-                const AFrag a = load_a(row, i, o, row_ok);
+#if STAGED
+                const float4 v = row_ok ? q_s[(c * SROWS + warp * PR * kP + r) * QW + 16 * i + o] : make_float4(0, 0, 0, 0);
+                const AFrag a = fragment(v, SPLIT == 1);
+#else
+                const bool inside = 16 * i + 22 < kW;  // the tile's largest o + 3 is 16 i + 22 (folded: i is unrolled)
+                const AFrag a = fragment(quad(xb + (c * kH + y0 + r) * kW, 16 * i + o, row_ok, inside), false);
+#endif
                 // The row groups this input row feeds: group q starts at band row q * RP.
 #pragma unroll
                 for (int q = 0; q < GROUPS; ++q) {
