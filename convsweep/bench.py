@@ -43,6 +43,7 @@ from .config import ROOT
 from .errors import ConfigError, ConvsweepError
 from .gpu import HOST_MEMORY_KINDS
 from .variants import TOLERANCE
+from .yamlio import load_yaml
 
 FORMAT = 1
 DEFAULT_CONFIG = "bench/default.yaml"
@@ -117,7 +118,7 @@ def load_bench_config(path: str | Path = DEFAULT_CONFIG) -> BenchConfig:
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise ConfigError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML ({getattr(e, 'problem', e)})") from None

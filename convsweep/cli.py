@@ -7,17 +7,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from .errors import ConvsweepError
 
-def _process_start() -> float | None:
+
+def process_age() -> float | None:
+    """Seconds since this process started, or None where that is unknown.
+
+    On Linux both ends are on the boot clock: the start in clock ticks since boot (/proc/self/stat
+    field 22) against /proc/uptime. psutil's create_time() adds a boot time truncated to whole
+    seconds and is compared with time.time(), which put total_s up to a second too high.
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22; `comm` may hold ' ' and ')'
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import psutil
 
-        return psutil.Process().create_time()
+        return max(0.0, time.time() - psutil.Process().create_time())
     except Exception:
         return None
 
@@ -68,7 +84,7 @@ def _spec_from_args(args):
 def cmd_run_job(args) -> None:
     from .job import run_job
 
-    result = run_job(_spec_from_args(args), Path(args.out), process_start=_process_start())
+    result = run_job(_spec_from_args(args), Path(args.out), process_age=process_age())
     t = result["timings"]
     ops = ", ".join(f"{k} {v:.3f} ms" for k, v in t["op_time_ms"].items() if v is not None)
     print(f"{result['job_id']}: {result['status']} ({result['profiler']}) {ops}"

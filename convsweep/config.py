@@ -17,6 +17,7 @@ import jsonschema
 import yaml
 
 from .errors import ConfigError, ShapeError
+from .yamlio import load_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "workflow" / "schemas" / "experiments.schema.yaml"
@@ -79,7 +80,7 @@ def cache_dir() -> Path:
 
 def _schema() -> dict:
     with open(SCHEMA_PATH) as f:
-        return yaml.safe_load(f)
+        return load_yaml(f)
 
 
 def _validator_filling_defaults():
@@ -146,7 +147,7 @@ def load_config(path: str | os.PathLike) -> Config:
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""

@@ -338,9 +338,12 @@ def _skeleton(spec: JobSpec) -> dict:
 
 
 def _merge(result: dict, measured: dict) -> None:
-    timings = measured.pop("timings")
+    """Fold a measurement into the result; its timings and phases add to those already there
+    (process_start is set before measuring)."""
+    timings, phases = measured.pop("timings"), measured.pop("phases_s")
     result.update(measured)
     result["timings"].update(timings)
+    result["phases_s"].update(phases)
     result["timings"]["compile_ms"] = sum(b["compile_ms"] for b in result["builds"] if not b["cache_hit"]) if result["builds"] else None
 
 
@@ -356,13 +359,17 @@ def _is_cpu_job(spec: JobSpec) -> bool:
     return all(get_variant(v).is_cpu for v in spec.variants.values())
 
 
-def run_job(spec: JobSpec, out_path: Path, process_start: float | None = None) -> dict:
-    """Run one job and write its result JSON; returns the result. Never raises for a job failure."""
+def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None) -> dict:
+    """Run one job and write its result JSON; returns the result. Never raises for a job failure.
+
+    `process_age` is how long the process had run before this call (cli.process_age()); it is
+    phases_s.process_start, and total_s counts from it. Without it total_s is this call's time.
+    """
     out_path = Path(out_path)
-    started = time.time()
+    started = time.perf_counter()
     result = _skeleton(spec)
-    if process_start is not None:
-        result["phases_s"]["process_start"] = max(0.0, started - process_start)
+    if process_age is not None:
+        result["phases_s"]["process_start"] = process_age
     try:
         nsys_path = nsys_mod.find_nsys() if spec.profiler == "nsys" else None
         if nsys_path and not _is_cpu_job(spec):
@@ -376,7 +383,7 @@ def run_job(spec: JobSpec, out_path: Path, process_start: float | None = None) -
     if result["environment"] is None:
         result["environment"] = environment()
     result["phases_s"] = {k: _finite(v) for k, v in result["phases_s"].items()}
-    result["timings"]["total_s"] = time.time() - (process_start or started)
+    result["timings"]["total_s"] = (process_age or 0.0) + time.perf_counter() - started
     write_json_atomic(out_path, result)
     return result
 

@@ -12,6 +12,7 @@ import numpy as np
 import yaml
 
 from convsweep.errors import ConfigError, DataError, ShapeError
+from convsweep.yamlio import load_yaml
 
 DTYPES = ("float16", "float32", "float64")
 
@@ -163,7 +164,7 @@ def load_network(path: str | os.PathLike) -> Network:
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     try:
-        spec = yaml.safe_load(path.read_text())
+        spec = load_yaml(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}: " if mark is not None else ""

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError, ShapeError
+from .yamlio import load_yaml
 from .expr import evaluate
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
@@ -232,7 +233,7 @@ def _fmt(shape: ConvShape) -> str:
 def load_registry(path: Path = REGISTRY_PATH) -> dict[str, Variant]:
     """Parse and check the registry once per process."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = load_yaml(Path(path).read_text())
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: cannot read the variant registry ({e})") from None
     registry = {}

@@ -2,10 +2,13 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
-from convsweep.config import ROOT
+from convsweep.config import ROOT, JobSpec
+
+RESOLUTION_S = 0.02  # process_age: /proc/uptime and the start time each count in 1/100 s
 
 
 def convsweep(*args, cwd=None):
@@ -76,3 +79,37 @@ def test_compile_of_a_shape_fixing_variant_needs_the_defines():
     proc = convsweep("compile", "restrict_unroll", "--arch", "sm_90", "--define", "C_FIXED=4", "--define", "K_FIXED=7",
                      "--define", "S_FIXED=1")
     assert proc.returncode == 0 and "conv_forward" in proc.stdout, proc.stderr
+
+
+def test_process_age_is_small_for_a_new_process_and_grows(tmp_path):
+    """Never more than the parent saw the process run, with a process name (/proc/self/stat's
+    `comm`) that holds spaces and parentheses."""
+    python = tmp_path / "py (1) x"
+    python.symlink_to(sys.executable)
+    code = "import time; from convsweep.cli import process_age; a = process_age(); time.sleep(0.2); print(a, process_age())"
+    t = time.perf_counter()
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    assert proc.returncode == 0, proc.stderr
+    first, last = map(float, proc.stdout.split())
+    assert 0 <= first < last <= wall + RESOLUTION_S
+    assert 0.2 - RESOLUTION_S <= last - first <= wall
+
+
+def test_run_job_times_the_whole_process(tmp_path):
+    """An events job (the CPU reference variant) run as Snakemake runs it: process_start survives
+    the measured phases, and total_s covers them all but not more than the process's wall time."""
+    job = JobSpec(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
+                  variants={"conv1": "reference", "conv2": "reference"}, params={"conv1": {}, "conv2": {}},
+                  batch=8, streams=1, host_memory="pageable", repeats=1, warmup=0, profiler="events")
+    out = tmp_path / "r.json"
+    t = time.perf_counter()
+    proc = convsweep("run-job", "--spec", json.dumps({**job.to_dict(), "sweep": job.sweep}), "--out", str(out))
+    wall = time.perf_counter() - t
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "ok", result["error"]
+    phases = result["phases_s"]
+    assert {"process_start", "load", "warmup", "timed", "check"} <= set(phases)
+    assert 0 < phases["process_start"] < wall
+    assert sum(phases.values()) <= result["timings"]["total_s"] <= wall + RESOLUTION_S

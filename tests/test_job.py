@@ -1,5 +1,6 @@
 """One job end to end on the CPU: the reference variant, and failures that are stored, not lost."""
 import json
+import time
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ def spec(**over) -> JobSpec:
 
 def test_reference_job_writes_a_complete_result(tmp_path):
     out = tmp_path / "r.json"
-    result = run_job(spec(), out, process_start=None)
+    result = run_job(spec(), out, process_age=None)
     stored = json.loads(out.read_text())
     assert stored == json.loads(json.dumps(result))
     assert stored["status"] == "ok", stored["error"]
@@ -34,6 +35,16 @@ def test_reference_job_writes_a_complete_result(tmp_path):
     assert stored["images"] == {"batch": 40, "unique": 5000, "cycled": False}
     assert stored["floors"]["conv2"]["flops"] == 2 * 40 * 16 * 34 * 34 * 4 * 49
     assert not list(tmp_path.glob(".*tmp"))  # the atomic write left nothing behind
+
+
+def test_process_age_is_the_start_phase_and_counted_in_total_s(tmp_path):
+    t = time.perf_counter()
+    result = run_job(spec(profiler="events"), tmp_path / "r.json", process_age=1.5)
+    wall = time.perf_counter() - t
+    phases = result["phases_s"]
+    assert phases["process_start"] == 1.5  # not replaced by the measured phases
+    assert {"load", "warmup", "timed", "check"} <= set(phases)
+    assert sum(phases.values()) <= result["timings"]["total_s"] <= 1.5 + wall
 
 
 def test_batches_larger_than_the_set_cycle_and_say_so(tmp_path):
