@@ -20,16 +20,19 @@
 // then yields rows y and y+1 (a vertical pool pair: lanes t ^ 2). M % 8 == 0: n blocks of 8 maps.
 //
 // Mapping: a warp owns one image's band of PR pooled rows (P*PR conv rows, all W_pool * P used
-// columns in TILES tiles of 16); a block owns WARPS consecutive bands of one image, grid.x =
-// B * ceil(bands / WARPS). For each channel and each of the band's P*PR + K - 1 input rows, a
+// columns in TILES tiles of 16) and NB / MAP_SPLIT of the NB n8 blocks of maps (MAP_SPLIT warps
+// share a band: fewer accumulators, more warps per SM); a block owns WARPS / MAP_SPLIT
+// consecutive bands of one image, grid.x = B * ceil(bands / (WARPS / MAP_SPLIT)). For each channel and each of the band's P*PR + K - 1 input rows, a
 // thread loads its A fragment per tile once and issues an mma into every conv row group that row
 // feeds (up to K + RP - 1 of them): loads per mma fall as PR grows, accumulators grow with it.
 // Where A comes from (STAGED):
 //   0  four __ldg per fragment from global memory (L1 hits after the first) and four cvt.rna.
 //   1  the block's input rows are staged once in shared memory, already rounded to tf32, as
 //      "quad rows": entry j of a row holds elements j..j+3 (zero past W), so a fragment is ONE
-//      LDS.128 (the warp's 20 distinct entries are consecutive: 3 wavefronts, no conflicts)
+//      LDS.128 (the warp's 20 distinct entries are consecutive: 4 conflict-free wavefronts)
 //      and a cvt happens once per staged entry instead of once per use.
+//   2  the same rows staged plainly (one load, cvt and store per element instead of four each
+//      for a quad entry), a fragment is 4 conflict-free scalar LDS: 4 wavefronts as well.
 // B fragments for every (channel, row offset, map block) are built once per block in shared
 // memory, fragment-ordered (one conflict-free LDS.64 or LDS.128 per use).
 //
@@ -45,8 +48,10 @@
 // M == 4 or M % 8 == 0, float32; the shape is compiled in (C, M, H, W, K, S, P, PS).
 // Measured (bench, B=10000, STAGED 0): conv1 0.954 ms (PR 2), conv2 0.561 ms (PR 2); conv1 is far
 // from its mma bound with ~2.5 global loads and 2.5 cvt per mma: hence STAGED.
+// Measured (STAGED 1): conv1 0.563 ms (WARPS 4, PR 2); conv2 0.560 ms (WARPS 8, PR 1), where
+// ncu shows PR 2 at 184 registers, 12.5% occupancy and 27% issue slots busy: hence MAP_SPLIT.
 // Tunables: WARPS (warps per block), PR (pooled rows per warp), STAGED (where A comes from),
-// SPLIT (1: TF32, 3: 3xTF32).
+// MAP_SPLIT (warps per band), SPLIT (1: TF32, 3: 3xTF32).
 #include "common.cuh"
 
 #ifndef WARPS
@@ -60,6 +65,9 @@
 #endif
 #ifndef STAGED
 #define STAGED 1
+#endif
+#ifndef MAP_SPLIT
+#define MAP_SPLIT 1
 #endif
 
 static_assert(sizeof(conv_t) == 4, "tf32_sliding_window is written for float32");
@@ -82,9 +90,13 @@ constexpr int D = kK + RP - 1;                  // input-row offsets one row gro
 constexpr int BAND_ROWS = PR * kP + kK - 1;     // input rows a band reads
 constexpr int BANDS = (H_POOL + PR - 1) / PR;   // bands per image
 constexpr int FRAGS = kC * D * NB;              // distinct B fragments
-constexpr int GROUP_BANDS = (BANDS + WARPS - 1) / WARPS;  // band groups (blocks) per image
-constexpr int SROWS = WARPS * PR * kP + kK - 1 < kH ? WARPS * PR * kP + kK - 1 : kH;  // staged rows per channel
+constexpr int NBW = NB / MAP_SPLIT;            // n8 map blocks per warp: MAP_SPLIT warps share a band
+constexpr int BLOCK_BANDS = WARPS / MAP_SPLIT;  // bands per block
+constexpr int GROUP_BANDS = (BANDS + BLOCK_BANDS - 1) / BLOCK_BANDS;  // band groups (blocks) per image
+constexpr int SROWS = BLOCK_BANDS * PR * kP + kK - 1 < kH ? BLOCK_BANDS * PR * kP + kK - 1 : kH;  // staged rows per channel
+static_assert(NB % MAP_SPLIT == 0 && WARPS % MAP_SPLIT == 0, "see the registry constraints and restrictions");
 constexpr int QW = 16 * TILES + 4;              // quad entries per staged row: the largest o + 1
+constexpr int PW = 16 * TILES + 8;              // plain staged row: the largest o + 3 + 1, rounded up to 4
 #if SPLIT == 3
 typedef uint4 bfrag_t;  // {big b0, big b1, small b0, small b1}
 #else
@@ -178,12 +190,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
     }
     (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS;
 
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, warp = threadIdx.x >> 5;
-    const int b = blockIdx.x / GROUP_BANDS, band0 = blockIdx.x % GROUP_BANDS * WARPS, band = band0 + warp;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int slot = (threadIdx.x >> 5) / MAP_SPLIT, nb0 = (threadIdx.x >> 5) % MAP_SPLIT * NBW;  // band slot, first map block
+    const int b = blockIdx.x / GROUP_BANDS, band0 = blockIdx.x % GROUP_BANDS * BLOCK_BANDS, band = band0 + slot;
     const int y0 = band * PR * kP;
     const conv_t *__restrict__ xb = x + image_offset(b, kC, kH, kW);
     const int o = 2 * g + kap(t);
-#if STAGED
+#if STAGED == 1
     // q_s[c][s][j] = x[c][band0 * PR * P + s][j .. j+3], tf32-rounded for SPLIT 1 (registry shared_bytes).
     extern __shared__ float4 q_s[];
     for (int e = threadIdx.x; e < kC * SROWS * QW; e += WARPS * 32) {
@@ -194,17 +207,25 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
                             __uint_as_float(to_tf32(v.w)));
         q_s[e] = v;
     }
+#elif STAGED == 2
+    // p_s[c][s][j] = x[c][band0 * PR * P + s][j], zero past W, tf32-rounded for SPLIT 1.
+    extern __shared__ float p_s[];
+    for (int e = threadIdx.x; e < kC * SROWS * PW; e += WARPS * 32) {
+        const int c = e / (SROWS * PW), s = e / PW % SROWS, j = e % PW, row = band0 * PR * kP + s;
+        const float v = row < kH && j < kW ? __ldg(xb + (c * kH + row) * kW + j) : 0.f;
+        p_s[e] = SPLIT == 1 ? __uint_as_float(to_tf32(v)) : v;
+    }
 #endif
     __syncthreads();
     if (band >= BANDS) return;  // the last group of an image may have idle warps
 
-    float acc[GROUPS][TILES][NB][4];
+    float acc[GROUPS][TILES][NBW][4];
 #pragma unroll
     for (int q = 0; q < GROUPS; ++q)
 #pragma unroll
         for (int i = 0; i < TILES; ++i)
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb) acc[q][i][nb][0] = acc[q][i][nb][1] = acc[q][i][nb][2] = acc[q][i][nb][3] = 0.f;
+            for (int nb = 0; nb < NBW; ++nb) acc[q][i][nb][0] = acc[q][i][nb][1] = acc[q][i][nb][2] = acc[q][i][nb][3] = 0.f;
 
 #pragma unroll 1
     for (int c = 0; c < kC; ++c) {
@@ -213,8 +234,12 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
             const bool row_ok = y0 + r < kH;  // false only in an image's last, partial band
 #pragma unroll
             for (int i = 0; i < TILES; ++i) {
-#if STAGED
-                const float4 v = row_ok ? q_s[(c * SROWS + warp * PR * kP + r) * QW + 16 * i + o] : make_float4(0, 0, 0, 0);
+#if STAGED == 1
+                const float4 v = row_ok ? q_s[(c * SROWS + slot * PR * kP + r) * QW + 16 * i + o] : make_float4(0, 0, 0, 0);
+                const AFrag a = fragment(v, SPLIT == 1);
+#elif STAGED == 2
+                const float *src = p_s + (c * SROWS + slot * PR * kP + r) * PW + 16 * i + o;
+                const float4 v = row_ok ? make_float4(src[0], src[1], src[2], src[3]) : make_float4(0, 0, 0, 0);
                 const AFrag a = fragment(v, SPLIT == 1);
 #else
                 const bool inside = 16 * i + 22 < kW;  // the tile's largest o + 3 is 16 i + 22 (folded: i is unrolled)
@@ -226,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
                     const int d = r - q * RP;
                     if (d < 0 || d >= D) continue;
 #pragma unroll
-                    for (int nb = 0; nb < NB; ++nb) mma(acc[q][i][nb], a, b_s[(c * D + d) * NB + nb][lane]);
+                    for (int nb = 0; nb < NBW; ++nb) mma(acc[q][i][nb], a, b_s[(c * D + d) * NB + nb0 + nb][lane]);
                 }
             }
         }
@@ -243,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
 #pragma unroll
         for (int i = 0; i < TILES; ++i) {
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
+            for (int nb = 0; nb < NBW; ++nb) {
                 float v[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
@@ -262,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
                     if (DUPS > 1 && j != dup) continue;  // the lanes sharing two values store one each
-                    const int n = 2 * t + j, m = kM >= 8 ? nb * 8 + n : n % kM;
+                    const int n = 2 * t + j, m = kM >= 8 ? (nb0 + nb) * 8 + n : n % kM;
                     const float s = h[j] + __ldg(bias + m);
                     y[ybase + ((long long)m * H_POOL + ph) * W_POOL + pc] = s < 0.f ? 0.f : s;  // NaN stays NaN
                 }
