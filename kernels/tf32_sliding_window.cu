@@ -93,7 +93,7 @@ constexpr int FRAGS = kC * D * NB;              // distinct B fragments
 constexpr int NBW = NB / MAP_SPLIT;            // n8 map blocks per warp: MAP_SPLIT warps share a band
 constexpr int BLOCK_BANDS = WARPS / MAP_SPLIT;  // bands per block
 constexpr int GROUP_BANDS = (BANDS + BLOCK_BANDS - 1) / BLOCK_BANDS;  // band groups (blocks) per image
-constexpr int SROWS = BLOCK_BANDS * PR * kP + kK - 1 < kH ? BLOCK_BANDS * PR * kP + kK - 1 : kH;  // staged rows per channel
+constexpr int SROWS = BLOCK_BANDS * PR * kP + kK - 1;  // staged rows per channel; those past H hold zeros
 static_assert(NB % MAP_SPLIT == 0 && WARPS % MAP_SPLIT == 0, "see the registry constraints and restrictions");
 constexpr int QW = 16 * TILES + 4;              // quad entries per staged row: the largest o + 1
 constexpr int PW = 16 * TILES + 8;              // plain staged row: the largest o + 3 + 1, rounded up to 4
@@ -199,21 +199,31 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
 #if STAGED == 1
     // q_s[c][s][j] = x[c][band0 * PR * P + s][j .. j+3], tf32-rounded for SPLIT 1 (registry shared_bytes).
     extern __shared__ float4 q_s[];
-    for (int e = threadIdx.x; e < kC * SROWS * QW; e += WARPS * 32) {
-        const int c = e / (SROWS * QW), s = e / QW % SROWS, j = e % QW, row = band0 * PR * kP + s;
-        float4 v = quad(xb + (c * kH + row) * kW, j, row < kH);
-        if (SPLIT == 1)
-            v = make_float4(__uint_as_float(to_tf32(v.x)), __uint_as_float(to_tf32(v.y)), __uint_as_float(to_tf32(v.z)),
-                            __uint_as_float(to_tf32(v.w)));
-        q_s[e] = v;
+    // A warp per staged row, lanes along it: the index arithmetic is per row, not per element
+    // (ncu: the ALU pipe was the busiest, 56%, with per-element divisions here).
+    for (int cs = threadIdx.x >> 5; cs < kC * SROWS; cs += WARPS) {
+        const int row = band0 * PR * kP + cs % SROWS;
+        const float *src = xb + (cs / SROWS * kH + row) * kW;
+#pragma unroll
+        for (int j = lane; j < QW; j += 32) {
+            float4 v = quad(src, j, row < kH);
+            if (SPLIT == 1)
+                v = make_float4(__uint_as_float(to_tf32(v.x)), __uint_as_float(to_tf32(v.y)),
+                                __uint_as_float(to_tf32(v.z)), __uint_as_float(to_tf32(v.w)));
+            q_s[cs * QW + j] = v;
+        }
     }
 #elif STAGED == 2
     // p_s[c][s][j] = x[c][band0 * PR * P + s][j], zero past W, tf32-rounded for SPLIT 1.
     extern __shared__ float p_s[];
-    for (int e = threadIdx.x; e < kC * SROWS * PW; e += WARPS * 32) {
-        const int c = e / (SROWS * PW), s = e / PW % SROWS, j = e % PW, row = band0 * PR * kP + s;
-        const float v = row < kH && j < kW ? __ldg(xb + (c * kH + row) * kW + j) : 0.f;
-        p_s[e] = SPLIT == 1 ? __uint_as_float(to_tf32(v)) : v;
+    for (int cs = threadIdx.x >> 5; cs < kC * SROWS; cs += WARPS) {  // a warp per staged row, as above
+        const int row = band0 * PR * kP + cs % SROWS;
+        const float *src = xb + (cs / SROWS * kH + row) * kW;
+#pragma unroll
+        for (int j = lane; j < PW; j += 32) {
+            const float v = row < kH && j < kW ? __ldg(src + j) : 0.f;
+            p_s[cs * PW + j] = SPLIT == 1 ? __uint_as_float(to_tf32(v)) : v;
+        }
     }
 #endif
     __syncthreads();
@@ -231,16 +241,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
     for (int c = 0; c < kC; ++c) {
 #pragma unroll
         for (int r = 0; r < BAND_ROWS; ++r) {
-            const bool row_ok = y0 + r < kH;  // false only in an image's last, partial band
+#if !STAGED
+            const bool row_ok = y0 + r < kH;  // false only in an image's last, partial band (staged: zero rows)
+#endif
 #pragma unroll
             for (int i = 0; i < TILES; ++i) {
 #if STAGED == 1
-                const float4 v = row_ok ? q_s[(c * SROWS + slot * PR * kP + r) * QW + 16 * i + o] : make_float4(0, 0, 0, 0);
-                const AFrag a = fragment(v, SPLIT == 1);
+                const AFrag a = fragment(q_s[(c * SROWS + slot * PR * kP + r) * QW + 16 * i + o], SPLIT == 1);
 #elif STAGED == 2
                 const float *src = p_s + (c * SROWS + slot * PR * kP + r) * PW + 16 * i + o;
-                const float4 v = row_ok ? make_float4(src[0], src[1], src[2], src[3]) : make_float4(0, 0, 0, 0);
-                const AFrag a = fragment(v, SPLIT == 1);
+                const AFrag a = fragment(make_float4(src[0], src[1], src[2], src[3]), SPLIT == 1);
 #else
                 const bool inside = 16 * i + 22 < kW;  // the tile's largest o + 3 is 16 i + 22 (folded: i is unrolled)
                 const AFrag a = fragment(quad(xb + (c * kH + y0 + r) * kW, 16 * i + o, row_ok, inside), false);
