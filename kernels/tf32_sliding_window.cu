@@ -69,6 +69,9 @@
 #ifndef MAP_SPLIT
 #define MAP_SPLIT 1
 #endif
+#ifndef HALF
+#define HALF 0
+#endif
 
 static_assert(sizeof(conv_t) == 4, "tf32_sliding_window is written for float32");
 
@@ -79,6 +82,7 @@ constexpr int kC = C_FIXED, kM = M_FIXED, kH = H_FIXED, kW = W_FIXED, kK = K_FIX
 static_assert(S_FIXED == 1 && PS_FIXED == P_FIXED, "stride 1, non-overlapping pool");
 static_assert(kK <= 8 && (kP == 2 || kP == 4) && (kM == 4 || kM % 8 == 0) && (SPLIT == 1 || SPLIT == 3),
               "see the registry constraints");
+static_assert(!HALF || (STAGED == 2 && SPLIT == 1), "HALF stages plain rows (as fp16)");
 
 constexpr int H_POOL = (kH - kK + 1 - kP) / kP + 1, W_POOL = (kW - kK + 1 - kP) / kP + 1;
 constexpr int TILES = (W_POOL * kP + 15) / 16;  // 16-pixel tiles covering the columns the pool uses
@@ -97,7 +101,9 @@ constexpr int SROWS = BLOCK_BANDS * PR * kP + kK - 1;  // staged rows per channe
 static_assert(NB % MAP_SPLIT == 0 && WARPS % MAP_SPLIT == 0, "see the registry constraints and restrictions");
 constexpr int QW = 16 * TILES + 4;              // quad entries per staged row: the largest o + 1
 constexpr int PW = 16 * TILES + 8;              // plain staged row: the largest o + 3 + 1, rounded up to 4
-#if SPLIT == 3
+#if HALF
+typedef unsigned bfrag_t;  // b0: {B[2t][g], B[2t+1][g]} as f16x2
+#elif SPLIT == 3
 typedef uint4 bfrag_t;  // {big b0, big b1, small b0, small b1}
 #else
 typedef uint2 bfrag_t;  // {b0, b1}
@@ -117,7 +123,35 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], unsigned a0, unsigned a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ float max_nan(float m, float v) { return (v > m || v != v) ? v : m; }
+// max that keeps a NaN (like layers.cu's maxpool), in one instruction (sm_80+): the epilogue's
+// maxes were 3-4 integer/compare ops each, on a kernel whose busiest pipe is the ALU.
+// fp16 (HALF): mma.m16n8k8 .f16 has A = {a0: (g, 2t..2t+1), a1: (g+8, 2t..2t+1)} and B = {b0:
+// (k 2t..2t+1, n g)}, f16x2 each, fp32 accumulate. With the same pixel order (row g <-> pixel 2g,
+// g+8 <-> 2g+1) and k = kx, a0 = x[e], x[e+1] and a1 = x[e+1], x[e+2] for e = x0 + 2g + 2t (even):
+// one 32-bit LDS each, a1 from a copy of the row shifted by one element so that it is aligned too.
+__device__ __forceinline__ unsigned short to_half(float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source -> upper half
+    return r;
+}
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
+__device__ __forceinline__ float max_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
 
 __device__ __forceinline__ int kap(int t) { return (t & 1) | ((t & 2) << 1); }  // 0, 1, 4, 5
 
@@ -151,11 +185,16 @@ __device__ __forceinline__ AFrag fragment(float4 v, bool rounded) {
 }
 
 __device__ __forceinline__ void mma(float (&acc)[4], const AFrag &a, const bfrag_t &b) {
-#if SPLIT == 3  // the small terms first: they are the ones fp32 accumulation would otherwise lose
+#if HALF
+    mma_f16(acc, a.big[0], a.big[1], b);
+    return;
+#elif SPLIT == 3  // the small terms first: they are the ones fp32 accumulation would otherwise lose
     mma_tf32(acc, a.small[0], a.small[1], a.small[2], a.small[3], b.x, b.y);
     mma_tf32(acc, a.big[0], a.big[1], a.big[2], a.big[3], b.z, b.w);
 #endif
+#if !HALF
     mma_tf32(acc, a.big[0], a.big[1], a.big[2], a.big[3], b.x, b.y);
+#endif
 }
 
 // B fragment (c, d, nb) of this lane: column n = g is map m at conv row offset dr; k index t and
@@ -163,6 +202,12 @@ __device__ __forceinline__ void mma(float (&acc)[4], const AFrag &a, const bfrag
 __device__ bfrag_t make_b(const conv_t *__restrict__ k, int c, int d, int nb, int lane) {
     const int g = lane >> 2, t = lane & 3;
     const int m = kM >= 8 ? nb * 8 + g : g % kM, dr = kM >= 8 ? 0 : g / kM, ky = d - dr;
+#if HALF
+    float h[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) h[j] = ky >= 0 && ky < kK && 2 * t + j < kK ? k[((m * kC + c) * kK + ky) * kK + 2 * t + j] : 0.f;
+    return pack_half2(h[0], h[1]);
+#else
     float w[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -177,6 +222,7 @@ __device__ bfrag_t make_b(const conv_t *__restrict__ k, int c, int d, int nb, in
     b.w = to_tf32(w[1] - __uint_as_float(b.y));
 #endif
     return b;
+#endif
 }
 
 }  // namespace
@@ -211,6 +257,20 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
                 v = make_float4(__uint_as_float(to_tf32(v.x)), __uint_as_float(to_tf32(v.y)),
                                 __uint_as_float(to_tf32(v.z)), __uint_as_float(to_tf32(v.w)));
             q_s[cs * QW + j] = v;
+        }
+    }
+#elif STAGED == 2 && HALF
+    // h_s[c][s][copy][j] = half(x[c][band0 * PR * P + s][j + copy]), zero past W: 4 bytes per element
+    // like the fp32 plain rows.
+    extern __shared__ unsigned short h_s[];
+    for (int cs = threadIdx.x >> 5; cs < kC * SROWS; cs += WARPS) {
+        const int row = band0 * PR * kP + cs % SROWS;
+        const float *src = xb + (cs / SROWS * kH + row) * kW;
+#pragma unroll
+        for (int j = lane; j <= PW; j += 32) {
+            const unsigned short v = to_half(row < kH && j < kW ? __ldg(src + j) : 0.f);
+            if (j < PW) h_s[(cs * 2) * PW + j] = v;
+            if (j > 0) h_s[(cs * 2 + 1) * PW + j - 1] = v;
         }
     }
 #elif STAGED == 2
@@ -248,6 +308,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
             for (int i = 0; i < TILES; ++i) {
 #if STAGED == 1
                 const AFrag a = fragment(q_s[(c * SROWS + slot * PR * kP + r) * QW + 16 * i + o], SPLIT == 1);
+#elif STAGED == 2 && HALF
+                const unsigned short *row = h_s + (c * SROWS + slot * PR * kP + r) * 2 * PW + 16 * i + 2 * (g + t);
+                AFrag a;  // big[0], big[1]: the f16x2 a0, a1
+                a.big[0] = *reinterpret_cast<const unsigned *>(row);
+                a.big[1] = *reinterpret_cast<const unsigned *>(row + PW);
 #elif STAGED == 2
                 const float *src = p_s + (c * SROWS + slot * PR * kP + r) * PW + 16 * i + o;
                 const AFrag a = fragment(make_float4(src[0], src[1], src[2], src[3]), SPLIT == 1);
