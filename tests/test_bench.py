@@ -48,7 +48,7 @@ def write(tmp_path, text: str) -> Path:
 def test_default_bench_file_is_valid():
     config = bench.load_bench_config("bench/default.yaml")
     assert config.batch == 10000 and config.repeats == 20
-    assert [c.variant for c in config.candidates["conv1"]][:3] == ["register_tiled_gemm", "restrict_unroll", "wmma_8x32x16"]
+    assert [c.variant for c in config.candidates["conv1"]][:3] == ["register_tiled_gemm", "restrict_unroll", "fused_conv_relu_pool"]
     assert [c.variant for c in config.candidates["conv2"]][:3] == ["register_tiled_gemm", "wmma_16x16x16", "fp16"]
     first = config.candidates["conv1"][0]
     assert first.params == {"BLOCK_M": 4, "BLOCK_N": 256, "BLOCK_K": 8, "THREAD_M": 4, "THREAD_N": 4}
