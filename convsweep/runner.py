@@ -28,6 +28,19 @@ except ImportError:  # NVTX is optional outside nsys; ranges are only labels
 
 
 _THREADS = 256
+_DENSE_MAX_IMGS = 8  # kernels/layers.cu DENSE_MAX_IMGS: the images a dense block accumulates
+_DENSE_TILE_BYTES = 48 * 1024  # a dense block's image tile: small enough for several blocks per SM
+
+
+def enqueue_dense(gpu: Gpu, kernel, stream, y: DeviceArray, x: DeviceArray, w: DeviceArray, bias: DeviceArray,
+                  n: int) -> None:
+    """y[:n] = x[:n] @ w.T + bias with layers.cu's `dense`: one block per tile of images, the tile
+    as many rows as fit _DENSE_TILE_BYTES of shared memory (1 to _DENSE_MAX_IMGS)."""
+    out_features, in_features = w.shape
+    row_bytes = in_features * w.dtype.itemsize
+    imgs = max(1, min(_DENSE_MAX_IMGS, _DENSE_TILE_BYTES // row_bytes))
+    gpu.launch(stream, kernel, (n + imgs - 1) // imgs, _THREADS, imgs * row_bytes, y.arg, x.arg, w.arg, bias.arg,
+               np.int32(n), np.int32(in_features), np.int32(out_features), np.int32(imgs))
 
 
 def conv_shape(layer, batch: int, dtype: str = "float32", fused: tuple = ()) -> ConvShape:
@@ -225,11 +238,8 @@ class GpuNetwork:
                 elif layer.type == "dense":
                     is_last = layer is self.steps[-1][0]
                     out = logits.rows(0, n) if is_last else lane.outputs[layer.name].rows(0, n)
-                    warps = n * layer.out_features
-                    self.gpu.launch(stream, self.layer_kernels["dense"], (warps * 32 + _THREADS - 1) // _THREADS,
-                                    _THREADS, 0, out.arg, cur.arg, self.weights[f"{layer.name}.weight"].arg,
-                                    self.weights[f"{layer.name}.bias"].arg, np.int32(n),
-                                    np.int32(layer.in_shape[0]), np.int32(layer.out_features))
+                    enqueue_dense(self.gpu, self.layer_kernels["dense"], stream, out, cur,
+                                  self.weights[f"{layer.name}.weight"], self.weights[f"{layer.name}.bias"], n)
                     cur = out
                 else:
                     raise ShapeError(f"{self.network.path}: layer '{layer.name}' has type '{layer.type}' the GPU runner does not know")

@@ -89,6 +89,35 @@ def test_unsupported_shape_is_refused(gpu):
         conv2d(np.zeros((1, 1, 4, 4), np.float32), np.zeros((1, 1, 7, 7), np.float32), np.zeros(1, np.float32), gpu=gpu)
 
 
+@pytest.mark.parametrize("dtype, B, n_in, n_out", [
+    (np.float32, 13, 1000, 3),  # a partial tile, in not a multiple of 32, fewer outputs than warps
+    (np.float32, 10000, 1024, 32),  # LeNet-86's fc1
+    (np.float32, 5, 31, 300),  # more outputs than warps
+    (np.float64, 37, 4000, 10),  # fp64_stride5's fc1: one image per tile
+    (np.float64, 3, 7000, 4),  # a row past the 48 KB tile: one image, more dynamic shared memory
+])
+def test_dense_matches_float64(gpu, dtype, B, n_in, n_out):
+    from convsweep.compile import compile_source
+    from convsweep.runner import enqueue_dense
+    from convsweep.variants import KERNELS_DIR
+
+    build = compile_source(KERNELS_DIR / "layers.cu", "layers", {"CONV_T": "double"} if dtype == np.float64 else {},
+                           gpu.arch)
+    rng = np.random.default_rng()
+    x, w, b = (rng.standard_normal(s).astype(dtype) for s in ((B, n_in), (n_out, n_in), n_out))
+    stream = gpu.stream()
+    dx, dw, db = (gpu.to_device(a, stream) for a in (x, w, b))
+    dy = gpu.alloc((B, n_out), dtype)
+    gpu.fill(dy, 0xFF, stream)
+    enqueue_dense(gpu, gpu.kernel(gpu.module(build), "dense"), stream, dy, dx, dw, db, B)
+    y = np.empty((B, n_out), dtype)
+    gpu.download(dy, y, stream)
+    stream.sync()
+    assert np.isfinite(y).all(), "unwritten (poisoned) outputs"
+    ref = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    assert normwise_error(y, ref) <= (1e-5 if dtype == np.float32 else 1e-12)
+
+
 def spec(profiler: str, **over) -> JobSpec:
     base = dict(experiment="gpu-test", network="networks/lenet86.yaml", dataset="mnist5k",
                 variants={"conv1": "naive", "conv2": "naive"}, params={"conv1": {}, "conv2": {}},
