@@ -22,8 +22,8 @@
 // Mapping: a warp owns one image's band of PR pooled rows (P*PR conv rows, all W_pool * P used
 // columns in TILES tiles of 16) and NB / MAP_SPLIT of the NB n8 blocks of maps (MAP_SPLIT warps
 // share a band: fewer accumulators, more warps per SM); a block owns WARPS / MAP_SPLIT
-// consecutive bands of one image, grid.x = B * ceil(bands / (WARPS / MAP_SPLIT)). For each channel and each of the band's P*PR + K - 1 input rows, a
-// thread loads its A fragment per tile once and issues an mma into every conv row group that row
+// consecutive bands of one image, grid.x = B * ceil(bands / (WARPS / MAP_SPLIT)). For each
+// channel and each of the band's P*PR + K - 1 input rows, a thread loads its A fragment per tile once and issues an mma into every conv row group that row
 // feeds (up to K + RP - 1 of them): loads per mma fall as PR grows, accumulators grow with it.
 // Where A comes from (STAGED):
 //   0  four __ldg per fragment from global memory (L1 hits after the first) and four cvt.rna.
@@ -50,8 +50,10 @@
 // from its mma bound with ~2.5 global loads and 2.5 cvt per mma: hence STAGED.
 // Measured (STAGED 1): conv1 0.563 ms (WARPS 4, PR 2); conv2 0.560 ms (WARPS 8, PR 1), where
 // ncu shows PR 2 at 184 registers, 12.5% occupancy and 27% issue slots busy: hence MAP_SPLIT.
+// Now (STAGED 2, a warp per staged row): conv1 0.487 ms (WARPS 4, PR 2), conv2 0.483 ms (WARPS 8,
+// PR 1); HALF (fp16_sliding_window) conv1 0.414 ms. docs/performance.md has every version.
 // Tunables: WARPS (warps per block), PR (pooled rows per warp), STAGED (where A comes from),
-// MAP_SPLIT (warps per band), SPLIT (1: TF32, 3: 3xTF32).
+// MAP_SPLIT (warps per band), SPLIT (1: TF32, 3: 3xTF32), HALF (fp16 rows and mma, below).
 #include "common.cuh"
 
 #ifndef WARPS
