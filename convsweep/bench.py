@@ -309,10 +309,11 @@ def network_traffic(network, batch: int, fuses: dict[str, tuple]) -> dict:
             plan_bytes += 2 * e * batch * size(layer.in_shape)
         elif layer.type == "maxpool2d":
             plan_bytes += e * batch * (size(layer.in_shape) + size(layer.out_shape))
-        elif layer.type == "dense":
+        elif layer.type == "dense":  # with the relu after it, if any (runner.GpuNetwork._plan)
             n_in, n_out = layer.in_shape[0], layer.out_features
             plan_bytes += e * (batch * n_in + n_out * n_in + n_out + batch * n_out)
             flops += 2 * batch * n_in * n_out
+            skip = len(network.relu_after(layer.name))
     io = batch * (size(network.input_shape) + size(network.layers[-1].out_shape))
     return {"plan_bytes": plan_bytes, "network_bytes": e * (io + weights), "flops": flops,
             "host_bytes": e * io}

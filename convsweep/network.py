@@ -85,6 +85,12 @@ class Network:
                              f"but the variant fuses {', '.join(fuses)} after it")
         return tuple(after)
 
+    def relu_after(self, name: str) -> tuple[Layer, ...]:
+        """The relu right after layer `name` (or nothing): the dense kernel applies it in its epilogue."""
+        index = [layer.name for layer in self.layers].index(name)
+        after = self.layers[index + 1 : index + 2]
+        return tuple(after) if after and after[0].type == "relu" else ()
+
     def layer(self, name: str) -> Layer:
         for layer in self.layers:
             if layer.name == name:

@@ -28,19 +28,18 @@ except ImportError:  # NVTX is optional outside nsys; ranges are only labels
 
 
 _THREADS = 256
-_DENSE_MAX_IMGS = 8  # kernels/layers.cu DENSE_MAX_IMGS: the images a dense block accumulates
-_DENSE_TILE_BYTES = 48 * 1024  # a dense block's image tile: small enough for several blocks per SM
+_DENSE_TILE = 32  # kernels/layers.cu DENSE_TILE_B and DENSE_TILE_N: images x outputs per block
+_DENSE_THREADS = 128  # kernels/layers.cu DENSE_THREADS
 
 
 def enqueue_dense(gpu: Gpu, kernel, stream, y: DeviceArray, x: DeviceArray, w: DeviceArray, bias: DeviceArray,
-                  n: int) -> None:
-    """y[:n] = x[:n] @ w.T + bias with layers.cu's `dense`: one block per tile of images, the tile
-    as many rows as fit _DENSE_TILE_BYTES of shared memory (1 to _DENSE_MAX_IMGS)."""
+                  n: int, relu: bool = False) -> None:
+    """y[:n] = x[:n] @ w.T + bias (ReLU'd with `relu`) with layers.cu's `dense`, a block per tile of
+    _DENSE_TILE images x _DENSE_TILE outputs."""
     out_features, in_features = w.shape
-    row_bytes = in_features * w.dtype.itemsize
-    imgs = max(1, min(_DENSE_MAX_IMGS, _DENSE_TILE_BYTES // row_bytes))
-    gpu.launch(stream, kernel, (n + imgs - 1) // imgs, _THREADS, imgs * row_bytes, y.arg, x.arg, w.arg, bias.arg,
-               np.int32(n), np.int32(in_features), np.int32(out_features), np.int32(imgs))
+    grid = ((n + _DENSE_TILE - 1) // _DENSE_TILE, (out_features + _DENSE_TILE - 1) // _DENSE_TILE)
+    gpu.launch(stream, kernel, grid, _DENSE_THREADS, 0, y.arg, x.arg, w.arg, bias.arg,
+               np.int32(n), np.int32(in_features), np.int32(out_features), np.int32(relu))
 
 
 def conv_shape(layer, batch: int, dtype: str = "float32", fused: tuple = ()) -> ConvShape:
@@ -183,13 +182,17 @@ class GpuNetwork:
         return conv_shape(layer, batch, self.network.dtype, fused)
 
     def _plan(self, variants) -> list[tuple]:
-        """(layer, layers it stands for): a variant that fuses relu/maxpool swallows those layers."""
+        """(layer, layers it stands for): a variant that fuses relu/maxpool swallows those layers, and
+        a dense layer the relu right after it."""
         steps, skip = [], 0
         for layer in self.network.layers:
             if skip:
                 skip -= 1
                 continue
-            fused = self.network.fused_layers(layer.name, variants[layer.name].fuses) if layer.type == "conv2d" else ()
+            if layer.type == "conv2d":
+                fused = self.network.fused_layers(layer.name, variants[layer.name].fuses)
+            else:
+                fused = self.network.relu_after(layer.name) if layer.type == "dense" else ()
             steps.append((layer, fused))
             skip = len(fused)
         return steps
@@ -239,7 +242,8 @@ class GpuNetwork:
                     is_last = layer is self.steps[-1][0]
                     out = logits.rows(0, n) if is_last else lane.outputs[layer.name].rows(0, n)
                     enqueue_dense(self.gpu, self.layer_kernels["dense"], stream, out, cur,
-                                  self.weights[f"{layer.name}.weight"], self.weights[f"{layer.name}.bias"], n)
+                                  self.weights[f"{layer.name}.weight"], self.weights[f"{layer.name}.bias"], n,
+                                  relu=bool(fused))
                     cur = out
                 else:
                     raise ShapeError(f"{self.network.path}: layer '{layer.name}' has type '{layer.type}' the GPU runner does not know")

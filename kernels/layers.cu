@@ -26,41 +26,57 @@ extern "C" __global__ void maxpool2d(conv_t *__restrict__ y, const conv_t *__res
     y[i] = m;
 }
 
-// y[b][j] = bias[j] + sum_i x[b][i] * w[j][i], one block per tile of `imgs` consecutive images.
-// Why: one warp per (image, output) re-read the image's row for every output; LeNet-86's fc1
-// (B=10000, 1024 -> 32) read its 41 MB input 32 times, and fc1+relu3+fc2 took ~0.15 ms of a
-// 1.25 ms forward pass on an H100. Here the tile's rows go to shared memory once, then warps take
-// outputs j round-robin: lanes stride over i, so each coalesced load of w[j][i] feeds imgs FMAs
-// from shared memory, and each image's 32 partial sums meet in an xor-shuffle tree (every lane
-// ends with the sum; lane t writes image t). Bounds: one shared-memory load per FMA, and every
-// block re-reads all of w from L2 (fc1: 128 KB per 8 images). The runner picks imgs so the tile
-// fits 48 KB (at least one image), so fp64_stride5's 4000-double rows get one image per block and
-// its 320 KB of weights are read once per image.
-#define DENSE_MAX_IMGS 8  // accumulators per lane (<= 32: lane t writes image t); runner._DENSE_MAX_IMGS
+// y[b][j] = bias[j] + sum_i x[b][i] * w[j][i], then ReLU when `relu` (a following relu layer, fused
+// by the runner): a register-tiled GEMM. A block computes DENSE_TILE_B images x DENSE_TILE_N
+// outputs, staging DENSE_TILE_K-wide slices of x and w in shared memory; a thread owns 2 images x 4
+// outputs, so each shared load feeds 2-4 FMAs. Why: the kernel before it (a warp per output, lanes
+// along i) did one shared load per FMA; LeNet-86's fc1 (B=10000, 1024 -> 32: 0.33 G FMA) was bound
+// by shared-memory wavefronts, ~0.1 ms of a 1.0 ms forward on an H100. Rows are DENSE_TILE_K + 4
+// apart: a warp's 4 image rows and 8 output rows fall in distinct banks, and the loads along k
+// vectorize (16-byte aligned rows).
+#define DENSE_TILE_B 32
+#define DENSE_TILE_N 32
+#define DENSE_TILE_K 32
+#define DENSE_THREADS 128  // runner._DENSE_THREADS, _DENSE_TILE
 
-extern "C" __global__ void dense(conv_t *__restrict__ y, const conv_t *__restrict__ x,
-                                 const conv_t *__restrict__ w, const conv_t *__restrict__ bias,
-                                 int B, int in_features, int out_features, int imgs) {
-    extern __shared__ conv_t xs[];  // [n][in_features]: the tile's rows, contiguous in x too
-    const int b0 = blockIdx.x * imgs, n = min(imgs, B - b0);
-    const conv_t *xt = x + (long long)b0 * in_features;
-    for (int k = threadIdx.x; k < n * in_features; k += blockDim.x) xs[k] = xt[k];
-    __syncthreads();
-    const int lane = threadIdx.x % 32;
-    for (int j = threadIdx.x / 32; j < out_features; j += blockDim.x / 32) {
-        const conv_t *wr = w + (long long)j * in_features;
-        conv_t acc[DENSE_MAX_IMGS] = {};
-        for (int i = lane; i < in_features; i += 32) {
-            const conv_t wv = wr[i];
-#pragma unroll
-            for (int t = 0; t < DENSE_MAX_IMGS; ++t)
-                if (t < n) acc[t] += xs[t * in_features + i] * wv;
+extern "C" __global__ void __launch_bounds__(DENSE_THREADS)
+dense(conv_t *__restrict__ y, const conv_t *__restrict__ x, const conv_t *__restrict__ w,
+      const conv_t *__restrict__ bias, int B, int in_features, int out_features, int relu) {
+    constexpr int LD = DENSE_TILE_K + 4;
+    __shared__ __align__(16) conv_t xs[DENSE_TILE_B][LD];
+    __shared__ __align__(16) conv_t ws[DENSE_TILE_N][LD];
+    const int tx = threadIdx.x % 8, ty = threadIdx.x / 8;  // outputs j0 + tx + 8c, images b0 + ty + 16a
+    const int b0 = blockIdx.x * DENSE_TILE_B, j0 = blockIdx.y * DENSE_TILE_N;
+    conv_t acc[2][4] = {};
+    for (int k0 = 0; k0 < in_features; k0 += DENSE_TILE_K) {
+        // Lanes along k: coalesced rows of x and w, consecutive banks.
+        for (int e = threadIdx.x; e < DENSE_TILE_B * DENSE_TILE_K; e += DENSE_THREADS) {
+            const int r = e / DENSE_TILE_K, kk = e % DENSE_TILE_K, k = k0 + kk;
+            xs[r][kk] = b0 + r < B && k < in_features ? x[(long long)(b0 + r) * in_features + k] : conv_t(0);
+            ws[r][kk] = j0 + r < out_features && k < in_features ? w[(long long)(j0 + r) * in_features + k] : conv_t(0);
         }
+        __syncthreads();
 #pragma unroll
-        for (int t = 0; t < DENSE_MAX_IMGS; ++t) {
-            if (t >= n) break;  // n is the same for the whole block, so the shuffles stay converged
-            for (int off = 16; off > 0; off /= 2) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off);
-            if (lane == t) y[(long long)(b0 + t) * out_features + j] = acc[t] + bias[j];
+        for (int kk = 0; kk < DENSE_TILE_K; ++kk) {
+            conv_t xv[2], wv[4];
+#pragma unroll
+            for (int a = 0; a < 2; ++a) xv[a] = xs[ty + 16 * a][kk];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) wv[c] = ws[tx + 8 * c][kk];
+#pragma unroll
+            for (int a = 0; a < 2; ++a)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[a][c] += xv[a] * wv[c];
         }
+        __syncthreads();
     }
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int b = b0 + ty + 16 * a, j = j0 + tx + 8 * c;
+            if (b >= B || j >= out_features) continue;
+            const conv_t v = acc[a][c] + bias[j];
+            y[(long long)b * out_features + j] = relu && v < conv_t(0) ? conv_t(0) : v;  // NaN stays NaN
+        }
 }

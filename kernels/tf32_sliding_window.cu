@@ -85,6 +85,15 @@ static_assert(S_FIXED == 1 && PS_FIXED == P_FIXED, "stride 1, non-overlapping po
 static_assert(kK <= 8 && (kP == 2 || kP == 4) && (kM == 4 || kM % 8 == 0) && (SPLIT == 1 || SPLIT == 3),
               "see the registry constraints");
 static_assert(!HALF || (STAGED == 2 && SPLIT == 1), "HALF stages plain rows (as fp16)");
+// HALF pairs up k: one mma.m16n8k16 does the work of two m16n8k8 for the same A and B loads.
+// CPAIR (an even channel count): k 0-7 are kx of channel c, k 8-15 kx of channel c + 1.
+// RPAIR (odd C, M = 4 so row groups start at even band rows, odd K so a group reads an even
+// number of rows): k 8-15 are kx of the next input row, against the next kernel row.
+// Otherwise m16n8k8.
+#define CPAIR (HALF && C_FIXED % 2 == 0)
+#define RPAIR (HALF && !CPAIR && M_FIXED == 4 && K_FIXED % 2 == 1)
+constexpr int CSTEP = CPAIR ? 2 : 1;  // channels per mma
+constexpr int DSTEP = RPAIR ? 2 : 1;  // input rows (kernel rows) per mma
 
 constexpr int H_POOL = (kH - kK + 1 - kP) / kP + 1, W_POOL = (kW - kK + 1 - kP) / kP + 1;
 constexpr int TILES = (W_POOL * kP + 15) / 16;  // 16-pixel tiles covering the columns the pool uses
@@ -95,15 +104,18 @@ constexpr int GROUPS = PR * G;                  // row groups of a warp's band
 constexpr int D = kK + RP - 1;                  // input-row offsets one row group reads
 constexpr int BAND_ROWS = PR * kP + kK - 1;     // input rows a band reads
 constexpr int BANDS = (H_POOL + PR - 1) / PR;   // bands per image
-constexpr int FRAGS = kC * D * NB;              // distinct B fragments
+constexpr int FRAGS = kC / CSTEP * (D / DSTEP) * NB;  // distinct B fragments
 constexpr int NBW = NB / MAP_SPLIT;            // n8 map blocks per warp: MAP_SPLIT warps share a band
 constexpr int BLOCK_BANDS = WARPS / MAP_SPLIT;  // bands per block
 constexpr int GROUP_BANDS = (BANDS + BLOCK_BANDS - 1) / BLOCK_BANDS;  // band groups (blocks) per image
 constexpr int SROWS = BLOCK_BANDS * PR * kP + kK - 1;  // staged rows per channel; those past H hold zeros
+static_assert(!RPAIR || (RP == 2 && D % 2 == 0 && BAND_ROWS % 2 == 0), "row pairs start at even band rows");
 static_assert(NB % MAP_SPLIT == 0 && WARPS % MAP_SPLIT == 0, "see the registry constraints and restrictions");
 constexpr int QW = 16 * TILES + 4;              // quad entries per staged row: the largest o + 1
 constexpr int PW = 16 * TILES + 8;              // plain staged row: the largest o + 3 + 1, rounded up to 4
-#if HALF
+#if CPAIR || RPAIR
+typedef uint2 bfrag_t;  // b0, b1: {B[2t][g], B[2t+1][g]} of the pair's two channels or kernel rows
+#elif HALF
 typedef unsigned bfrag_t;  // b0: {B[2t][g], B[2t+1][g]} as f16x2
 #elif SPLIT == 3
 typedef uint4 bfrag_t;  // {big b0, big b1, small b0, small b1}
@@ -149,6 +161,16 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], unsigned a0, unsigned a1,
         : "r"(a0), "r"(a1), "r"(b0));
 }
 
+// m16n8k16 .f16 (CPAIR, RPAIR): A = {a0, a1} as m16n8k8's for k 0-7, {a2, a3} the same for k 8-15; B =
+// {b0: (k 2t..2t+1, n g), b1: (k 2t+8..2t+9, n g)}.
+__device__ __forceinline__ void mma_f16_k16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                            unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ float max_nan(float a, float b) {
     float r;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
@@ -187,7 +209,10 @@ __device__ __forceinline__ AFrag fragment(float4 v, bool rounded) {
 }
 
 __device__ __forceinline__ void mma(float (&acc)[4], const AFrag &a, const bfrag_t &b) {
-#if HALF
+#if CPAIR || RPAIR
+    mma_f16_k16(acc, a.big[0], a.big[1], a.big[2], a.big[3], b.x, b.y);
+    return;
+#elif HALF
     mma_f16(acc, a.big[0], a.big[1], b);
     return;
 #elif SPLIT == 3  // the small terms first: they are the ones fp32 accumulation would otherwise lose
@@ -200,15 +225,27 @@ __device__ __forceinline__ void mma(float (&acc)[4], const AFrag &a, const bfrag
 }
 
 // B fragment (c, d, nb) of this lane: column n = g is map m at conv row offset dr; k index t and
-// t + 4 are kernel columns kap(t) and kap(t) + 2 of kernel row d - dr.
+// t + 4 are kernel columns kap(t) and kap(t) + 2 of kernel row d - dr (HALF: k 2t, 2t + 1 are
+// kernel columns 2t, 2t + 1; CPAIR: of channels c and c + 1, RPAIR: of kernel rows d and d + 1).
 __device__ bfrag_t make_b(const conv_t *__restrict__ k, int c, int d, int nb, int lane) {
     const int g = lane >> 2, t = lane & 3;
     const int m = kM >= 8 ? nb * 8 + g : g % kM, dr = kM >= 8 ? 0 : g / kM, ky = d - dr;
 #if HALF
-    float h[2];
+    unsigned h2[2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) h[j] = ky >= 0 && ky < kK && 2 * t + j < kK ? k[((m * kC + c) * kK + ky) * kK + 2 * t + j] : 0.f;
-    return pack_half2(h[0], h[1]);
+    for (int p = 0; p < CSTEP * DSTEP; ++p) {
+        const int cp = CPAIR ? c + p : c, kyp = RPAIR ? ky + p : ky;
+        float h[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            h[j] = kyp >= 0 && kyp < kK && 2 * t + j < kK ? k[((m * kC + cp) * kK + kyp) * kK + 2 * t + j] : 0.f;
+        h2[p] = pack_half2(h[0], h[1]);
+    }
+#if CPAIR || RPAIR
+    return make_uint2(h2[0], h2[1]);
+#else
+    return h2[0];
+#endif
 #else
     float w[2];
 #pragma unroll
@@ -230,10 +267,10 @@ __device__ bfrag_t make_b(const conv_t *__restrict__ k, int c, int d, int nb, in
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(CONV_ARGS, POOL_ARGS) {
-    // b_s[f][lane], f = (c * D + d) * NB + nb, built once per block.
+    // b_s[f][lane], f = (c / CSTEP * (D / DSTEP) + d / DSTEP) * NB + nb, built once per block.
     __shared__ bfrag_t b_s[FRAGS][32];
     for (int e = threadIdx.x; e < FRAGS * 32; e += WARPS * 32) {
-        const int f = e >> 5, nb = f % NB, d = (f / NB) % D, c = f / (NB * D);
+        const int f = e >> 5, nb = f % NB, d = (f / NB) % (D / DSTEP) * DSTEP, c = f / (NB * (D / DSTEP)) * CSTEP;
         b_s[f][e & 31] = make_b(k, c, d, nb, e & 31);
     }
     (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS;
@@ -300,9 +337,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
             for (int nb = 0; nb < NBW; ++nb) acc[q][i][nb][0] = acc[q][i][nb][1] = acc[q][i][nb][2] = acc[q][i][nb][3] = 0.f;
 
 #pragma unroll 1
-    for (int c = 0; c < kC; ++c) {
+    for (int c = 0; c < kC; c += CSTEP) {
 #pragma unroll
-        for (int r = 0; r < BAND_ROWS; ++r) {
+        for (int r = 0; r < BAND_ROWS; r += DSTEP) {
 #if !STAGED
             const bool row_ok = y0 + r < kH;  // false only in an image's last, partial band (staged: zero rows)
 #endif
@@ -312,9 +349,14 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
                 const AFrag a = fragment(q_s[(c * SROWS + slot * PR * kP + r) * QW + 16 * i + o], SPLIT == 1);
 #elif STAGED == 2 && HALF
                 const unsigned short *row = h_s + (c * SROWS + slot * PR * kP + r) * 2 * PW + 16 * i + 2 * (g + t);
-                AFrag a;  // big[0], big[1]: the f16x2 a0, a1
+                AFrag a;  // big[0], big[1]: the f16x2 a0, a1; a2, a3 from channel c + 1 (CPAIR) or row r + 1
                 a.big[0] = *reinterpret_cast<const unsigned *>(row);
                 a.big[1] = *reinterpret_cast<const unsigned *>(row + PW);
+#if CPAIR || RPAIR
+                constexpr int PAIR = CPAIR ? SROWS * 2 * PW : 2 * PW;  // the pair's second row
+                a.big[2] = *reinterpret_cast<const unsigned *>(row + PAIR);
+                a.big[3] = *reinterpret_cast<const unsigned *>(row + PAIR + PW);
+#endif
 #elif STAGED == 2
                 const float *src = p_s + (c * SROWS + slot * PR * kP + r) * PW + 16 * i + o;
                 const AFrag a = fragment(make_float4(src[0], src[1], src[2], src[3]), SPLIT == 1);
@@ -328,7 +370,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
                     const int d = r - q * RP;
                     if (d < 0 || d >= D) continue;
 #pragma unroll
-                    for (int nb = 0; nb < NBW; ++nb) mma(acc[q][i][nb], a, b_s[(c * D + d) * NB + nb0 + nb][lane]);
+                    for (int nb = 0; nb < NBW; ++nb)
+                        mma(acc[q][i][nb], a, b_s[(c / CSTEP * (D / DSTEP) + d / DSTEP) * NB + nb0 + nb][lane]);
                 }
             }
         }

@@ -24,6 +24,7 @@ SHAPES = {  # B, C, M, H, W, K, S, and the pool (window, stride) a variant fusin
     "odd-sizes": (3, 3, 5, 23, 19, 5, 1, (2, 2)),
     "c-greater-than-m-k3-stride2": (2, 8, 2, 17, 17, 3, 2, (3, 2)),
     "batch-1-k5": (1, 2, 3, 12, 12, 5, 1, (5, 1)),
+    "even-c-m8-k5": (3, 6, 8, 21, 19, 5, 1, (2, 2)),  # inside the sliding-window constraints: 3 channel pairs
 }
 REGISTRY = load_registry()
 CASES = [(name, params) for name, var in REGISTRY.items() if not var.is_cpu for params in var.all_combinations()]
@@ -89,14 +90,15 @@ def test_unsupported_shape_is_refused(gpu):
         conv2d(np.zeros((1, 1, 4, 4), np.float32), np.zeros((1, 1, 7, 7), np.float32), np.zeros(1, np.float32), gpu=gpu)
 
 
-@pytest.mark.parametrize("dtype, B, n_in, n_out", [
-    (np.float32, 13, 1000, 3),  # a partial tile, in not a multiple of 32, fewer outputs than warps
-    (np.float32, 10000, 1024, 32),  # LeNet-86's fc1
-    (np.float32, 5, 31, 300),  # more outputs than warps
-    (np.float64, 37, 4000, 10),  # fp64_stride5's fc1: one image per tile
-    (np.float64, 3, 7000, 4),  # a row past the 48 KB tile: one image, more dynamic shared memory
+@pytest.mark.parametrize("dtype, B, n_in, n_out, relu", [
+    (np.float32, 13, 1000, 3, False),  # a partial tile of images and of outputs, in not a multiple of the k tile
+    (np.float32, 10000, 1024, 32, True),  # LeNet-86's fc1, with relu3 fused
+    (np.float32, 10000, 32, 10, False),  # LeNet-86's fc2
+    (np.float32, 5, 31, 300, True),  # several output tiles
+    (np.float64, 37, 4000, 10, False),  # fp64_stride5's fc1
+    (np.float64, 3, 7000, 40, True),
 ])
-def test_dense_matches_float64(gpu, dtype, B, n_in, n_out):
+def test_dense_matches_float64(gpu, dtype, B, n_in, n_out, relu):
     from convsweep.compile import compile_source
     from convsweep.runner import enqueue_dense
     from convsweep.variants import KERNELS_DIR
@@ -109,12 +111,15 @@ def test_dense_matches_float64(gpu, dtype, B, n_in, n_out):
     dx, dw, db = (gpu.to_device(a, stream) for a in (x, w, b))
     dy = gpu.alloc((B, n_out), dtype)
     gpu.fill(dy, 0xFF, stream)
-    enqueue_dense(gpu, gpu.kernel(gpu.module(build), "dense"), stream, dy, dx, dw, db, B)
+    enqueue_dense(gpu, gpu.kernel(gpu.module(build), "dense"), stream, dy, dx, dw, db, B, relu=relu)
     y = np.empty((B, n_out), dtype)
     gpu.download(dy, y, stream)
     stream.sync()
     assert np.isfinite(y).all(), "unwritten (poisoned) outputs"
     ref = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    if relu:
+        ref = np.maximum(ref, 0.0)
+        assert (y == 0).any() and (y > 0).any()
     assert normwise_error(y, ref) <= (1e-5 if dtype == np.float32 else 1e-12)
 
 

@@ -250,6 +250,7 @@ def test_fused_layers_must_follow_the_conv():
     lenet = load_network(REPO / "networks" / "lenet86.yaml")
     assert [layer.name for layer in lenet.fused_layers("conv1", ("relu", "maxpool"))] == ["relu1", "pool1"]
     assert lenet.fused_layers("conv2", ()) == ()
+    assert [layer.name for layer in lenet.relu_after("fc1")] == ["relu3"] and lenet.relu_after("fc2") == ()
     fp64 = load_network(REPO / "networks" / "fp64_stride5.yaml")
     with pytest.raises(ShapeError, match="conv1 is followed by relu, flatten, but the variant fuses relu, maxpool"):
         fp64.fused_layers("conv1", ("relu", "maxpool"))
