@@ -29,33 +29,49 @@ extern "C" __global__ void maxpool2d(conv_t *__restrict__ y, const conv_t *__res
 // y[b][j] = bias[j] + sum_i x[b][i] * w[j][i], then ReLU when `relu` (a following relu layer, fused
 // by the runner): a register-tiled GEMM. A block computes DENSE_TILE_B images x DENSE_TILE_N
 // outputs, staging DENSE_TILE_K-wide slices of x and w in shared memory; a thread owns 2 images x 4
-// outputs, so each shared load feeds 2-4 FMAs. Why: the kernel before it (a warp per output, lanes
-// along i) did one shared load per FMA; LeNet-86's fc1 (B=10000, 1024 -> 32: 0.33 G FMA) was bound
-// by shared-memory wavefronts, ~0.1 ms of a 1.0 ms forward on an H100. Rows are DENSE_TILE_K + 4
-// apart: a warp's 4 image rows and 8 output rows fall in distinct banks, and the loads along k
-// vectorize (16-byte aligned rows).
+// outputs, so each shared load feeds 2-4 FMAs, and loads the next slice into registers while it
+// computes on this one (a block's slice is 16 KB of loads in flight). Why: the kernel before it (a
+// warp per output, lanes along i) did one shared load per FMA; LeNet-86's fc1 (B=10000, 1024 -> 32,
+// 0.33 G FMA) took ~0.1 ms of a 1.0 ms forward on an H100. Rows are DENSE_TILE_K + 4 apart: a
+// warp's 4 image rows and 8 output rows fall in distinct banks, and loads along k vectorize.
 #define DENSE_TILE_B 32
 #define DENSE_TILE_N 32
-#define DENSE_TILE_K 32
+#define DENSE_TILE_K 64
 #define DENSE_THREADS 128  // runner._DENSE_THREADS, _DENSE_TILE
 
 extern "C" __global__ void __launch_bounds__(DENSE_THREADS)
 dense(conv_t *__restrict__ y, const conv_t *__restrict__ x, const conv_t *__restrict__ w,
       const conv_t *__restrict__ bias, int B, int in_features, int out_features, int relu) {
-    constexpr int LD = DENSE_TILE_K + 4;
+    static_assert(DENSE_TILE_B == DENSE_TILE_N, "one loop stages both tiles");
+    constexpr int LD = DENSE_TILE_K + 4, ROW_STEP = DENSE_THREADS / DENSE_TILE_K, ROWS = DENSE_TILE_B / ROW_STEP;
     __shared__ __align__(16) conv_t xs[DENSE_TILE_B][LD];
     __shared__ __align__(16) conv_t ws[DENSE_TILE_N][LD];
     const int tx = threadIdx.x % 8, ty = threadIdx.x / 8;  // outputs j0 + tx + 8c, images b0 + ty + 16a
     const int b0 = blockIdx.x * DENSE_TILE_B, j0 = blockIdx.y * DENSE_TILE_N;
+    // Staging: this thread's column kk of rows r0 + l * ROW_STEP of both tiles (lanes along k: coalesced).
+    const int kk0 = threadIdx.x % DENSE_TILE_K, r0 = threadIdx.x / DENSE_TILE_K;
+    const conv_t *xp = x + (long long)(b0 + r0) * in_features + kk0, *wp = w + (long long)(j0 + r0) * in_features + kk0;
+    const long long step = (long long)ROW_STEP * in_features;
+    conv_t xn[ROWS], wn[ROWS];  // the next slice
+    auto fetch = [&](int k0) {
+        const bool k_ok = k0 + kk0 < in_features;
+#pragma unroll
+        for (int l = 0; l < ROWS; ++l) {
+            xn[l] = k_ok && b0 + r0 + l * ROW_STEP < B ? xp[l * step + k0] : conv_t(0);
+            wn[l] = k_ok && j0 + r0 + l * ROW_STEP < out_features ? wp[l * step + k0] : conv_t(0);
+        }
+    };
     conv_t acc[2][4] = {};
+    fetch(0);
     for (int k0 = 0; k0 < in_features; k0 += DENSE_TILE_K) {
-        // Lanes along k: coalesced rows of x and w, consecutive banks.
-        for (int e = threadIdx.x; e < DENSE_TILE_B * DENSE_TILE_K; e += DENSE_THREADS) {
-            const int r = e / DENSE_TILE_K, kk = e % DENSE_TILE_K, k = k0 + kk;
-            xs[r][kk] = b0 + r < B && k < in_features ? x[(long long)(b0 + r) * in_features + k] : conv_t(0);
-            ws[r][kk] = j0 + r < out_features && k < in_features ? w[(long long)(j0 + r) * in_features + k] : conv_t(0);
+        __syncthreads();  // the previous slice is consumed
+#pragma unroll
+        for (int l = 0; l < ROWS; ++l) {
+            xs[r0 + l * ROW_STEP][kk0] = xn[l];
+            ws[r0 + l * ROW_STEP][kk0] = wn[l];
         }
         __syncthreads();
+        if (k0 + DENSE_TILE_K < in_features) fetch(k0 + DENSE_TILE_K);
 #pragma unroll
         for (int kk = 0; kk < DENSE_TILE_K; ++kk) {
             conv_t xv[2], wv[4];
@@ -68,7 +84,6 @@ dense(conv_t *__restrict__ y, const conv_t *__restrict__ x, const conv_t *__rest
 #pragma unroll
                 for (int c = 0; c < 4; ++c) acc[a][c] += xv[a] * wv[c];
         }
-        __syncthreads();
     }
 #pragma unroll
     for (int a = 0; a < 2; ++a)

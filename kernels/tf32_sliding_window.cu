@@ -113,6 +113,7 @@ static_assert(!RPAIR || (RP == 2 && D % 2 == 0 && BAND_ROWS % 2 == 0), "row pair
 static_assert(NB % MAP_SPLIT == 0 && WARPS % MAP_SPLIT == 0, "see the registry constraints and restrictions");
 constexpr int QW = 16 * TILES + 4;              // quad entries per staged row: the largest o + 1
 constexpr int PW = 16 * TILES + 8;              // plain staged row: the largest o + 3 + 1, rounded up to 4
+constexpr int STAGE_BATCH = 8;                  // staged rows a warp loads before storing them
 #if CPAIR || RPAIR
 typedef uint2 bfrag_t;  // b0, b1: {B[2t][g], B[2t+1][g]} of the pair's two channels or kernel rows
 #elif HALF
@@ -269,7 +270,8 @@ __device__ bfrag_t make_b(const conv_t *__restrict__ k, int c, int d, int nb, in
 extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(CONV_ARGS, POOL_ARGS) {
     // b_s[f][lane], f = (c / CSTEP * (D / DSTEP) + d / DSTEP) * NB + nb, built once per block.
     __shared__ bfrag_t b_s[FRAGS][32];
-    for (int e = threadIdx.x; e < FRAGS * 32; e += WARPS * 32) {
+#pragma unroll 4
+    for (int e = threadIdx.x; e < FRAGS * 32; e += WARPS * 32) {  // unrolled: several loads in flight
         const int f = e >> 5, nb = f % NB, d = (f / NB) % (D / DSTEP) * DSTEP, c = f / (NB * (D / DSTEP)) * CSTEP;
         b_s[f][e & 31] = make_b(k, c, d, nb, e & 31);
     }
@@ -298,30 +300,45 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(C
             q_s[cs * QW + j] = v;
         }
     }
-#elif STAGED == 2 && HALF
-    // h_s[c][s][copy][j] = half(x[c][band0 * PR * P + s][j + copy]), zero past W: 4 bytes per element
-    // like the fp32 plain rows.
-    extern __shared__ unsigned short h_s[];
-    for (int cs = threadIdx.x >> 5; cs < kC * SROWS; cs += WARPS) {
-        const int row = band0 * PR * kP + cs % SROWS;
-        const float *src = xb + (cs / SROWS * kH + row) * kW;
-#pragma unroll
-        for (int j = lane; j <= PW; j += 32) {
-            const unsigned short v = to_half(row < kH && j < kW ? __ldg(src + j) : 0.f);
-            if (j < PW) h_s[(cs * 2) * PW + j] = v;
-            if (j > 0) h_s[(cs * 2 + 1) * PW + j - 1] = v;
-        }
-    }
 #elif STAGED == 2
-    // p_s[c][s][j] = x[c][band0 * PR * P + s][j], zero past W, tf32-rounded for SPLIT 1.
+    // HALF: h_s[c][s][copy][j] = half(x[c][band0 * PR * P + s][j + copy]), 4 bytes per element like
+    // the fp32 rows. Otherwise p_s[c][s][j] = x[c][band0 * PR * P + s][j], tf32-rounded for SPLIT 1.
+    // Zero past W and H. A warp per row, lanes along it (index math per row, not per element), and
+    // the loads of STAGE_BATCH rows go out before any of their stores: with one row at a time, a
+    // warp had one or two loads in flight and fp16 conv2 waited on them (ncu: 56% of its stalls).
+#if HALF
+    extern __shared__ unsigned short h_s[];
+#else
     extern __shared__ float p_s[];
-    for (int cs = threadIdx.x >> 5; cs < kC * SROWS; cs += WARPS) {  // a warp per staged row, as above
-        const int row = band0 * PR * kP + cs % SROWS;
-        const float *src = xb + (cs / SROWS * kH + row) * kW;
+#endif
+    constexpr int NJ = (PW + HALF + 31) / 32;  // elements per lane and row (HALF: PW + 1, for the shifted copy)
+    for (int cs0 = threadIdx.x >> 5; cs0 < kC * SROWS; cs0 += WARPS * STAGE_BATCH) {
+        float v[STAGE_BATCH][NJ];
 #pragma unroll
-        for (int j = lane; j < PW; j += 32) {
-            const float v = row < kH && j < kW ? __ldg(src + j) : 0.f;
-            p_s[cs * PW + j] = SPLIT == 1 ? __uint_as_float(to_tf32(v)) : v;
+        for (int u = 0; u < STAGE_BATCH; ++u) {
+            const int cs = cs0 + u * WARPS, row = band0 * PR * kP + cs % SROWS;
+            const float *src = xb + (cs / SROWS * kH + row) * kW;
+#pragma unroll
+            for (int jj = 0; jj < NJ; ++jj) {
+                const int j = lane + 32 * jj;
+                v[u][jj] = cs < kC * SROWS && row < kH && j < kW ? __ldg(src + j) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < STAGE_BATCH; ++u) {
+            const int cs = cs0 + u * WARPS;
+            if (cs >= kC * SROWS) break;
+#pragma unroll
+            for (int jj = 0; jj < NJ; ++jj) {
+                const int j = lane + 32 * jj;
+#if HALF
+                const unsigned short h = to_half(v[u][jj]);
+                if (j < PW) h_s[cs * 2 * PW + j] = h;
+                if (j > 0 && j <= PW) h_s[(cs * 2 + 1) * PW + j - 1] = h;
+#else
+                if (j < PW) p_s[cs * PW + j] = SPLIT == 1 ? __uint_as_float(to_tf32(v[u][jj])) : v[u][jj];
+#endif
+            }
         }
     }
 #endif
