@@ -26,7 +26,7 @@ def one_error_line(proc) -> str:
 def test_jobs_lists_the_default_matrix():
     proc = convsweep("jobs", "--config", str(ROOT / "experiments.yaml"))
     assert proc.returncode == 0
-    assert len(proc.stdout.strip().splitlines()) == 12  # naive, fused_conv_relu_pool, tf32_sliding_window, reference at three batches
+    assert len(proc.stdout.strip().splitlines()) == 15  # five variants (experiments.yaml) at three batches
 
 
 def test_bad_config_is_one_line(tmp_path):
