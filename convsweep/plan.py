@@ -66,7 +66,8 @@ class SweepPlan:
             var = get_variant(job.variants[layer.name])
             if not var.is_cpu:
                 params = var.resolve_params(job.params.get(layer.name), f"params.{layer.name}")
-                macros = var.defines(params, conv_shape(layer, 1, network.dtype))
+                fused = network.fused_layers(layer.name, var.fuses)  # a fused max-pool sets P, PS
+                macros = var.defines(params, conv_shape(layer, 1, network.dtype, fused))
                 builds[build_id(var.name, macros)] = (var.name, macros)
         return builds
 

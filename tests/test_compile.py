@@ -110,3 +110,27 @@ def test_shape_fixing_variants_build_per_shape_and_need_the_shape():
 
     with pytest.raises(ConfigError, match="compiled per layer shape"):
         compile_variant(var, var.defaults(), "sm_90")
+
+
+def test_the_default_sweep_builds_what_its_jobs_run():
+    """The Snakefile's compile rule builds each job's kernels for the shape the job runs (a fused
+    max-pool included), so every build compiles and the jobs hit the compile cache."""
+    from convsweep.config import ROOT
+    from convsweep.network import load_network
+    from convsweep.plan import SweepPlan, build_id
+    from convsweep.runner import conv_shape
+    from convsweep.variants import get_variant
+    from convsweep.yamlio import load_yaml
+
+    plan = SweepPlan(load_yaml((ROOT / "experiments.yaml").read_text()), ROOT / "experiments.yaml")
+    network = load_network(ROOT / "networks" / "lenet86.yaml")
+    for job in plan.jobs:
+        for layer in network.conv_layers:
+            var = get_variant(job.variants[layer.name])
+            if var.is_cpu:
+                continue
+            params = var.resolve_params(job.params.get(layer.name))
+            shape = conv_shape(layer, 1, network.dtype, network.fused_layers(layer.name, var.fuses))
+            assert f"{plan.results_dir}/builds/{build_id(var.name, var.defines(params, shape))}.json" in \
+                plan.build_files(job.experiment, job.job_id)
+            assert compile_variant(var, params, "sm_90", shape).kernels
