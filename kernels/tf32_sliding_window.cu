@@ -50,8 +50,11 @@
 // from its mma bound with ~2.5 global loads and 2.5 cvt per mma: hence STAGED.
 // Measured (STAGED 1): conv1 0.563 ms (WARPS 4, PR 2); conv2 0.560 ms (WARPS 8, PR 1), where
 // ncu shows PR 2 at 184 registers, 12.5% occupancy and 27% issue slots busy: hence MAP_SPLIT.
-// Now (STAGED 2, a warp per staged row): conv1 0.487 ms (WARPS 4, PR 2), conv2 0.483 ms (WARPS 8,
-// PR 1); HALF (fp16_sliding_window) conv1 0.414 ms. docs/performance.md has every version.
+// v4 (STAGED 2, a warp per staged row): conv1 0.487 ms (WARPS 4, PR 2), conv2 0.483 ms (WARPS 8, PR 1).
+// HALF (fp16_sliding_window) pairs k for mma.m16n8k16 (CPAIR, RPAIR below): conv1 0.391, conv2 0.575.
+// Now (staging issues STAGE_BATCH rows' loads before their stores; ncu had fp16 conv2 waiting on
+// global loads in 56% of its stalls): conv1 0.346 (tf32) / 0.257 ms (fp16) at WARPS 4, PR 2; conv2
+// 0.448 / 0.308 ms at WARPS 4, PR 1. docs/performance.md has every version.
 // Tunables: WARPS (warps per block), PR (pooled rows per warp), STAGED (where A comes from),
 // MAP_SPLIT (warps per band), SPLIT (1: TF32, 3: 3xTF32), HALF (fp16 rows and mma, below).
 #include "common.cuh"

@@ -25,6 +25,7 @@ SHAPES = {  # B, C, M, H, W, K, S, and the pool (window, stride) a variant fusin
     "c-greater-than-m-k3-stride2": (2, 8, 2, 17, 17, 3, 2, (3, 2)),
     "batch-1-k5": (1, 2, 3, 12, 12, 5, 1, (5, 1)),
     "even-c-m8-k5": (3, 6, 8, 21, 19, 5, 1, (2, 2)),  # inside the sliding-window constraints: 3 channel pairs
+    "odd-c-m8-k6": (2, 3, 8, 20, 22, 6, 1, (2, 2)),  # fp16_sliding_window's m16n8k8 path (no channel or row pairs)
 }
 REGISTRY = load_registry()
 CASES = [(name, params) for name, var in REGISTRY.items() if not var.is_cpu for params in var.all_combinations()]
