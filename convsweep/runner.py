@@ -29,7 +29,7 @@ except ImportError:  # NVTX is optional outside nsys; ranges are only labels
 
 _THREADS = 256
 _DENSE_TILE = 32  # kernels/layers.cu DENSE_TILE_B and DENSE_TILE_N: images x outputs per block
-_DENSE_THREADS = 128  # kernels/layers.cu DENSE_THREADS
+_DENSE_THREADS = 256  # kernels/layers.cu DENSE_THREADS: two halves of 128 threads splitting k
 
 
 def enqueue_dense(gpu: Gpu, kernel, stream, y: DeviceArray, x: DeviceArray, w: DeviceArray, bias: DeviceArray,

@@ -28,31 +28,35 @@ extern "C" __global__ void maxpool2d(conv_t *__restrict__ y, const conv_t *__res
 
 // y[b][j] = bias[j] + sum_i x[b][i] * w[j][i], then ReLU when `relu` (a following relu layer, fused
 // by the runner): a register-tiled GEMM. A block computes DENSE_TILE_B images x DENSE_TILE_N
-// outputs, staging DENSE_TILE_K-wide slices of x and w in shared memory; a thread owns 2 images x 4
-// outputs, so each shared load feeds 2-4 FMAs, and loads the next slice into registers while it
-// computes on this one (a block's slice is 16 KB of loads in flight). Why: the kernel before it (a
-// warp per output, lanes along i) did one shared load per FMA; LeNet-86's fc1 (B=10000, 1024 -> 32,
-// 0.33 G FMA) took ~0.1 ms of a 1.0 ms forward on an H100. Rows are DENSE_TILE_K + 4 apart: a
-// warp's 4 image rows and 8 output rows fall in distinct banks, and loads along k vectorize.
+// outputs; its two halves take alternate DENSE_TILE_K-wide slices of k (staged in shared memory,
+// one buffer per half) and add up at the end. A thread owns 2 images x 4 outputs, so each shared
+// load feeds 2-4 FMAs, and loads its next slice into registers while it computes on this one.
+// Why: the kernel before it (a warp per output, lanes along i) did one shared load per FMA, 77 us
+// for LeNet-86's fc1 (B=10000, 1024 -> 32) on an H100; with one half per block, 313 blocks of 4
+// warps filled 0.6 waves and waited on latency (ncu: 9.6 warps per SM, issue slots 33%), 57 us.
+// Rows are DENSE_TILE_K + 4 apart: a warp's 4 image rows and 8 output rows fall in distinct
+// banks, and loads along k vectorize.
 #define DENSE_TILE_B 32
 #define DENSE_TILE_N 32
-#define DENSE_TILE_K 64
-#define DENSE_THREADS 128  // runner._DENSE_THREADS, _DENSE_TILE
+#define DENSE_TILE_K 32
+#define DENSE_HALF 128                // threads per k half
+#define DENSE_THREADS (2 * DENSE_HALF)  // runner._DENSE_THREADS, _DENSE_TILE
 
 extern "C" __global__ void __launch_bounds__(DENSE_THREADS)
 dense(conv_t *__restrict__ y, const conv_t *__restrict__ x, const conv_t *__restrict__ w,
       const conv_t *__restrict__ bias, int B, int in_features, int out_features, int relu) {
     static_assert(DENSE_TILE_B == DENSE_TILE_N, "one loop stages both tiles");
-    constexpr int LD = DENSE_TILE_K + 4, ROW_STEP = DENSE_THREADS / DENSE_TILE_K, ROWS = DENSE_TILE_B / ROW_STEP;
-    __shared__ __align__(16) conv_t xs[DENSE_TILE_B][LD];
-    __shared__ __align__(16) conv_t ws[DENSE_TILE_N][LD];
-    const int tx = threadIdx.x % 8, ty = threadIdx.x / 8;  // outputs j0 + tx + 8c, images b0 + ty + 16a
+    constexpr int LD = DENSE_TILE_K + 4, ROW_STEP = DENSE_HALF / DENSE_TILE_K, ROWS = DENSE_TILE_B / ROW_STEP;
+    __shared__ __align__(16) conv_t xs[2][DENSE_TILE_B][LD];
+    __shared__ __align__(16) conv_t ws[2][DENSE_TILE_N][LD];
+    const int half = threadIdx.x / DENSE_HALF, t = threadIdx.x % DENSE_HALF;
+    const int tx = t % 8, ty = t / 8;  // outputs j0 + tx + 8c, images b0 + ty + 16a
     const int b0 = blockIdx.x * DENSE_TILE_B, j0 = blockIdx.y * DENSE_TILE_N;
-    // Staging: this thread's column kk of rows r0 + l * ROW_STEP of both tiles (lanes along k: coalesced).
-    const int kk0 = threadIdx.x % DENSE_TILE_K, r0 = threadIdx.x / DENSE_TILE_K;
+    // Staging: this thread's column kk0 of rows r0 + l * ROW_STEP of both tiles (lanes along k: coalesced).
+    const int kk0 = t % DENSE_TILE_K, r0 = t / DENSE_TILE_K;
     const conv_t *xp = x + (long long)(b0 + r0) * in_features + kk0, *wp = w + (long long)(j0 + r0) * in_features + kk0;
     const long long step = (long long)ROW_STEP * in_features;
-    conv_t xn[ROWS], wn[ROWS];  // the next slice
+    conv_t xn[ROWS], wn[ROWS];  // this half's next slice
     auto fetch = [&](int k0) {
         const bool k_ok = k0 + kk0 < in_features;
 #pragma unroll
@@ -62,36 +66,47 @@ dense(conv_t *__restrict__ y, const conv_t *__restrict__ x, const conv_t *__rest
         }
     };
     conv_t acc[2][4] = {};
-    fetch(0);
-    for (int k0 = 0; k0 < in_features; k0 += DENSE_TILE_K) {
+    fetch(half * DENSE_TILE_K);
+    // Both halves run the same iterations (a slice past in_features stages zeros): the barriers match.
+    const int iterations = (in_features + 2 * DENSE_TILE_K - 1) / (2 * DENSE_TILE_K);
+    for (int it = 0; it < iterations; ++it) {
         __syncthreads();  // the previous slice is consumed
 #pragma unroll
         for (int l = 0; l < ROWS; ++l) {
-            xs[r0 + l * ROW_STEP][kk0] = xn[l];
-            ws[r0 + l * ROW_STEP][kk0] = wn[l];
+            xs[half][r0 + l * ROW_STEP][kk0] = xn[l];
+            ws[half][r0 + l * ROW_STEP][kk0] = wn[l];
         }
         __syncthreads();
-        if (k0 + DENSE_TILE_K < in_features) fetch(k0 + DENSE_TILE_K);
+        if (it + 1 < iterations) fetch((2 * (it + 1) + half) * DENSE_TILE_K);
 #pragma unroll
         for (int kk = 0; kk < DENSE_TILE_K; ++kk) {
             conv_t xv[2], wv[4];
 #pragma unroll
-            for (int a = 0; a < 2; ++a) xv[a] = xs[ty + 16 * a][kk];
+            for (int a = 0; a < 2; ++a) xv[a] = xs[half][ty + 16 * a][kk];
 #pragma unroll
-            for (int c = 0; c < 4; ++c) wv[c] = ws[tx + 8 * c][kk];
+            for (int c = 0; c < 4; ++c) wv[c] = ws[half][tx + 8 * c][kk];
 #pragma unroll
             for (int a = 0; a < 2; ++a)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) acc[a][c] += xv[a] * wv[c];
         }
     }
+    // The second half's sums go through its (consumed) x buffer to the first half.
+    conv_t *partial = &xs[1][0][0];
+    __syncthreads();
+    if (half == 1) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) partial[e * DENSE_HALF + t] = acc[e / 4][e % 4];
+    }
+    __syncthreads();
+    if (half == 1) return;
 #pragma unroll
     for (int a = 0; a < 2; ++a)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             const int b = b0 + ty + 16 * a, j = j0 + tx + 8 * c;
             if (b >= B || j >= out_features) continue;
-            const conv_t v = acc[a][c] + bias[j];
+            const conv_t v = acc[a][c] + partial[(a * 4 + c) * DENSE_HALF + t] + bias[j];
             y[(long long)b * out_features + j] = relu && v < conv_t(0) ? conv_t(0) : v;  // NaN stays NaN
         }
 }
