@@ -97,7 +97,7 @@ def test_unsupported_shape_is_refused(gpu):
     (np.float32, 10000, 32, 10, False),  # LeNet-86's fc2
     (np.float32, 5, 31, 300, True),  # several output tiles
     (np.float64, 37, 4000, 10, False),  # fp64_stride5's fc1
-    (np.float64, 3, 7000, 40, True),
+    (np.float64, 3, 7000, 40, True),  # two output tiles, in past the last full pair of k slices
 ])
 def test_dense_matches_float64(gpu, dtype, B, n_in, n_out, relu):
     from convsweep.compile import compile_source
