@@ -37,13 +37,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import yaml
 
 from .config import ROOT
 from .errors import ConfigError, ConvsweepError
 from .gpu import HOST_MEMORY_KINDS
 from .variants import TOLERANCE
-from .yamlio import load_yaml
+from .yamlio import read_yaml_file
 
 FORMAT = 1
 DEFAULT_CONFIG = "bench/default.yaml"
@@ -115,13 +114,7 @@ def load_bench_config(path: str | Path = DEFAULT_CONFIG) -> BenchConfig:
     path = Path(path)
     if not path.is_file() and not path.is_absolute() and (ROOT / path).is_file():
         path = ROOT / path
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
-    try:
-        raw = load_yaml(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ConfigError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    raw = read_yaml_file(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping with a 'candidates' key, got {type(raw).__name__}")
     f = str(path)
@@ -286,34 +279,27 @@ def network_traffic(network, batch: int, fuses: dict[str, tuple]) -> dict:
     a separate ReLU reads and writes its tensor in place. `network_bytes`: the input, every weight
     and the logits once, the floor of a network fused into one kernel.
     """
-    from .runner import conv_shape
+    from .runner import conv_shape, plan_steps
 
     e = np.dtype(network.dtype).itemsize
     size = lambda shape: int(np.prod(shape))
-    plan_bytes = flops = skip = weights = 0
-    for layer in network.layers:
+    weights = sum(layer.out_channels * (layer.in_shape[0] * layer.kernel ** 2 + 1) if layer.type == "conv2d" else
+                  layer.out_features * (layer.in_shape[0] + 1) if layer.type == "dense" else 0
+                  for layer in network.layers)
+    plan_bytes = flops = 0
+    for layer, fused in plan_steps(network, fuses):
         if layer.type == "conv2d":
-            weights += layer.out_channels * (layer.in_shape[0] * layer.kernel ** 2 + 1)
-        elif layer.type == "dense":
-            weights += layer.out_features * (layer.in_shape[0] + 1)
-        if skip:
-            skip -= 1
-            continue
-        if layer.type == "conv2d":
-            fused = network.fused_layers(layer.name, tuple(fuses.get(layer.name, ())))
             shape = conv_shape(layer, batch, network.dtype, fused)
             plan_bytes += shape.min_bytes
             flops += shape.flops
-            skip = len(fused)
         elif layer.type == "relu":
             plan_bytes += 2 * e * batch * size(layer.in_shape)
         elif layer.type == "maxpool2d":
             plan_bytes += e * batch * (size(layer.in_shape) + size(layer.out_shape))
-        elif layer.type == "dense":  # with the relu after it, if any (runner.GpuNetwork._plan)
+        elif layer.type == "dense":  # with the relu after it, if any
             n_in, n_out = layer.in_shape[0], layer.out_features
             plan_bytes += e * (batch * n_in + n_out * n_in + n_out + batch * n_out)
             flops += 2 * batch * n_in * n_out
-            skip = len(network.relu_after(layer.name))
     io = batch * (size(network.input_shape) + size(network.layers[-1].out_shape))
     return {"plan_bytes": plan_bytes, "network_bytes": e * (io + weights), "flops": flops,
             "host_bytes": e * io}

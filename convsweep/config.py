@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
 from .errors import ConfigError, ShapeError
-from .yamlio import load_yaml
+from .yamlio import load_yaml, read_yaml_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "workflow" / "schemas" / "experiments.schema.yaml"
@@ -144,14 +143,7 @@ class Config:
 
 def load_config(path: str | os.PathLike) -> Config:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
-    try:
-        data = load_yaml(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    data = read_yaml_file(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with an 'experiments' key")
     return Config(path, validate(data, str(path)))

@@ -50,6 +50,23 @@ def conv_shape(layer, batch: int, dtype: str = "float32", fused: tuple = ()) -> 
                      P=pool.size if pool else 0, PS=pool.stride if pool else 0, dtype=dtype)
 
 
+def plan_steps(network, fuses: dict[str, tuple]) -> list[tuple]:
+    """The launched steps, (layer, layers it stands for), in order: a conv variant fusing
+    `fuses[name]` (relu, maxpool) swallows those layers, and a dense layer the relu right after it."""
+    steps, skip = [], 0
+    for layer in network.layers:
+        if skip:
+            skip -= 1
+            continue
+        if layer.type == "conv2d":
+            fused = network.fused_layers(layer.name, tuple(fuses.get(layer.name, ())))
+        else:
+            fused = network.relu_after(layer.name) if layer.type == "dense" else ()
+        steps.append((layer, fused))
+        skip = len(fused)
+    return steps
+
+
 class ConvOp:
     """One conv layer bound to a variant, its parameters and its compiled module."""
 
@@ -161,7 +178,7 @@ class GpuNetwork:
                                            {"CONV_T": "double"} if network.dtype == "float64" else {}, gpu.arch)
         layers_module = gpu.module(self.layers_build)
         self.layer_kernels = {n: gpu.kernel(layers_module, n) for n in ("relu_inplace", "maxpool2d", "dense")}
-        self.steps = self._plan(variants)
+        self.steps = plan_steps(network, {name: var.fuses for name, var in variants.items()})
         self.convs: dict[str, ConvOp] = {}
         self.builds: list[Build] = [self.layers_build]
         for layer, fused in self.steps:
@@ -180,22 +197,6 @@ class GpuNetwork:
 
     def shape(self, layer, fused, batch: int) -> ConvShape:
         return conv_shape(layer, batch, self.network.dtype, fused)
-
-    def _plan(self, variants) -> list[tuple]:
-        """(layer, layers it stands for): a variant that fuses relu/maxpool swallows those layers, and
-        a dense layer the relu right after it."""
-        steps, skip = [], 0
-        for layer in self.network.layers:
-            if skip:
-                skip -= 1
-                continue
-            if layer.type == "conv2d":
-                fused = self.network.fused_layers(layer.name, variants[layer.name].fuses)
-            else:
-                fused = self.network.relu_after(layer.name) if layer.type == "dense" else ()
-            steps.append((layer, fused))
-            skip = len(fused)
-        return steps
 
     def _lane(self, capacity: int) -> Lane:
         lane = Lane(capacity)

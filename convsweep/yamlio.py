@@ -6,7 +6,11 @@ callers' messages keep their line numbers.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import yaml
+
+from .errors import ConfigError
 
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -14,3 +18,15 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def load_yaml(stream):
     """yaml.safe_load, through the C loader where available."""
     return yaml.load(stream, Loader=_SAFE_LOADER)
+
+
+def read_yaml_file(path: Path):
+    """A YAML file's contents; a missing or unparsable file is one ConfigError line naming it (and the line)."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        return load_yaml(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None

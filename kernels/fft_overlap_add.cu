@@ -114,29 +114,16 @@ __device__ __forceinline__ void butterfly(int i, int h, int &a, int &b, int &t) 
     t = pos * (FFT_N / 2 / h);
 }
 
-// Decimation in frequency: natural order in, bit-reversed (per dimension) spectrum out.
-// Barrier first (the caller's writes), barrier after every stage (the caller may read).
-__device__ __forceinline__ void fft2d_forward(float2 *buf, const float2 *tw) {
-    __syncthreads();
-    const int tid = opaque_tid();
+// Decimation in frequency along one dimension: natural order in, bit-reversed out. A barrier
+// after every stage.
+template <int DIM>
+__device__ __forceinline__ void dif_stages(float2 *buf, const float2 *tw, int tid) {
 #pragma unroll
     for (int stage = 0; stage < LOG2_N; ++stage) {
         const int h = (FFT_N / 2) >> stage;
         for (int i = tid; i < NN / 2; i += THREADS) {
             int a, b, t;
-            butterfly<0>(i, h, a, b, t);
-            const float2 A = buf[a], B = buf[b];
-            buf[a] = cadd(A, B);
-            buf[b] = cmul(csub(A, B), tw[t]);
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int stage = 0; stage < LOG2_N; ++stage) {
-        const int h = (FFT_N / 2) >> stage;
-        for (int i = tid; i < NN / 2; i += THREADS) {
-            int a, b, t;
-            butterfly<1>(i, h, a, b, t);
+            butterfly<DIM>(i, h, a, b, t);
             const float2 A = buf[a], B = buf[b];
             buf[a] = cadd(A, B);
             buf[b] = cmul(csub(A, B), tw[t]);
@@ -145,35 +132,39 @@ __device__ __forceinline__ void fft2d_forward(float2 *buf, const float2 *tw) {
     }
 }
 
-// Decimation in time with conjugate twiddles: bit-reversed spectrum in, natural order out,
-// unnormalised (the 1 / N^2 is in the filter spectra).
+// Decimation in time with conjugate twiddles along one dimension: bit-reversed in, natural
+// order out. A barrier after every stage.
+template <int DIM>
+__device__ __forceinline__ void dit_conj_stages(float2 *buf, const float2 *tw, int tid) {
+#pragma unroll
+    for (int stage = 0; stage < LOG2_N; ++stage) {
+        const int h = 1 << stage;
+        for (int i = tid; i < NN / 2; i += THREADS) {
+            int a, b, t;
+            butterfly<DIM>(i, h, a, b, t);
+            const float2 A = buf[a], B = cmul_conj(buf[b], tw[t]);
+            buf[a] = cadd(A, B);
+            buf[b] = csub(A, B);
+        }
+        __syncthreads();
+    }
+}
+
+// Natural order in, bit-reversed (per dimension) spectrum out. Barrier first (the caller's
+// writes), barrier after every stage (the caller may read).
+__device__ __forceinline__ void fft2d_forward(float2 *buf, const float2 *tw) {
+    __syncthreads();
+    const int tid = opaque_tid();
+    dif_stages<0>(buf, tw, tid);
+    dif_stages<1>(buf, tw, tid);
+}
+
+// Bit-reversed spectrum in, natural order out, unnormalised (the 1 / N^2 is in the filter spectra).
 __device__ __forceinline__ void fft2d_inverse(float2 *buf, const float2 *tw) {
     __syncthreads();
     const int tid = opaque_tid();
-#pragma unroll
-    for (int stage = 0; stage < LOG2_N; ++stage) {
-        const int h = 1 << stage;
-        for (int i = tid; i < NN / 2; i += THREADS) {
-            int a, b, t;
-            butterfly<0>(i, h, a, b, t);
-            const float2 A = buf[a], B = cmul_conj(buf[b], tw[t]);
-            buf[a] = cadd(A, B);
-            buf[b] = csub(A, B);
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int stage = 0; stage < LOG2_N; ++stage) {
-        const int h = 1 << stage;
-        for (int i = tid; i < NN / 2; i += THREADS) {
-            int a, b, t;
-            butterfly<1>(i, h, a, b, t);
-            const float2 A = buf[a], B = cmul_conj(buf[b], tw[t]);
-            buf[a] = cadd(A, B);
-            buf[b] = csub(A, B);
-        }
-        __syncthreads();
-    }
+    dit_conj_stages<0>(buf, tw, tid);
+    dit_conj_stages<1>(buf, tw, tid);
 }
 
 __device__ __forceinline__ int bit_reverse(int r) { return (int)(__brev((unsigned)r) >> (32 - LOG2_N)); }
