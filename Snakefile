@@ -1,7 +1,10 @@
 # convsweep: variant x tunables x batch x streams x host memory, one job each.
-# Wiring only: the jobs, their specs and file names come from convsweep.plan.
+# Wiring only: the jobs, their specs, inputs and file names come from convsweep.plan.
+import sys
+
 from snakemake.utils import min_version, validate
 
+sys.path.insert(0, workflow.basedir)  # plan with this checkout's convsweep, whatever is installed
 from convsweep.plan import SweepPlan
 
 min_version("8.0")
@@ -15,15 +18,24 @@ if not workflow.overwrite_configfiles:
 
 # convsweep's check first: it reports a bad key as one line (file: key.path: what was expected);
 # Snakemake's validate then applies the same schema and defaults.
-plan = SweepPlan(config, workflow.configfiles[-1] if workflow.configfiles else "experiments.yaml")
+plan = SweepPlan(
+    config, workflow.configfiles[-1] if workflow.configfiles else "experiments.yaml", checkout=workflow.basedir
+)
 validate(config, "workflow/schemas/experiments.schema.yaml")
 RESULTS = plan.results_dir
+# Every rule's `convsweep` is this checkout's (a shell function: see SweepPlan.shell_prefix).
+shell.prefix(plan.shell_prefix(workflow.deployment_settings.deployment_method))
 
 
 wildcard_constraints:
     experiment=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     job=r"[A-Za-z0-9][A-Za-z0-9_.+=-]*",
     build=r"[A-Za-z0-9][A-Za-z0-9_-]*",
+
+
+# A database that cannot take the results stops the sweep before any job runs.
+onstart:
+    plan.check_store()
 
 
 include: "workflow/rules/compile.smk"

@@ -56,6 +56,10 @@ def resolve_arch(arch: str) -> str:
     if arch != "auto":
         return arch
     from .gpu import Gpu, gpu_available
+    from .provenance import host_gpu_arch
+
+    if found := host_gpu_arch():
+        return found
 
     ok, _ = gpu_available()
     if not ok:
@@ -84,12 +88,21 @@ def _spec_from_args(args):
 def cmd_run_job(args) -> None:
     from .job import run_job
 
-    result = run_job(_spec_from_args(args), Path(args.out), process_age=process_age())
+    compile_errors = [error for path in args.builds or [] for error in _build_errors(Path(path))]
+    result = run_job(_spec_from_args(args), Path(args.out), process_age=process_age(), compile_errors=compile_errors)
     t = result["timings"]
     ops = ", ".join(f"{k} {v:.3f} ms" for k, v in t["op_time_ms"].items() if v is not None)
     print(f"{result['job_id']}: {result['status']} ({result['profiler']}) {ops}"
           + (f" accuracy {result['accuracy']:.4f}" if result["accuracy"] is not None else "")
           + (f" - {result['error']}" if result["error"] else ""))
+
+
+def _build_errors(path: Path) -> list[str]:
+    """The compile errors a build file (`convsweep compile --record-errors --out`) recorded."""
+    try:
+        return list(json.loads(path.read_text()).get("errors") or [])
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConvsweepError(f"{path}: not a build file ({e})") from None
 
 
 def cmd_measure(args) -> None:
@@ -102,31 +115,73 @@ def cmd_compile(args) -> None:
     from tabulate import tabulate
 
     from .compile import compile_source
+    from .errors import CompileError
     from .job import write_json_atomic
     from .variants import get_variant, load_registry
 
     arch = resolve_arch(args.arch)
     names = sorted(v for v, var in load_registry().items() if not var.is_cpu) if args.variant == "all" else [args.variant]
-    rows, records = [], []
+    fixed = _parse_params(args.define)
+    rows, records, errors, unbuilt = [], [], [], []
     for name in names:
         var = get_variant(name)
         if var.is_cpu:
             raise ConvsweepError(f"variant '{name}' runs on the CPU: nothing to compile")
         combos = var.all_combinations() if args.all_params else [var.resolve_params(_parse_params(args.param), "--param")]
-        fixed = _parse_params(args.define)
-        missing = [f"{n}_FIXED" for n in var.compile_time if f"{n}_FIXED" not in fixed]
-        if missing:
-            raise ConvsweepError(f"variant '{name}' fixes the layer shape at compile time: give --define {'=... --define '.join(missing)}=...")
         for params in combos:
-            build = compile_source(var.source, name, {**params, **fixed}, arch)
-            records.append(build.record())
-            for k in build.kernels:
-                rows.append([name, json.dumps(params, sort_keys=True), arch, k.name, k.registers, k.shared_bytes,
-                             k.local_bytes, k.spill_store_bytes, f"{build.compile_ms:.0f}", "hit" if build.cache_hit else "miss"])
+            macro_sets = _build_macros(var, params, fixed, args.network)
+            if not macro_sets:
+                unbuilt.append(name)
+                continue
+            for macros in macro_sets:
+                try:
+                    build = compile_source(var.source, name, macros, arch)
+                except CompileError as e:
+                    if not args.record_errors:
+                        raise
+                    errors.append(str(e))
+                    print(f"convsweep: {e}", file=sys.stderr)
+                    continue
+                records.append(build.record())
+                for k in build.kernels:
+                    rows.append([name, json.dumps(macros, sort_keys=True), arch, k.name, k.registers, k.shared_bytes,
+                                 k.local_bytes, k.spill_store_bytes, f"{build.compile_ms:.0f}",
+                                 "hit" if build.cache_hit else "miss"])
+    if unbuilt and args.variant != "all":
+        missing = " ".join(f"--define {n}_FIXED=..." for n in get_variant(args.variant).compile_time)
+        raise ConvsweepError(f"variant '{args.variant}' fixes the layer shape at compile time and fits no conv layer of "
+                             f"{args.network}: give {missing}")
     if args.out:
-        write_json_atomic(Path(args.out), {"arch": arch, "builds": records})
-    print(tabulate(rows, headers=["variant", "params", "arch", "kernel", "regs", "smem B", "local B", "spill B", "ms", "cache"],
+        write_json_atomic(Path(args.out), {"arch": arch, "builds": records, "errors": errors})
+    print(tabulate(rows, headers=["variant", "macros", "arch", "kernel", "regs", "smem B", "local B", "spill B", "ms", "cache"],
                    tablefmt="github"))
+    for name in dict.fromkeys(unbuilt):
+        print(f"{name}: fits no conv layer of {args.network}; give its shape with --define")
+
+
+def _build_macros(var, params: dict, fixed: dict, network_path: str) -> list[dict]:
+    """The macro sets to build `var` with: its tunables and the --define values, and for a variant
+    that compiles the layer shape in and was given none, one set per conv layer of the network
+    that the variant accepts (as a sweep would build it)."""
+    from .network import load_network
+    from .paths import ROOT
+    from .runner import conv_shape
+
+    if not var.compile_time or all(f"{n}_FIXED" in fixed for n in var.compile_time):
+        return [{**params, **fixed}]
+    path = Path(network_path)
+    network = load_network(path if path.is_absolute() or path.is_file() else ROOT / path)
+    sets = []
+    for layer in network.conv_layers:
+        try:
+            shape = conv_shape(layer, 1, network.dtype, network.fused_layers(layer.name, var.fuses))
+            var.check_shape(shape, params)
+        except ConvsweepError:  # a dtype, fusion or shape constraint the variant does not meet
+            continue
+        macros = {**var.defines(params, shape), **fixed}
+        if macros not in sets:
+            sets.append(macros)
+    return sets
 
 
 def cmd_ingest(args) -> None:
@@ -136,9 +191,14 @@ def cmd_ingest(args) -> None:
     engine = open_store(args.db)
     t = time.perf_counter()
     report = ingest_files(engine, [Path(p) for p in args.results])
-    summary = {"added": report.added, "unchanged": report.unchanged, "files": len(args.results),
-               "seconds": round(time.perf_counter() - t, 3)}
-    print(f"ingested {summary['files']} results: {report.added} added, {report.unchanged} already stored")
+    summary = {"added": report.added, "unchanged": report.unchanged, "failed": len(report.errors),
+               "files": len(args.results), "seconds": round(time.perf_counter() - t, 3)}
+    for error in report.errors:
+        print(f"convsweep: {error}", file=sys.stderr)
+    print(f"ingested {summary['files']} results: {report.added} added, {report.unchanged} already stored"
+          + (f", {len(report.errors)} could not be stored" if report.errors else ""))
+    if report.errors:
+        raise SystemExit(1)
     if args.report:
         write_json_atomic(Path(args.report), summary)
 
@@ -195,6 +255,9 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="convsweep", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
+    parser.add_argument("--checkout", metavar="DIR",
+                        help="refuse to run unless this convsweep is the one in DIR (the Snakemake rules pass the "
+                             "checkout they were planned from)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("jobs", help="list the jobs of a sweep")
@@ -207,18 +270,28 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=helptext)
         src = p.add_mutually_exclusive_group(required=True)
         src.add_argument("--spec", help="the job spec as JSON")
-        src.add_argument("--spec-file")
-        p.add_argument("--out", required=True)
+        src.add_argument("--spec-file", help="a file holding the job spec")
+        p.add_argument("--out", required=True, help="the result JSON to write")
+        if name == "run-job":
+            p.add_argument("--builds", nargs="*", metavar="FILE",
+                           help="the job's build files: a compile error recorded there fails the job before it "
+                                "touches the GPU")
         p.set_defaults(func=func)
 
     p = sub.add_parser("compile", help="compile a variant with NVRTC and show its resource usage")
     p.add_argument("variant", help="a variant name, or 'all'")
-    p.add_argument("--param", action="append", metavar="NAME=VALUE")
+    p.add_argument("--param", action="append", metavar="NAME=VALUE", help="a tunable's value (default: the registry's)")
     p.add_argument("--all-params", action="store_true", help="every combination in the registry")
     p.add_argument("--define", action="append", metavar="NAME=VALUE",
                    help="a shape macro for variants compiled per layer shape (e.g. K_FIXED=7)")
-    p.add_argument("--arch", default="auto")
-    p.add_argument("--out")
+    p.add_argument("--network", default="networks/lenet86.yaml",
+                   help="variants compiled per layer shape, given no --define, are built for each conv layer of this "
+                        "network that they fit (default: %(default)s)")
+    p.add_argument("--arch", default="auto", help="e.g. sm_90; auto: this machine's GPU, or sm_90 without one")
+    p.add_argument("--out", help="write the builds (and, with --record-errors, the compile errors) as JSON")
+    p.add_argument("--record-errors", action="store_true",
+                   help="a kernel that does not compile is written to --out and the exit status stays 0: "
+                        "a sweep then stores its jobs as failed with the compiler's message")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("ingest", help="store result JSONs in the database (idempotent)")
@@ -259,6 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        from .paths import check_same_checkout, require_checkout
+
+        require_checkout()
+        if args.checkout:
+            check_same_checkout(args.checkout)
         args.func(args)
     except ConvsweepError as e:
         if args.verbose:

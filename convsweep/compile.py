@@ -18,12 +18,15 @@ from pathlib import Path
 
 from .config import cache_dir, canonical_hash
 from .errors import CompileError
-from .variants import KERNELS_DIR, ConvShape, Variant
+from .paths import KERNELS_DIR, relative_to_root
+from .variants import ConvShape, Variant
 
 _ERROR_LINE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?:catastrophic )?error: (?P<msg>.*)$", re.M)
 _ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+LAYERS_SOURCE = KERNELS_DIR / "layers.cu"  # relu, max-pool and dense: every GPU job runs them
+_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"(?P<name>[^"]+)"', re.M)
 
 
 @dataclass(frozen=True)
@@ -94,17 +97,26 @@ def _cuda_include_dirs() -> tuple[str, ...]:
     return tuple(dict.fromkeys(d for d in dirs if d))
 
 
-def _source_hash(source: Path) -> str:
-    """The .cu file and every shared header it may include."""
-    parts = [source.read_bytes()] + [h.read_bytes() for h in sorted(source.parent.glob("*.cuh"))]
-    return canonical_hash([p.decode("utf-8", "replace") for p in parts])
+def kernel_sources(source: Path) -> tuple[Path, ...]:
+    """The .cu file and every header of the checkout it includes ("..."), transitively: all a build
+    depends on besides its options. Snakemake watches these files; the source hash covers them."""
+    found, todo = [], [Path(source).resolve()]
+    while todo:
+        path = todo.pop(0)
+        if path in found:
+            continue
+        found.append(path)
+        for match in _QUOTED_INCLUDE.finditer(path.read_text(encoding="utf-8", errors="replace")):
+            header = (path.parent / match["name"]).resolve()
+            if header.is_file():  # others come from NVRTC's include path (CUDA's headers)
+                todo.append(header)
+    return tuple(found)
 
 
-def _relative(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(KERNELS_DIR.parent))
-    except ValueError:
-        return str(path)
+def source_hash(source: Path) -> str:
+    """sha256 over the names and bytes of kernel_sources(source): changes exactly when the code does."""
+    return canonical_hash([[relative_to_root(p), p.read_text(encoding="utf-8", errors="replace")]
+                           for p in kernel_sources(source)])
 
 
 def compile_source(source: Path, name: str, params: dict, arch: str) -> Build:
@@ -117,16 +129,16 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Build:
     option_record = {"arch": arch, "defines": defines, "std": "c++17", "lineinfo": True,
                      "ptxas": ["-v"], "cuda_headers": bool(include_dirs)}
     options_hash = canonical_hash(option_record)
-    source_hash = _source_hash(source)
-    key = canonical_hash([source_hash, options_hash, nvrtc_version()])
+    sources_hash = source_hash(source)
+    key = canonical_hash([sources_hash, options_hash, nvrtc_version()])
     cached = _load_cached(key)
     if cached:
         meta, cubin = cached
-        return Build(name, _relative(source), dict(params), arch, options_hash, source_hash, cubin,
+        return Build(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
                      meta["compile_ms"], True, meta["log"], tuple(KernelResources(**k) for k in meta["kernels"]))
 
     options = ProgramOptions(
-        name=_relative(source), arch=arch, std="c++17", lineinfo=True, ptxas_options=["-v"],
+        name=relative_to_root(source), arch=arch, std="c++17", lineinfo=True, ptxas_options=["-v"],
         define_macro=defines or None,
         include_path=[str(source.parent), *include_dirs],
         use_bundled_headers=not include_dirs and nvrtc_version() >= "13.3",
@@ -137,13 +149,13 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Build:
         obj = Program(source.read_text(), "c++", options).compile("cubin", logs=log)
     except Exception as e:  # NVRTCError carries the compiler's log in its message
         text = str(e)
-        raise CompileError(_first_error(text, _relative(source), name), log=text) from None
+        raise CompileError(_first_error(text, relative_to_root(source), name), log=text) from None
     compile_ms = (time.perf_counter() - start) * 1e3
     text = log.getvalue().replace("\x00", "").strip()
     kernels = parse_ptxas_log(text)
     cubin = bytes(obj.code)
     _store_cached(key, cubin, {"compile_ms": compile_ms, "log": text, "kernels": [asdict(k) for k in kernels]})
-    return Build(name, _relative(source), dict(params), arch, options_hash, source_hash, cubin,
+    return Build(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
                  compile_ms, False, text, kernels)
 
 

@@ -16,10 +16,10 @@ from typing import Any
 import jsonschema
 
 from .errors import ConfigError, ShapeError
+from .paths import ROOT, SCHEMAS_DIR
 from .yamlio import load_yaml, read_yaml_file
 
-ROOT = Path(__file__).resolve().parent.parent
-SCHEMA_PATH = ROOT / "workflow" / "schemas" / "experiments.schema.yaml"
+SCHEMA_PATH = SCHEMAS_DIR / "experiments.schema.yaml"
 DEFAULT_DB_URL = "sqlite:///db/results.sqlite"
 
 

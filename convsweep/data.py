@@ -15,8 +15,8 @@ import numpy as np
 
 from convsweep.config import cache_dir as default_cache_dir
 from convsweep.errors import ConfigError, DataError
+from convsweep.paths import DATA_DIR
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
 IDX_UINT8 = 0x08
 _IDX_KINDS = {1: "labels", 3: "images"}

@@ -90,10 +90,23 @@ class Gpu:
         cc = self.device.compute_capability
         return cc.major + cc.minor / 10
 
+    @property
+    def uuid(self) -> str:
+        """The device's UUID: what names it across processes (CUDA_VISIBLE_DEVICES renumbers ordinals)."""
+        return str(self.device.uuid)
+
+    @property
+    def pci_bus_id(self) -> str | None:
+        try:
+            return str(self.device.pci_bus_id)
+        except Exception:  # older cuda.core; NVML then finds the device by UUID alone
+            return None
+
     def driver_version(self) -> str:
         from cuda.bindings import driver
 
-        return str(_check(driver.cuDriverGetVersion(), "cuDriverGetVersion"))
+        version = int(_check(driver.cuDriverGetVersion(), "cuDriverGetVersion"))
+        return f"{version // 1000}.{version % 1000 // 10}"  # 13000 -> "13.0": the CUDA version it supports
 
     # -- resources ------------------------------------------------------------------------
     def stream(self):

@@ -12,27 +12,27 @@ import hashlib
 import json
 import math
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
+import uuid
 from contextlib import ExitStack
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 from . import nsys as nsys_mod
-from .compile import nvrtc_version
-from .config import ROOT, JobSpec, cache_dir, canonical_hash
-from .errors import ConvsweepError
+from .compile import LAYERS_SOURCE, source_hash
+from .config import JobSpec, cache_dir, canonical_hash
+from .errors import CompileError, ConvsweepError
+from .gpulock import gpu_lock
+from .paths import ROOT, relative_to_root
+from .provenance import GpuMonitor, environment, git_state
 from .variants import get_variant
 
-FORMAT = 1
-_PACKAGES = ("numpy", "cuda-core", "cuda-bindings", "cuda-pathfinder", "nvtx", "sqlalchemy", "snakemake", "pyyaml")
+FORMAT = 2  # 2: measurement_id, git, clocks and sources (docs/result-format.md)
 
 
 # -- small helpers ------------------------------------------------------------------------------
@@ -73,31 +73,19 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
+def remove_stale_temporaries(path: Path) -> None:
+    """Delete the temporary files a killed writer of `path` left beside it (write_json_atomic's names)."""
+    for stale in Path(path).parent.glob(f".{Path(path).name}.*.tmp"):
+        stale.unlink(missing_ok=True)
 
 
-def environment(gpu=None, nsys_path: str | None = None) -> dict:
-    packages = {}
-    for name in _PACKAGES:
-        try:
-            packages[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            packages[name] = None
-    env = {"hostname": platform.node(), "python": platform.python_version(), "packages": packages,
-           "git_commit": _git_commit(), "gpu": None, "compute_capability": None, "driver": None,
-           "nvrtc": None, "nsys": nsys_mod.nsys_version(nsys_path) if nsys_path else None}
-    try:
-        env["nvrtc"] = nvrtc_version()
-    except Exception:
-        pass
-    if gpu is not None:
-        env.update(gpu=gpu.name, compute_capability=f"{gpu.compute_capability:.1f}", driver=gpu.driver_version())
-    return env
+def kernel_sources_of(variants: dict) -> dict[str, str]:
+    """{kernel file: source hash} of every kernel a job runs: its variants' files and, on the GPU,
+    layers.cu. Known before anything compiles, so a run that failed still says what code it tried."""
+    files = [v.source for v in variants.values() if not v.is_cpu]
+    if files:
+        files.append(LAYERS_SOURCE)
+    return {relative_to_root(f): source_hash(f) for f in dict.fromkeys(files)}
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -283,6 +271,11 @@ def _measure_gpu(spec, network, weights, images, variants, params, phases) -> di
     with ExitStack() as stack:
         t = time.perf_counter()
         gpu = stack.enter_context(Gpu())
+        # Everything this job does on the GPU, uploads included, happens under the GPU's lock.
+        stack.enter_context(gpu_lock(gpu.uuid, f"job {spec.job_id} ({spec.experiment})"))
+        phases["gpu_wait"] = time.perf_counter() - t
+        monitor = stack.enter_context(GpuMonitor(gpu.uuid, gpu.pci_bus_id))
+        t = time.perf_counter()
         for layer, var in variants.items():
             if gpu.compute_capability < var.min_cc:
                 raise ConvsweepError(f"variant '{var.name}' needs compute capability {var.min_cc}, {gpu.name} has {gpu.compute_capability}")
@@ -315,26 +308,36 @@ def _measure_gpu(spec, network, weights, images, variants, params, phases) -> di
         for w in range(spec.warmup):
             forward(f"warmup {w}", None)
         phases["warmup"] = time.perf_counter() - t
+        clocks = monitor.clocks()  # at the start of the timed part
         t = time.perf_counter()
         for r in range(spec.repeats):
             forward(f"repeat {r}", r)
         phases["timed"] = time.perf_counter() - t
         logits = np.array(logits_host, copy=True)
         builds = [b.record() for b in net.builds]
-        env = environment(gpu, nsys_mod.find_nsys())
+        nsys_path = nsys_mod.find_nsys()
+        env = environment(gpu, nsys_mod.nsys_version(nsys_path) if nsys_path else None)
     return {"profiler": "events", "logits": logits, "samples": samples, "builds": builds, "kernels": [], "memcpys": [],
-            "timings": _timings_from_samples(samples, conv_names), "environment": env}
+            "timings": _timings_from_samples(samples, conv_names), "environment": env, "clocks": clocks}
 
 
 # -- the job ------------------------------------------------------------------------------------
 def _skeleton(spec: JobSpec) -> dict:
-    return {"format": FORMAT, "job_id": spec.job_id, "run_key": spec.run_key, "spec": spec.to_dict(),
-            "sweep": spec.sweep, "environment": None, "status": "failed", "error": None, "profiler": None,
-            "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "accuracy": None, "max_rel_err": None, "tolerance": None, "images": None,
-            "timings": {"op_time_ms": {}, "h2d_ms": None, "d2h_ms": None, "compute_ms": None, "forward_ms": None,
-                        "overlap": None, "streams_used": None, "total_s": None, "compile_ms": None},
-            "phases_s": {}, "floors": {}, "samples": [], "builds": [], "kernels": [], "memcpys": [], "files": {}}
+    """A result before measuring: identity and provenance; the status stays `failed` until measured."""
+    result = {"format": FORMAT, "measurement_id": uuid.uuid4().hex, "job_id": spec.job_id, "run_key": spec.run_key,
+              "spec": spec.to_dict(), "sweep": spec.sweep, "git": git_state(), "sources": {},
+              "clocks": {"sm_mhz": None, "memory_mhz": None}, "environment": None,
+              "status": "failed", "error": None, "profiler": None,
+              "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
+              "accuracy": None, "max_rel_err": None, "tolerance": None, "images": None,
+              "timings": {"op_time_ms": {}, "h2d_ms": None, "d2h_ms": None, "compute_ms": None, "forward_ms": None,
+                          "overlap": None, "streams_used": None, "total_s": None, "compile_ms": None},
+              "phases_s": {}, "floors": {}, "samples": [], "builds": [], "kernels": [], "memcpys": [], "files": {}}
+    try:
+        result["sources"] = kernel_sources_of({layer: get_variant(name) for layer, name in spec.variants.items()})
+    except (ConvsweepError, OSError):  # an unknown variant or unreadable file: the job fails with the reason
+        pass
+    return result
 
 
 def _merge(result: dict, measured: dict) -> None:
@@ -359,18 +362,23 @@ def _is_cpu_job(spec: JobSpec) -> bool:
     return all(get_variant(v).is_cpu for v in spec.variants.values())
 
 
-def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None) -> dict:
+def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None,
+            compile_errors: list[str] | None = None) -> dict:
     """Run one job and write its result JSON; returns the result. Never raises for a job failure.
 
     `process_age` is how long the process had run before this call (cli.process_age()); it is
     phases_s.process_start, and total_s counts from it. Without it total_s is this call's time.
+    `compile_errors` (from the job's build files) fail the job at once: no GPU time is spent.
     """
     out_path = Path(out_path)
     started = time.perf_counter()
+    remove_stale_temporaries(out_path)
     result = _skeleton(spec)
     if process_age is not None:
         result["phases_s"]["process_start"] = process_age
     try:
+        if compile_errors:
+            raise CompileError(compile_errors[0])
         nsys_path = nsys_mod.find_nsys() if spec.profiler == "nsys" else None
         if nsys_path and not _is_cpu_job(spec):
             _run_under_nsys(spec, out_path, nsys_path, result)

@@ -43,10 +43,13 @@ def profile(command: list[str], report_base: Path, nsys: str, log) -> Path:
     report_base.parent.mkdir(parents=True, exist_ok=True)
     args = [nsys, "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none",
             "--export=sqlite", "--force-overwrite=true", "-o", str(report_base), *command]
-    proc = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    # nsys draws progress bars with carriage returns: keep the job's own lines and nsys's messages
-    kept = [line.split("\r")[-1] for line in proc.stdout.splitlines()]
-    print("\n".join(line for line in kept if line and not line.lstrip().startswith("[")), file=log or sys.stdout)
+    # Lines pass through as they come, so a job waiting for its GPU says so while it waits; nsys
+    # draws progress bars with carriage returns: keep the job's own lines and nsys's messages.
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            kept = line.rstrip("\n").split("\r")[-1]
+            if kept and not kept.lstrip().startswith("["):
+                print(kept, file=log or sys.stdout, flush=True)
     sqlite_path = report_base.with_suffix(".sqlite")
     if proc.returncode != 0:
         raise ConvsweepError(f"nsys profile exited with {proc.returncode} (see the job log)")

@@ -1,16 +1,22 @@
-"""The Snakefile's view of a sweep: which files each rule makes and what it passes on.
+"""The Snakefile's view of a sweep: which files each rule makes, what it depends on, and the
+command line that runs this checkout's convsweep.
 
 Snakemake needs names and paths; convsweep's config module knows the jobs. This keeps the
 translation in one place so the rule files hold wiring only.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
+import sys
 from functools import cached_property
 from pathlib import Path
 
-from .config import ROOT, Config, JobSpec, canonical_hash, expand_config, validate
+from .compile import LAYERS_SOURCE, kernel_sources
+from .config import Config, JobSpec, canonical_hash, expand_config, validate
+from .errors import ConvsweepError
+from .paths import ROOT, check_same_checkout
 from .variants import get_variant
 
 
@@ -18,12 +24,36 @@ def build_id(variant: str, params: dict) -> str:
     return f"{variant}-{canonical_hash(params)[:10]}"
 
 
+def registry_entry_hash(variant_name: str) -> str:
+    """What a variant's registry entry says about its builds and launches (not its description):
+    a compile job's parameter, so editing the entry rebuilds and re-measures that variant alone."""
+    entry = dataclasses.asdict(get_variant(variant_name))
+    entry.pop("description")
+    entry["source"] = None if entry["source"] is None else Path(entry["source"]).name
+    return canonical_hash(entry)[:16]
+
+
 class SweepPlan:
-    def __init__(self, config: dict, config_path: str | Path = "experiments.yaml"):
+    def __init__(self, config: dict, config_path: str | Path = "experiments.yaml", checkout: str | Path | None = None):
+        if checkout is not None:  # the Snakefile's own directory: plan with its convsweep, or not at all
+            check_same_checkout(checkout)
         self.config = Config(Path(config_path), validate(config, str(config_path)))
         # Expanded now, so a bad variant or tunable stops the workflow while it is parsed,
         # with one line, instead of inside some rule's input function.
         self.jobs: list[JobSpec] = expand_config(self.config)
+
+    @staticmethod
+    def shell_prefix(deployment_methods=()) -> str:
+        """Snakemake's shell prefix for the rules: its strict mode, and a `convsweep` shell function
+        that runs this checkout's convsweep (its directory first on PYTHONPATH), whatever is
+        installed elsewhere; --checkout makes a job refuse if that ever fails. The Python is the
+        one running Snakemake, or the rule's conda environment's with --sdm conda."""
+        root = shlex.quote(str(ROOT))
+        conda = any(getattr(method, "name", method) == "CONDA" for method in deployment_methods)
+        python = "python" if conda else shlex.quote(sys.executable)
+        prefix = (f"set -euo pipefail; convsweep() {{ PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}} "
+                  f'{python} -m convsweep --checkout {root} "$@"; }}; ')
+        return prefix.replace("{", "{{").replace("}", "}}")  # Snakemake formats the prefix with the command
 
     @cached_property
     def _by_id(self) -> dict[tuple[str, str], JobSpec]:
@@ -55,12 +85,16 @@ class SweepPlan:
         job = self.job(experiment, job_id)
         return json.dumps({**job.to_dict(), "sweep": job.sweep}, sort_keys=True)
 
+    def _network(self, job: JobSpec):
+        from .network import load_network
+
+        return load_network(ROOT / job.network if not Path(job.network).is_absolute() else Path(job.network))
+
     def _builds(self, job: JobSpec) -> dict[str, tuple[str, dict]]:
         """build id -> (variant, macros): a variant that fixes shape values builds once per layer shape."""
-        from .network import load_network
         from .runner import conv_shape
 
-        network = load_network(ROOT / job.network if not Path(job.network).is_absolute() else job.network)
+        network = self._network(job)
         builds = {}
         for layer in network.conv_layers:
             var = get_variant(job.variants[layer.name])
@@ -81,9 +115,40 @@ class SweepPlan:
     def build_files(self, experiment: str, job_id: str) -> list[str]:
         return [f"{self.results_dir}/builds/{b}.json" for b in sorted(self._builds(self.job(experiment, job_id)))]
 
+    def build_sources(self, build: str) -> list[str]:
+        """What a build is compiled from: the variant's .cu and every header it includes."""
+        variant, _ = self._all_builds[build]
+        return [str(p) for p in kernel_sources(get_variant(variant).source)]
+
+    def build_entry(self, build: str) -> str:
+        return registry_entry_hash(self._all_builds[build][0])
+
+    def job_sources(self, experiment: str, job_id: str) -> list[str]:
+        """What a job's numbers depend on besides its spec and builds: the network file and weights,
+        and for GPU jobs the kernels of the other layers (layers.cu and its headers)."""
+        job = self.job(experiment, job_id)
+        network = self._network(job)
+        files = [str(network.path)]
+        if network.weights_path is not None:
+            files.append(str(network.weights_path))
+        if not all(get_variant(v).is_cpu for v in job.variants.values()):
+            files += [str(p) for p in kernel_sources(LAYERS_SOURCE)]
+        return list(dict.fromkeys(files))
+
     def compile_args(self, build: str) -> str:
         """Command-line arguments of `convsweep compile` for one build id."""
         variant, macros = self._all_builds[build]
         tunables = get_variant(variant).params
         args = [variant] + [f"--{'param' if k in tunables else 'define'}={k}={json.dumps(v)}" for k, v in sorted(macros.items())]
         return " ".join(shlex.quote(a) for a in args)
+
+    def check_store(self) -> None:
+        """Before any job runs: the database must be usable (reachable, an SQLite file that is a
+        database, a schema this code knows), so no GPU time is spent on results that cannot be
+        stored. Stops Snakemake with one line."""
+        from .store import open_store
+
+        try:
+            open_store(self.db_url).dispose()
+        except ConvsweepError as e:
+            raise SystemExit(f"convsweep: {e}") from None

@@ -1,4 +1,12 @@
-"""Ad-hoc and named SQL over the result store, on a connection that cannot write."""
+"""Ad-hoc and named SQL over the result store, on a connection that cannot write.
+
+Read-only in depth: one statement, and it must be a question (SELECT, WITH, VALUES, TABLE,
+EXPLAIN, SHOW; PRAGMA on SQLite). SQLite opens the file with mode=ro and query_only, and an
+authorizer allows reads alone (no ATTACH, which would create a file; no pragma that writes; no
+extension loading). PostgreSQL runs it in a READ ONLY transaction and, for a role that could
+reach the server's files (a superuser, say), as pg_read_all_data, so COPY TO a file,
+pg_read_file() and lo_export() are refused too.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ import io
 import json
 import math
 import re
+import sqlite3
 from collections.abc import Sequence
 from datetime import date, datetime
 from decimal import Decimal
@@ -14,20 +23,33 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 from tabulate import tabulate
 
 from convsweep.errors import StoreError
-from convsweep.store import DB_DIR, make_engine, one_line, resolve_url, show_url, sqlite_path
+from convsweep.paths import QUERIES_DIR
+from convsweep.store import make_engine, one_line, resolve_url, show_url, sqlite_path
 
-QUERIES_DIR = DB_DIR / "queries"
 FORMATS = ("table", "csv", "json")
 TABLE_SIGNIFICANT_DIGITS = 4
 _QUERY_NAME = re.compile(r"[A-Za-z0-9_-]+")
-_PG_READ_ONLY = "25006"  # SQLSTATE read_only_sql_transaction
+_PG_REFUSALS = {"25006", "42501"}  # SQLSTATE read_only_sql_transaction, insufficient_privilege
+QUESTIONS = ("SELECT", "WITH", "VALUES", "TABLE", "EXPLAIN", "SHOW")
+_SQLITE_QUESTIONS = QUESTIONS + ("PRAGMA",)
+_LEADING_NOISE = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/|\()*", re.S)
+# Pragmas that only describe the schema, and pragmas that only read a setting when given no value.
+_SQLITE_SCHEMA_PRAGMAS = {"table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+                          "foreign_key_list", "collation_list", "function_list", "pragma_list", "module_list",
+                          "database_list", "compile_options"}
+_SQLITE_SETTING_PRAGMAS = {"user_version", "schema_version", "application_id", "page_count", "page_size",
+                           "freelist_count", "journal_mode", "foreign_keys", "query_only", "encoding", "data_version"}
+_SQLITE_READS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE, sqlite3.SQLITE_TRANSACTION}
+_SQLITE_BANNED_FUNCTIONS = {"load_extension", "fts3_tokenizer"}
+# Roles whose members read, write or execute on the server's file system.
+_PG_FILE_ROLES = ("pg_read_server_files", "pg_write_server_files", "pg_execute_server_program")
 
 
 def list_queries() -> list[tuple[str, str]]:
@@ -60,6 +82,7 @@ def run_query(url: str | None, sql_or_name: str, fmt: str = "table",
         raise StoreError(f"unknown output format {fmt!r}: expected one of {', '.join(FORMATS)}")
     sql = resolve_sql(sql_or_name)
     sa_url = resolve_url(url)
+    _check_question(sql, _SQLITE_QUESTIONS if sa_url.get_backend_name() == "sqlite" else QUESTIONS)
     engine = _read_only_engine(sa_url)
     try:
         columns, rows = _fetch(engine, sa_url, sql, params or {})
@@ -77,7 +100,52 @@ def _read_only_engine(url: URL) -> Engine:
                          query={"mode": "ro", "uri": "true"})
     elif url.get_backend_name() == "sqlite":
         raise StoreError(f"cannot open {show_url(url)} read-only: give a SQLite file or a server URL")
-    return make_engine(url, read_only=True, poolclass=NullPool)
+    engine = make_engine(url, read_only=True, poolclass=NullPool)
+    if path is not None:
+        event.listen(engine, "connect", _authorize_reads_only)  # after make_engine's own pragmas
+    return engine
+
+
+def _check_question(sql: str, allowed: tuple[str, ...]) -> None:
+    """Refuse anything but one of the statement kinds that ask (a write fails anyway; this also
+    stops DO blocks and SET ROLE, which a superuser's session could otherwise use)."""
+    body = _LEADING_NOISE.sub("", sql, count=1)
+    keyword = (re.match(r"[A-Za-z]+", body) or [""])[0].upper()
+    if keyword not in allowed:
+        raise StoreError(f"read-only connection: convsweep query runs one {', '.join(allowed)} statement, "
+                         f"got {keyword or repr(sql.strip()[:20])}")
+
+
+def _authorize_reads_only(dbapi_connection: Any, record: Any) -> None:
+    """An SQLite authorizer that lets a statement read and nothing else; what it refused is kept in
+    the connection's info for the error message."""
+    refused: list[str] = record.info.setdefault("refused", [])
+
+    def authorize(action: int, arg1: str | None, arg2: str | None, _db: str | None, _trigger: str | None) -> int:
+        if action in _SQLITE_READS:
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() not in _SQLITE_BANNED_FUNCTIONS:
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_PRAGMA:
+            name = (arg1 or "").lower()
+            if name in _SQLITE_SCHEMA_PRAGMAS or (name in _SQLITE_SETTING_PRAGMAS and arg2 is None):
+                return sqlite3.SQLITE_OK
+            refused.append(f"PRAGMA {name}" + (f" = {arg2}" if arg2 is not None else ""))
+        elif action == sqlite3.SQLITE_FUNCTION:
+            refused.append(f"the function {arg2}()")
+        elif action == sqlite3.SQLITE_ATTACH:
+            refused.append(f"ATTACH of {arg1!r}")
+        else:
+            refused.append(_SQLITE_ACTIONS.get(action, f"action {action}"))
+        return sqlite3.SQLITE_DENY
+
+    dbapi_connection.set_authorizer(authorize)
+
+
+_SQLITE_ACTIONS = {getattr(sqlite3, name): name.removeprefix("SQLITE_").replace("_", " ").lower()
+                   for name in dir(sqlite3) if name.startswith("SQLITE_") and name not in (
+                       "SQLITE_OK", "SQLITE_DENY", "SQLITE_IGNORE") and isinstance(getattr(sqlite3, name), int)
+                   and not name.startswith(("SQLITE_LIMIT", "SQLITE_DBCONFIG"))}
 
 
 def _fetch(engine: Engine, url: URL, sql: str, params: dict[str, Any]) -> tuple[list[str], list[Sequence[Any]]]:
@@ -85,27 +153,44 @@ def _fetch(engine: Engine, url: URL, sql: str, params: dict[str, Any]) -> tuple[
         connection = engine.connect()
     except DBAPIError as exc:
         raise StoreError(f"database {show_url(url)} unreachable: {one_line(exc, url)}") from None
-    try:
-        with connection, connection.begin() as transaction:
-            if connection.dialect.name == "postgresql":
-                connection.exec_driver_sql("SET TRANSACTION READ ONLY")
-            result = connection.execute(text(sql), params)
-            if result.returns_rows:
-                columns, rows = list(result.keys()), result.fetchall()
-            else:
-                columns, rows = [], []
-            transaction.rollback()
-    except DBAPIError as exc:
-        if _is_write_refused(exc):
-            raise StoreError(f"read-only connection: {one_line(exc, url)}") from None
-        raise StoreError(f"query failed: {one_line(exc, url)}") from None
-    except SQLAlchemyError as exc:
-        raise StoreError(f"query failed: {one_line(exc, url)}") from None
+    with connection:
+        try:
+            with connection.begin() as transaction:
+                if connection.dialect.name == "postgresql":
+                    connection.exec_driver_sql("SET TRANSACTION READ ONLY")
+                    _without_server_files(connection, url)
+                result = connection.execute(text(sql), params)
+                columns, rows = (list(result.keys()), result.fetchall()) if result.returns_rows else ([], [])
+                transaction.rollback()
+        except DBAPIError as exc:
+            refused = connection.info.get("refused")
+            if refused:
+                raise StoreError(f"read-only connection: {refused[-1]} is not allowed") from None
+            if _is_write_refused(exc):
+                raise StoreError(f"read-only connection: {one_line(exc, url)}") from None
+            raise StoreError(f"query failed: {one_line(exc, url)}") from None
+        except SQLAlchemyError as exc:
+            raise StoreError(f"query failed: {one_line(exc, url)}") from None
     return columns, rows
 
 
+def _without_server_files(connection: Any, url: URL) -> None:
+    """A role that can read or write the server's files keeps that power in a read-only
+    transaction; run the query as pg_read_all_data (PostgreSQL 14+), which reads every table."""
+    checks = " OR ".join(f"pg_has_role(current_user, '{role}', 'MEMBER')" for role in _PG_FILE_ROLES)
+    risky = connection.exec_driver_sql(
+        f"SELECT rolsuper OR {checks} FROM pg_roles WHERE rolname = current_user").scalar()
+    if not risky:
+        return
+    try:
+        connection.exec_driver_sql("SET LOCAL ROLE pg_read_all_data")
+    except DBAPIError as exc:
+        raise StoreError(f"read-only connection: role {url.username or '(default)'} can reach the server's files and "
+                         f"cannot drop to pg_read_all_data ({one_line(exc, url)}); query as a role without them") from None
+
+
 def _is_write_refused(exc: DBAPIError) -> bool:
-    if getattr(exc.orig, "sqlstate", None) == _PG_READ_ONLY:
+    if getattr(exc.orig, "sqlstate", None) in _PG_REFUSALS:
         return True
     return "readonly database" in str(exc.orig)
 

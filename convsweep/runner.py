@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .compile import Build, compile_source, compile_variant
+from .compile import LAYERS_SOURCE, Build, compile_source, compile_variant
 from .errors import ShapeError
 from .gpu import DeviceArray, Gpu
-from .variants import KERNELS_DIR, ConvShape, Variant
+from .variants import ConvShape, Variant
 
 try:
     import nvtx as _nvtx
@@ -174,7 +174,7 @@ class GpuNetwork:
                  params: dict[str, dict], lanes: int, capacity: int, stream):
         self.gpu, self.network = gpu, network
         self.dtype = np.dtype(network.dtype)
-        self.layers_build = compile_source(KERNELS_DIR / "layers.cu", "layers",
+        self.layers_build = compile_source(LAYERS_SOURCE, "layers",
                                            {"CONV_T": "double"} if network.dtype == "float64" else {}, gpu.arch)
         layers_module = gpu.module(self.layers_build)
         self.layer_kernels = {n: gpu.kernel(layers_module, n) for n in ("relu_inplace", "maxpool2d", "dense")}

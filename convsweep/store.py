@@ -8,7 +8,8 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,11 +17,14 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
     Column,
+    Connection,
     DateTime,
     Engine,
     Float,
@@ -41,15 +45,21 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    IntegrityError,
+    NoSuchModuleError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from convsweep.errors import StoreError
+from convsweep.paths import MIGRATIONS_DIR
 
-DB_DIR = Path(__file__).resolve().parent.parent / "db"
-MIGRATIONS_DIR = DB_DIR / "migrations"
 DEFAULT_URL = "sqlite:///db/results.sqlite"
-RESULT_FORMAT = 1
+RESULT_FORMATS = (1, 2)  # 1: before measurement ids; its run_key names the measurement too
 STATUSES = ("ok", "incorrect", "failed")
 PG_CONNECT_TIMEOUT_S = 5
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -69,6 +79,11 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+class StoreUnavailable(StoreError):
+    """The database cannot be used at all (unreachable, not a database, a schema from the future):
+    no further file or job can be stored, so callers stop instead of going on."""
+
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
@@ -101,13 +116,14 @@ class Environment(Base):
     env_hash: Mapped[str] = mapped_column(String, unique=True)
     hostname: Mapped[str | None] = mapped_column(String)
     gpu: Mapped[str | None] = mapped_column(String)
+    gpu_uuid: Mapped[str | None] = mapped_column(String)  # NVML's GPU-... name of the device
     compute_capability: Mapped[str | None] = mapped_column(String)
-    driver: Mapped[str | None] = mapped_column(String)
+    driver: Mapped[str | None] = mapped_column(String)  # the display driver (NVML), e.g. 580.95.05
+    cuda_driver: Mapped[str | None] = mapped_column(String)  # the CUDA version the driver supports
     nvrtc: Mapped[str | None] = mapped_column(String)
     nsys: Mapped[str | None] = mapped_column(String)
     python: Mapped[str | None] = mapped_column(String)
     packages: Mapped[dict[str, Any] | None]
-    git_commit: Mapped[str | None] = mapped_column(String)
 
 
 class Build(Base):
@@ -127,11 +143,15 @@ class Build(Base):
 
 
 class Run(Base):
+    """One measurement of one job. A job (run_key: the hash of its settings) measured again, say
+    after its kernel changed, gets a new row; the latest_run view keeps the newest per job."""
+
     __tablename__ = "run"
     __table_args__ = (Index(None, "experiment", "variant", "batch", "streams"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    run_key: Mapped[str] = mapped_column(String, unique=True)
+    measurement_id: Mapped[str] = mapped_column(String, unique=True)
+    run_key: Mapped[str] = mapped_column(String, index=True)
     job_id: Mapped[str] = mapped_column(String)
     sweep_id: Mapped[int] = mapped_column(ForeignKey("sweep.id"), index=True)
     environment_id: Mapped[int] = mapped_column(ForeignKey("environment.id"), index=True)
@@ -173,6 +193,13 @@ class Run(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     result_path: Mapped[str | None] = mapped_column(String)
+    # What the measurement was taken from (docs/result-format.md).
+    source_hash: Mapped[str | None] = mapped_column(String)  # of all its kernel files together
+    sources: Mapped[dict[str, Any] | None]  # kernel file -> its source hash
+    git_commit: Mapped[str | None] = mapped_column(String)
+    git_dirty: Mapped[bool | None] = mapped_column(Boolean)
+    sm_clock_mhz: Mapped[int | None] = mapped_column(Integer)  # at the start of the timed part
+    memory_clock_mhz: Mapped[int | None] = mapped_column(Integer)
 
     sweep: Mapped[Sweep] = relationship()
     environment: Mapped[Environment] = relationship()
@@ -249,13 +276,18 @@ class Phase(Base):
     seconds: Mapped[float | None] = mapped_column(Float)
 
 
+FORMAT_2_KEYS = {"measurement_id": str, "git": dict, "clocks": dict, "sources": dict}
+
+
 @dataclass
 class IngestReport:
-    """What one ingest_files call did; runs already stored count as unchanged."""
+    """What one ingest_files call did: measurements already stored count as unchanged, and each
+    file that could not be stored is one line in `errors` (file: what is wrong)."""
 
     added: int = 0
     unchanged: int = 0
     added_by_status: Counter[str] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
 
 
 # --- connecting ---------------------------------------------------------------------------
@@ -346,29 +378,84 @@ def _writer(engine: Engine) -> Engine:
 
 
 def open_store(url: str | None = None) -> Engine:
-    """Connect to the result database and bring its schema up to date (Alembic, head)."""
+    """Connect to the result database and bring its schema up to date (Alembic, head).
+
+    Each way a database can be unusable is one StoreUnavailable line: the server is unreachable,
+    the file is not an SQLite database, or the schema is newer than this convsweep knows.
+    """
     sa_url = resolve_url(url)
     path = sqlite_path(sa_url)
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"cannot create {path.parent} for the database: {exc.strerror}") from None
+            raise StoreUnavailable(f"cannot create {path.parent} for the database: {exc.strerror}") from None
     engine = make_engine(sa_url)
     try:
         connection = _writer(engine).connect()
     except DBAPIError as exc:
         engine.dispose()
-        raise StoreError(f"database {show_url(sa_url)} unreachable: {one_line(exc, sa_url)}") from None
+        if path is not None and "not a database" in one_line(exc):
+            raise StoreUnavailable(f"{path} is not an SQLite database ({one_line(exc)}): move it aside, or set "
+                                   "CONVSWEEP_DB (or db_url) to another database") from None
+        raise StoreUnavailable(f"database {show_url(sa_url)} unreachable: {one_line(exc, sa_url)}") from None
     try:
-        with connection, connection.begin():
-            if connection.dialect.name == "postgresql":
-                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
-            command.upgrade(alembic_config(connection), "head")
+        with connection:
+            _migrate(connection, sa_url)
+    except StoreError:
+        engine.dispose()
+        raise
     except SQLAlchemyError as exc:
         engine.dispose()
-        raise StoreError(f"cannot migrate database {show_url(sa_url)}: {one_line(exc, sa_url)}") from None
+        raise StoreUnavailable(f"cannot migrate database {show_url(sa_url)}: {one_line(exc, sa_url)}") from None
     return engine
+
+
+def migrate(engine: Engine, revision: str = "head", *, downgrade: bool = False) -> None:
+    """Move the schema to `revision` (up, or down with `downgrade`) in one transaction."""
+    with _writer(engine).connect() as connection:
+        _migrate(connection, engine.url, revision, downgrade)
+
+
+def _migrate(connection: Connection, url: URL, revision: str = "head", downgrade: bool = False) -> None:
+    """Migrate in one transaction, refusing a database whose revision this code does not know."""
+    scripts = ScriptDirectory(str(MIGRATIONS_DIR))
+    head = scripts.get_current_head()
+    known = {script.revision for script in scripts.walk_revisions()}
+    with _foreign_keys_off(connection), connection.begin():
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
+        current = MigrationContext.configure(connection).get_current_revision()
+        if current is not None and current not in known:
+            raise StoreUnavailable(f"database {show_url(url)} has schema revision {current!r}, which this convsweep "
+                                   f"does not know (its newest is {head!r}): a newer convsweep wrote it; update "
+                                   "this checkout or use another database")
+        if downgrade:
+            command.downgrade(alembic_config(connection), revision)
+        elif current != (head if revision == "head" else revision):
+            command.upgrade(alembic_config(connection), revision)
+        else:
+            return
+        if connection.dialect.name == "sqlite":
+            broken = connection.exec_driver_sql("PRAGMA foreign_key_check").first()
+            if broken is not None:
+                raise StoreUnavailable(f"migrating {show_url(url)} left a row of {broken[0]} without its parent")
+
+
+@contextmanager
+def _foreign_keys_off(connection: Connection) -> Iterator[None]:
+    """SQLite migrations rebuild tables (it cannot drop a constraint in place), and with foreign keys
+    on, dropping the old table would cascade-delete every child row. The pragma only works between
+    transactions, so it goes straight to the driver; PRAGMA foreign_key_check vouches afterwards."""
+    if connection.dialect.name != "sqlite":
+        yield
+        return
+    driver = connection.connection.driver_connection
+    driver.execute("PRAGMA foreign_keys=OFF")
+    try:
+        yield
+    finally:
+        driver.execute("PRAGMA foreign_keys=ON")
 
 
 def alembic_config(connection: Any) -> Config:
@@ -404,9 +491,13 @@ def check_result(result: Any, source: str) -> None:
     """Raise StoreError naming the file and key when a result is not one we can store."""
     if not isinstance(result, dict):
         raise StoreError(f"{source}: expected a JSON object, got {type(result).__name__}")
-    if "format" in result and result["format"] != RESULT_FORMAT:
+    if "format" in result and result["format"] not in RESULT_FORMATS:
         raise StoreError(f"{source}: result format {result['format']!r} is not supported "
-                         f"(expected {RESULT_FORMAT})")
+                         f"(expected one of {', '.join(map(str, RESULT_FORMATS))})")
+    for key, kind in FORMAT_2_KEYS.items() if result.get("format", 1) >= 2 else ():
+        if not isinstance(result.get(key), kind):
+            raise StoreError(f"{source}: key '{key}' must be {'a string' if kind is str else 'an object'} "
+                             f"(result format 2), got {result.get(key)!r}"[:300])
     for section, keys in REQUIRED_KEYS.items():
         where = result[section] if section else result
         if not isinstance(where, dict):
@@ -466,27 +557,36 @@ def _get_or_create(session: Session, model: type[Base], keys: dict[str, Any], va
 
 
 class _AlreadyStored(Exception):
-    """Internal: the run is in the database already; roll back and report unchanged."""
+    """Internal: the measurement is in the database already; roll back and report unchanged."""
+
+
+def measurement_id(result: dict[str, Any]) -> str:
+    """What names one measurement: its own id, or for format 1 (one measurement per job) the run_key."""
+    return result["measurement_id"] if result.get("format", 1) >= 2 else result["run_key"]
 
 
 def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | None = None) -> bool:
-    """Store one result in one transaction; False (and nothing written) when its run_key is stored."""
+    """Store one result in one transaction; False (and nothing written) when that measurement is
+    stored already. A new measurement of a stored job is a new row beside the old ones."""
     source = result_path or f"result {result.get('job_id', '?') if isinstance(result, dict) else '?'}"
     check_result(result, source)
+    key = measurement_id(result)
     try:
         with Session(_writer(engine)) as session, session.begin():
-            if session.scalar(select(Run.id).where(Run.run_key == result["run_key"])) is not None:
+            if session.scalar(select(Run.id).where(Run.measurement_id == key)) is not None:
                 raise _AlreadyStored
             session.add(_run_row(session, result, result_path, source))
         return True
     except _AlreadyStored:
         return False
     except IntegrityError as exc:
-        # Another process may have stored the same run between our check and our insert.
+        # Another process may have stored the same measurement between our check and our insert.
         with Session(engine) as session:
-            if session.scalar(select(Run.id).where(Run.run_key == result["run_key"])) is not None:
+            if session.scalar(select(Run.id).where(Run.measurement_id == key)) is not None:
                 return False
         raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
+    except OperationalError as exc:  # the server went away, a lock timed out: not this file's fault
+        raise StoreUnavailable(f"cannot store {source}: {one_line(exc)}") from None
     except DBAPIError as exc:
         raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
 
@@ -519,9 +619,12 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     environment_id = _get_or_create(
         session, Environment,
         {"env_hash": sha256_json(env)},
-        {k: env.get(k) for k in ("hostname", "gpu", "compute_capability", "driver", "nvrtc",
-                                 "nsys", "python", "packages", "git_commit")},
+        {k: env.get(k) for k in ("hostname", "gpu", "gpu_uuid", "compute_capability", "driver", "cuda_driver",
+                                 "nvrtc", "nsys", "python", "packages")},
     )
+    git = result.get("git") or {"commit": env.get("git_commit"), "dirty": None}  # format 1 kept it there
+    clocks = result.get("clocks") or {}
+    sources = result.get("sources") or None
     # A build keeps the compile_ms and cache_hit of the run that first stored it; each run's own
     # compile time is run.compile_ms.
     build_ids = {
@@ -538,6 +641,7 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         return op_time_ms.get(layers[index]) if len(layers) > index else None
 
     run = Run(
+        measurement_id=measurement_id(result),
         run_key=result["run_key"],
         job_id=result["job_id"],
         sweep_id=sweep_id,
@@ -580,6 +684,12 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         started_at=_timestamp(result.get("started_at"), source, "started_at"),
         ingested_at=now,
         result_path=result_path,
+        source_hash=sha256_json(sources) if sources else None,
+        sources=sources,
+        git_commit=git.get("commit"),
+        git_dirty=git.get("dirty"),
+        sm_clock_mhz=clocks.get("sm_mhz"),
+        memory_clock_mhz=clocks.get("memory_mhz"),
     )
     run.builds = [session.get(Build, build_id) for build_id in sorted(build_ids)]
     run.samples = [
@@ -617,11 +727,19 @@ def read_result(path: str | Path) -> dict[str, Any]:
 
 
 def ingest_files(engine: Engine, paths: Iterable[str | Path]) -> IngestReport:
-    """Ingest result files one transaction each; stops at the first file that cannot be stored."""
+    """Ingest result files one transaction each. A file that cannot be read or stored becomes one
+    line of the report's errors and the others go on; a lost database connection stops it all."""
     report = IngestReport()
     for path in paths:
-        result = read_result(path)
-        if ingest_result(engine, result, str(path)):
+        try:
+            result = read_result(path)
+            stored = ingest_result(engine, result, str(path))
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
+            report.errors.append(str(exc))
+            continue
+        if stored:
             report.added += 1
             report.added_by_status[result["status"]] += 1
         else:

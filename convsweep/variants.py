@@ -17,9 +17,7 @@ import yaml
 from .errors import ConfigError, ShapeError
 from .yamlio import load_yaml
 from .expr import evaluate
-
-KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
-REGISTRY_PATH = KERNELS_DIR / "variants.yaml"
+from .paths import KERNELS_DIR, REGISTRY_PATH
 
 TOLERANCE = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2}
 _KEYS = {"source", "cpu", "precision", "description", "params", "restrictions", "constraints",

@@ -28,7 +28,17 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path):
     """A URL of an empty database on each backend; PostgreSQL gets a database of its own."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'db' / 'results.sqlite'}"
-        return
+    else:
+        yield from _fresh_pg_database()
+
+
+@pytest.fixture
+def empty_pg_url():
+    """A URL of an empty PostgreSQL database of its own (skipped without a server)."""
+    yield from _fresh_pg_database()
+
+
+def _fresh_pg_database():
     server = os.environ.get(PG_ENV)
     if not server:
         pytest.skip(NO_PG_REASON)
@@ -66,15 +76,20 @@ def make_result(variant: str | dict[str, str] = "naive", batch: int = 100, strea
     timed = not failed
     layers = list(variants)
     result: dict[str, Any] = {
-        "format": 1,
+        "format": 2,
+        "measurement_id": uuid.uuid4().hex,
         "job_id": f"{'-'.join(sorted(set(variants.values())))}-b{batch}-s{streams}-{run_key[:8]}",
         "run_key": run_key,
         "spec": spec,
         "sweep": {"experiment": experiment, "config_hash": "c" * 64, "config_path": "experiments.yaml"},
+        "git": {"commit": "abc123" + "0" * 34, "dirty": False},
+        "sources": {f"kernels/{name}.cu": hashlib.sha256(name.encode()).hexdigest()
+                    for name in sorted(set(variants.values()))},
+        "clocks": {"sm_mhz": 1980, "memory_mhz": 2619} if not failed else {"sm_mhz": None, "memory_mhz": None},
         "environment": {
-            "hostname": "node1", "gpu": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
-            "driver": "13000", "nvrtc": "13.0", "nsys": "2025.3.1", "python": "3.11.7",
-            "packages": {"numpy": "2.1.0", "cuda-core": "0.4.0"}, "git_commit": "abc123",
+            "hostname": "node1", "gpu": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-5e1c2d6a-0000-4000-8000-000000000001",
+            "compute_capability": "9.0", "driver": "580.95.05", "cuda_driver": "13.0", "nvrtc": "13.0",
+            "nsys": "2025.3.1", "python": "3.11.7", "packages": {"numpy": "2.1.0", "cuda-core": "0.4.0"},
         },
         "status": status,
         "error": {"ok": None,
@@ -125,6 +140,19 @@ def make_result(variant: str | dict[str, str] = "naive", batch: int = 100, strea
     for key, value in overrides.items():
         result[key] = value
     return copy.deepcopy(result)
+
+
+def as_format_1(result: dict[str, Any]) -> dict[str, Any]:
+    """The same result as a format-1 file held it: no measurement id or provenance keys, the
+    commit in the environment."""
+    old = copy.deepcopy(result)
+    git = old.pop("git")
+    for key in ("measurement_id", "sources", "clocks"):
+        old.pop(key)
+    old["format"] = 1
+    old["environment"] = {k: v for k, v in old["environment"].items() if k not in ("gpu_uuid", "cuda_driver")}
+    old["environment"]["git_commit"] = git["commit"]
+    return old
 
 
 def layer_floors(index: int, batch: int) -> dict[str, int]:

@@ -283,6 +283,7 @@ class FakeGpu:
     """Device memory in numpy, keyed by made-up addresses; copies and fills act on it at once."""
 
     name, arch, compute_capability = "Fake H100", "sm_90", 9.0
+    uuid, pci_bus_id = "00000000-0000-4000-8000-00000000fake", None  # NVML finds no such GPU: nulls
 
     def __init__(self):
         self.blocks, self.next = {}, 1 << 20

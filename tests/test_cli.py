@@ -74,11 +74,27 @@ def test_verbose_shows_the_traceback(flag):
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
-def test_compile_of_a_shape_fixing_variant_needs_the_defines():
-    assert "--define C_FIXED" in one_error_line(convsweep("compile", "restrict_unroll", "--arch", "sm_90"))
+def test_a_shape_fixing_variant_compiles_for_the_layers_of_a_network_or_the_given_shape(tmp_path):
+    proc = convsweep("compile", "restrict_unroll", "--arch", "sm_90")  # LeNet-86's two convs
+    assert proc.returncode == 0, proc.stderr
+    assert '"C_FIXED": 1' in proc.stdout and '"C_FIXED": 4' in proc.stdout
     proc = convsweep("compile", "restrict_unroll", "--arch", "sm_90", "--define", "C_FIXED=4", "--define", "K_FIXED=7",
                      "--define", "S_FIXED=1")
     assert proc.returncode == 0 and "conv_forward" in proc.stdout, proc.stderr
+    # A network none of whose layers it fits: say how to give the shape
+    line = one_error_line(convsweep("compile", "tf32_sliding_window", "--arch", "sm_90", "--network",
+                                    "networks/fp64_stride5.yaml"))
+    assert "fits no conv layer of networks/fp64_stride5.yaml" in line and "--define C_FIXED=..." in line
+
+
+def test_compile_all_builds_every_variant(tmp_path):
+    out = tmp_path / "all.json"
+    proc = convsweep("compile", "all", "--arch", "sm_90", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    from convsweep.variants import load_registry
+
+    built = {b["variant"] for b in json.loads(out.read_text())["builds"]}
+    assert built == {name for name, var in load_registry().items() if not var.is_cpu}
 
 
 def test_process_age_is_small_for_a_new_process_and_grows(tmp_path):

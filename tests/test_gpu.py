@@ -235,3 +235,39 @@ def test_streams_overlap_copies_with_kernels_under_nsys(tmp_path):
     t = result["timings"]
     assert t["overlap"] > 0 and t["streams_used"] >= 2
     assert t["forward_ms"] < t["h2d_ms"] + t["compute_ms"] + t["d2h_ms"]  # overlap shortens the pass
+
+
+def test_a_job_records_the_gpu_it_ran_on_and_its_clocks(tmp_path):
+    from convsweep.job import run_job
+
+    result = run_job(spec("events", repeats=2), tmp_path / "r.json")
+    assert result["status"] == "ok", result["error"]
+    env, clocks = result["environment"], result["clocks"]
+    assert env["gpu_uuid"].startswith("GPU-") and env["driver"] and env["cuda_driver"]
+    assert clocks["sm_mhz"] > 0 and clocks["memory_mhz"] > 0
+    assert set(result["sources"]) == {"kernels/naive.cu", "kernels/layers.cu"}
+
+
+def test_two_timed_jobs_on_one_gpu_take_turns(tmp_path):
+    """Two `convsweep run-job` processes at once, as two Snakemake invocations would start them:
+    the second waits for the first's GPU lock and its log says so."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    job = spec("events", batch=4000, repeats=100)
+    procs = []
+    for name in ("first", "second"):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "convsweep", "run-job", "--spec", json.dumps({**job.to_dict(), "sweep": job.sweep}),
+             "--out", str(tmp_path / f"{name}.json")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "CONVSWEEP_LOCK_DIR": str(tmp_path / "locks")}))
+        time.sleep(0.2)
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    assert sum("waiting for GPU" in log for log in logs) == 1, logs
+    results = [json.loads((tmp_path / f"{name}.json").read_text()) for name in ("first", "second")]
+    assert all(r["status"] == "ok" for r in results)
+    waited = max(r["phases_s"]["gpu_wait"] for r in results)
+    assert waited > 0.5 * min(r["phases_s"]["timed"] for r in results)

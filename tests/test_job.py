@@ -25,7 +25,7 @@ def test_reference_job_writes_a_complete_result(tmp_path):
     stored = json.loads(out.read_text())
     assert stored == json.loads(json.dumps(result))
     assert stored["status"] == "ok", stored["error"]
-    assert stored["profiler"] == "cpu" and stored["format"] == 1
+    assert stored["profiler"] == "cpu" and stored["format"] == 2
     assert stored["max_rel_err"] < 1e-5 and 0.8 < stored["accuracy"] <= 1.0
     assert set(stored["timings"]["op_time_ms"]) == {"conv1", "conv2"}
     assert all(v > 0 for v in stored["timings"]["op_time_ms"].values())
@@ -117,3 +117,32 @@ def test_random_workloads_run_on_the_cpu_reference(tmp_path):
     assert result["accuracy"] is None and result["prediction_agreement"] is None
     assert result["max_rel_err"] < 1e-12  # float64 network, float64 CPU reference
     assert result["floors"]["conv1"]["bytes"] == 8 * (16 * 100 * 100 + 10 * 25 + 10 + 16 * 10 * 20 * 20)
+
+
+def test_each_run_is_a_new_measurement_with_its_provenance(tmp_path):
+    import subprocess
+
+    from convsweep.compile import source_hash
+    from convsweep.paths import KERNELS_DIR, ROOT
+
+    first = run_job(spec(batch=8, repeats=1, warmup=0), tmp_path / "r.json")
+    again = run_job(spec(batch=8, repeats=1, warmup=0), tmp_path / "r.json")
+    assert first["run_key"] == again["run_key"] and first["measurement_id"] != again["measurement_id"]
+    assert len(first["measurement_id"]) == 32
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        assert first["git"]["commit"] == head.stdout.strip() and isinstance(first["git"]["dirty"], bool)
+    assert first["clocks"] == {"sm_mhz": None, "memory_mhz": None}  # no GPU timed: null, never guessed
+    assert first["sources"] == {}  # the CPU reference runs no kernel
+    gpu_job = run_job(spec(variants={"conv1": "naive", "conv2": "naive"}, batch=8), tmp_path / "g.json")
+    # Known before anything compiles, so even a run that failed says what code it tried
+    assert gpu_job["sources"] == {"kernels/naive.cu": source_hash(KERNELS_DIR / "naive.cu"),
+                                  "kernels/layers.cu": source_hash(KERNELS_DIR / "layers.cu")}
+
+
+def test_a_killed_writers_temporary_files_are_cleared(tmp_path):
+    out = tmp_path / "r.json"
+    stale = tmp_path / ".r.json.abc123.tmp"
+    stale.write_text('{"half": ')
+    run_job(spec(batch=8, repeats=1, warmup=0), out)
+    assert not stale.exists() and json.loads(out.read_text())["status"] == "ok"

@@ -5,9 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import time
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
 
 from convsweep.errors import StoreError
 from convsweep.query import QUERIES_DIR, list_queries, render, run_query
@@ -248,3 +251,90 @@ def test_empty_result_and_float_cells():
     table = render(["ms", "n", "err"], [(17.4, 3, 3.1e-7), (1234.5678, None, 0.0)], "table")
     assert "17.40" in table and "1235" in table and "3.100e-07" in table
     assert json.loads(render(["x"], [(None,)], "json")) == [{"x": None}]
+
+
+# --- read-only in depth ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db' / 'results.sqlite'}"
+    engine = open_store(url)
+    ingest_result(engine, make_result(), None)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def pg_url(empty_pg_url):
+    engine = open_store(empty_pg_url)
+    ingest_result(engine, make_result(), None)
+    engine.dispose()
+    return empty_pg_url
+
+
+def test_sqlite_attach_is_refused_and_creates_no_file(sqlite_url, tmp_path):
+    target = tmp_path / "created-by-attach.sqlite"
+    with pytest.raises(StoreError, match=r"^read-only connection: "):
+        run_query(sqlite_url, f"ATTACH DATABASE '{target}' AS other")
+    # The authorizer refuses it too, below the statement check
+    from convsweep.query import _read_only_engine
+    from convsweep.store import resolve_url
+    from sqlalchemy.exc import DBAPIError
+
+    engine = _read_only_engine(resolve_url(sqlite_url))
+    with engine.connect() as connection, pytest.raises(DBAPIError, match="not authorized"):
+        connection.exec_driver_sql(f"ATTACH DATABASE '{target}' AS other")
+    engine.dispose()
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("sql, refused", [
+    ("PRAGMA user_version = 7", "PRAGMA user_version = 7"),
+    ("PRAGMA journal_mode = DELETE", "PRAGMA journal_mode = DELETE"),
+    ("PRAGMA writable_schema = ON", "PRAGMA writable_schema = ON"),
+    ("PRAGMA query_only = OFF", "PRAGMA query_only = OFF"),
+    ("SELECT load_extension('/nonexistent/evil')", "the function load_extension()"),
+])
+def test_sqlite_pragmas_that_write_and_extensions_are_refused(sqlite_url, sql, refused):
+    with pytest.raises(StoreError, match=rf"^read-only connection: {re.escape(refused)} is not allowed$"):
+        run_query(sqlite_url, sql)
+    assert rows_of(sqlite_url, "PRAGMA user_version") == [{"user_version": 0}]
+
+
+def test_sqlite_pragmas_that_only_read_are_allowed(sqlite_url):
+    columns = {row["name"] for row in rows_of(sqlite_url, "PRAGMA table_info(run)")}
+    assert {"run_key", "measurement_id", "source_hash"} <= columns
+    assert rows_of(sqlite_url, "PRAGMA journal_mode") == [{"journal_mode": "wal"}]
+
+
+def test_sqlite_vacuum_into_writes_no_file(sqlite_url, tmp_path):
+    target = tmp_path / "copy.sqlite"
+    with pytest.raises(StoreError, match=r"^read-only connection: "):
+        run_query(sqlite_url, f"VACUUM INTO '{target}'")
+    assert not target.exists()
+
+
+def test_postgresql_copy_to_a_file_is_refused(pg_url, tmp_path):
+    target = tmp_path / "leak.csv"
+    with pytest.raises(StoreError, match=r"^read-only connection: .*got COPY"):
+        run_query(pg_url, f"COPY (SELECT * FROM run) TO '{target}'")
+    assert not target.exists()
+
+
+def test_postgresql_server_files_are_out_of_reach(pg_url):
+    with pytest.raises(StoreError, match=r"^read-only connection: permission denied for function pg_read_file"):
+        run_query(pg_url, "SELECT pg_read_file('/etc/hostname')")
+    with pytest.raises(StoreError, match=r"^read-only connection: .*got DO"):
+        run_query(pg_url, "DO $$ BEGIN PERFORM pg_read_file('/etc/hostname'); END $$")
+
+
+def test_postgresql_superuser_queries_run_as_pg_read_all_data(pg_url):
+    engine = create_engine(pg_url)
+    with engine.connect() as connection:
+        superuser = connection.exec_driver_sql(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").scalar()
+    engine.dispose()
+    who = rows_of(pg_url, "SELECT current_user AS who")[0]["who"]
+    assert who == ("pg_read_all_data" if superuser else make_url(pg_url).username)
+    assert rows_of(pg_url, "SELECT COUNT(*) AS runs FROM run") == [{"runs": 1}]

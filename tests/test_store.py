@@ -28,19 +28,22 @@ from convsweep.store import (
     ingest_files,
     ingest_result,
     make_engine,
+    migrate,
     open_store,
+    read_result,
     resolve_url,
     sha256_json,
     sqlite_path,
     variant_label,
 )
-from store_fixtures import make_result, row_counts, standard_results, write_results
+from store_fixtures import as_format_1, make_result, row_counts, standard_results, write_results
 
 RUN_SUMMARY_0001_COLUMNS = [
     "experiment", "variant", "batch", "streams", "host_memory", "status", "op_time_1_ms",
     "op_time_2_ms", "forward_ms", "total_s", "accuracy", "max_rel_err", "profiler", "run_id",
 ]
-RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0001_COLUMNS[:-1] + ["prediction_agreement", "run_id"]
+RUN_SUMMARY_0002_COLUMNS = RUN_SUMMARY_0001_COLUMNS[:-1] + ["prediction_agreement", "run_id"]
+RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0002_COLUMNS[:-1] + ["job_id", "started_at", "run_id"]
 
 
 @pytest.fixture
@@ -189,9 +192,43 @@ def test_reingesting_the_same_files_changes_nothing(engine, tmp_path):
     counts = row_counts(engine)
     assert counts["layer_time"] == 6 * 2
     second = ingest_files(engine, paths)
-    assert (second.added, second.unchanged) == (0, 6)
+    assert (second.added, second.unchanged, second.errors) == (0, 6, [])
     assert row_counts(engine) == counts
-    assert ingest_result(engine, standard_results()[0], None) is False
+    assert ingest_result(engine, read_result(paths[0]), None) is False
+
+
+def test_a_new_measurement_of_a_stored_job_is_a_new_row_and_the_latest_is_summarized(engine):
+    """Re-measuring a job (its kernel edited, say) keeps both rows; latest_run and run_summary show
+    the newer by started_at, whatever order they were ingested in."""
+    old = make_result("naive", 100, op_time_ms=(0.9, 1.9), started_at="2026-11-22T18:40:00+00:00")
+    new = make_result("naive", 100, op_time_ms=(0.5, 1.5), started_at="2026-11-23T09:00:00+00:00",
+                      sources={"kernels/naive.cu": "f" * 64})
+    assert old["run_key"] == new["run_key"] and old["measurement_id"] != new["measurement_id"]
+    assert ingest_result(engine, new, None) and ingest_result(engine, old, None)
+    assert ingest_result(engine, new, None) is False
+    with engine.connect() as connection:
+        assert connection.scalar(select(func.count()).select_from(Run.__table__)) == 2
+        rows = connection.exec_driver_sql("SELECT op_time_1_ms, job_id FROM run_summary").all()
+        assert rows == [(0.5, new["job_id"])]
+        hashes = connection.exec_driver_sql("SELECT source_hash FROM run ORDER BY started_at").scalars().all()
+        assert hashes[0] != hashes[1] and all(len(h) == 64 for h in hashes)
+        latest = connection.exec_driver_sql("SELECT measurement_id FROM latest_run").scalars().all()
+        assert latest == [new["measurement_id"]]
+
+
+def test_each_run_records_where_it_was_measured_from(engine):
+    ingest_result(engine, make_result("naive", 100), None)
+    ingest_result(engine, as_format_1(make_result("tiled", 100)), None)
+    with Session(engine) as session:
+        new, old = session.scalars(select(Run).order_by(Run.variant)).all()
+        assert (new.git_commit, new.git_dirty) == ("abc123" + "0" * 34, False)
+        assert (new.sm_clock_mhz, new.memory_clock_mhz) == (1980, 2619)
+        assert new.sources == {"kernels/naive.cu": make_result("naive")["sources"]["kernels/naive.cu"]}
+        assert (new.environment.gpu_uuid, new.environment.driver) == ("GPU-5e1c2d6a-0000-4000-8000-000000000001",
+                                                                       "580.95.05")
+        # format 1 kept the commit in the environment, and had no clocks or sources
+        assert (old.git_commit, old.git_dirty, old.sm_clock_mhz, old.source_hash) == ("abc123" + "0" * 34, None, None, None)
+        assert old.measurement_id == old.run_key
 
 
 def test_failed_and_incorrect_runs_keep_their_messages(engine):
@@ -272,18 +309,21 @@ def test_concurrent_ingests_of_runs_sharing_a_sweep(engine):
     assert (counts["run"], counts["sweep"], counts["environment"], counts["build"]) == (6, 1, 1, 1)
 
 
-def test_invalid_json_file_names_the_file(engine, tmp_path):
-    path = tmp_path / "runs" / "broken-b100.json"
-    path.parent.mkdir()
-    path.write_text('{"format": 1, "job_id": ', encoding="utf-8")
-    with pytest.raises(StoreError, match=r"broken-b100\.json: not valid JSON"):
-        ingest_files(engine, [path])
-    assert row_counts(engine)["run"] == 0
-
-
-def test_missing_file_names_the_file(engine, tmp_path):
-    with pytest.raises(StoreError, match=r"nothere\.json: cannot read"):
-        ingest_files(engine, [tmp_path / "nothere.json"])
+def test_bad_files_are_reported_one_line_each_and_the_good_ones_stored(engine, tmp_path):
+    good = write_results(tmp_path / "runs", standard_results()[:2])
+    broken = tmp_path / "runs" / "broken-b100.json"
+    broken.write_text('{"format": 2, "job_id": ', encoding="utf-8")
+    no_key = make_result("tiled", 7)
+    del no_key["measurement_id"]
+    [no_key_path] = write_results(tmp_path / "other", [no_key])
+    missing = tmp_path / "nothere.json"
+    report = ingest_files(engine, [broken, good[0], missing, no_key_path, good[1]])
+    assert (report.added, report.unchanged) == (2, 0)
+    assert len(report.errors) == 3 and all("\n" not in e for e in report.errors)
+    assert report.errors[0].startswith(f"{broken}: not valid JSON")
+    assert report.errors[1].startswith(f"{missing}: cannot read")
+    assert report.errors[2].startswith(f"{no_key_path}: key 'measurement_id' must be a string (result format 2)")
+    assert row_counts(engine)["run"] == 2
 
 
 @pytest.mark.parametrize("section, key", [("", "run_key"), ("spec", "batch"), ("sweep", "config_hash")])
@@ -292,8 +332,7 @@ def test_missing_key_names_file_and_key(engine, tmp_path, section, key):
     del (result[section] if section else result)[key]
     [path] = write_results(tmp_path / "runs", [result])
     dotted = f"{section}.{key}" if section else key
-    with pytest.raises(StoreError, match=rf"{path.name}: missing key '{dotted}'"):
-        ingest_files(engine, [path])
+    assert ingest_files(engine, [path]).errors == [f"{path}: missing key '{dotted}'"]
     assert row_counts(engine)["run"] == 0
 
 
@@ -307,8 +346,8 @@ def test_started_at_with_z_suffix_and_bad_lists(engine):
 
 
 def test_wrong_format_and_status_are_refused(engine):
-    with pytest.raises(StoreError, match=r"a\.json: result format 2 is not supported"):
-        ingest_result(engine, make_result(format=2), "a.json")
+    with pytest.raises(StoreError, match=r"a\.json: result format 3 is not supported \(expected one of 1, 2\)"):
+        ingest_result(engine, make_result(format=3), "a.json")
     with pytest.raises(StoreError, match=r"b\.json: key 'status' is 'great'"):
         ingest_result(engine, {**make_result(), "status": "great"}, "b.json")
     with pytest.raises(StoreError, match=r"c\.json: expected a JSON object"):
@@ -420,6 +459,8 @@ def test_migrating_a_0001_database_backfills_layer_time(db_url):
     try:
         assert layer_rows(engine) == expected_layer_rows(results)
         assert row_counts(engine)["layer_time"] == 7 * 2
+        # 0003 rebuilds the run table: its children survive (foreign keys are off while it does)
+        assert row_counts(engine)["sample"] == sum(len(result["samples"]) for result in results) > 0
         with engine.connect() as connection:
             # The same schema as a database created at head
             assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
@@ -427,8 +468,9 @@ def test_migrating_a_0001_database_backfills_layer_time(db_url):
             # The database never held it: old runs have no prediction agreement
             assert set(connection.scalars(select(Run.prediction_agreement))) == {None}
             assert connection.scalar(select(func.count()).select_from(Run.__table__)) == 7
-        # Ingest stays idempotent over migrated runs, and new runs get their rows as usual
-        assert [ingest_result(engine, result, None) for result in results] == [False] * 7
+        # Ingest stays idempotent over migrated runs (their files are format 1), and new runs get
+        # their rows as usual
+        assert [ingest_result(engine, as_format_1(result), None) for result in results] == [False] * 7
         assert ingest_result(engine, make_result("tiled", 5000), None) is True
         assert layer_rows(engine) == expected_layer_rows(results + [make_result("tiled", 5000)])
         assert [c["name"] for c in inspect(engine).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
@@ -454,8 +496,7 @@ def test_downgrade_to_0001_keeps_the_runs_and_upgrading_again_restores_layer_tim
     before = row_counts(engine)
     ingested = layer_rows(engine)
     assert ingested == expected_layer_rows(standard_results())
-    with _writer(engine).begin() as connection:
-        command.downgrade(alembic_config(connection), "0001")
+    migrate(engine, "0001", downgrade=True)
     with engine.connect() as connection:
         schema = inspect(connection)
         assert "layer_time" not in schema.get_table_names()
@@ -464,7 +505,6 @@ def test_downgrade_to_0001_keeps_the_runs_and_upgrading_again_restores_layer_tim
         # Nothing cascaded away with the dropped column
         for table in ("run", "sample", "kernel", "memcpy", "run_build"):
             assert connection.scalar(select(func.count()).select_from(Base.metadata.tables[table])) == before[table]
-    with _writer(engine).begin() as connection:
-        command.upgrade(alembic_config(connection), "head")
+    migrate(engine, "head")
     assert layer_rows(engine) == ingested
     assert row_counts(engine) == before

@@ -6,15 +6,18 @@ which is also what the sweep must do: record the failure and go on.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 from sqlalchemy import create_engine, text
 
-from convsweep.config import ROOT
+from checkout_copy import copy_checkout
+from convsweep.paths import ROOT
 
 SNAKEMAKE = shutil.which("snakemake")
 pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
@@ -46,7 +49,7 @@ def runs(url: str) -> list:
     engine = create_engine(url)
     try:
         with engine.connect() as c:
-            return c.execute(text("SELECT run_key, variant, batch, status, error FROM run ORDER BY variant, batch")).all()
+            return c.execute(text("SELECT run_key, variant, batch, status, error FROM run ORDER BY variant, batch, id")).all()
     finally:
         engine.dispose()
 
@@ -67,15 +70,20 @@ def check_sweep(tmp_path: Path, config_db_url: str, env=None):
     assert "| reference" in summary
 
     # As an interruption leaves it: one job's result never written, ingest and report never run.
-    # The rerun redoes only that job, then ingests all four without duplicating the three stored.
+    # The rerun measures only that job again: a new measurement, stored beside the first; the
+    # three others are not measured or stored again.
     exp_dir = tmp_path / "results" / "cpu-sweep"
     for path in [*exp_dir.glob("runs/reference-b16-*.json"), exp_dir / "ingested.json", exp_dir / "summary.md"]:
         path.unlink()
     again = snakemake(tmp_path, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.count("rule run_job:") == 1
-    assert json.loads((exp_dir / "ingested.json").read_text())["unchanged"] == 4  # the lost job's row was already stored
-    assert sorted(r.run_key for r in runs(url)) == sorted(r.run_key for r in rows)  # nothing duplicated
+    ingested = json.loads((exp_dir / "ingested.json").read_text())
+    assert (ingested["added"], ingested["unchanged"]) == (1, 3)
+    after = runs(url)
+    assert len(after) == 5 and len({r.run_key for r in after}) == 4
+    assert sorted(r.run_key for r in after if r.run_key != ref[0].run_key) == \
+        sorted(r.run_key for r in rows if r.run_key != ref[0].run_key)
 
     nothing = snakemake(tmp_path, env=env)
     assert "Nothing to be done" in nothing.stdout + nothing.stderr
@@ -121,3 +129,179 @@ def test_a_configfile_replaces_the_default_sweep(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "only-this" in out and "lenet86-baseline" not in out
+
+
+# --- the profile, failures, edits and interruptions, as a user meets them ----------------------
+
+
+def run_in(checkout: Path, workdir: Path, *extra: str, env=None) -> subprocess.CompletedProcess:
+    """`snakemake` with the Snakefile of `checkout` (a copy, when a test edits kernels)."""
+    cmd = [SNAKEMAKE, "--snakefile", str(checkout / "Snakefile"), "--directory", str(workdir), "--cores", "1", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+
+
+def small_sweep(workdir: Path, experiments: dict) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    defaults = {"network": "networks/lenet86.yaml", "batches": [8], "repeats": 1, "warmup": 0, "profiler": "events"}
+    (workdir / "experiments.yaml").write_text(yaml.safe_dump(
+        {"db_url": "sqlite:///db/results.sqlite", "experiments": {k: {**defaults, **v} for k, v in experiments.items()}}))
+
+
+def planned(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    """Snakemake's "Job stats" table of a dry run: rule -> count."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    if "Nothing to be done" in out:
+        return {}
+    table = out.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    return {parts[0]: int(parts[1]) for parts in (line.split() for line in table.splitlines()[3:])
+            if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total"}
+
+
+def history(workdir: Path) -> list[tuple]:
+    engine = create_engine(f"sqlite:///{workdir / 'db' / 'results.sqlite'}")
+    try:
+        with engine.connect() as c:
+            return c.execute(text("SELECT job_id, variant, source_hash, status, error FROM run ORDER BY job_id, id")).all()
+    finally:
+        engine.dispose()
+
+
+def test_plain_snakemake_uses_the_default_profile():
+    """From the repository root, as a user types it: the workflow profile is read, so timed jobs
+    take gpu=1, failures do not stop the sweep, an interrupted one resumes, commands are printed."""
+    proc = subprocess.run([SNAKEMAKE, "-n", "--cores", "1"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "Using workflow specific profile profiles/default" in out
+    assert "Shell command: convsweep compile " in out and "Shell command: convsweep run-job " in out
+    run_job = out.split("rule run_job:", 1)[1].split("\n\n", 1)[0]
+    assert "gpu=1" in run_job
+    profile = yaml.safe_load((ROOT / "profiles" / "default" / "config.yaml").read_text())
+    assert profile["keep-going"] is True and profile["rerun-incomplete"] is True and "gpu=1" in profile["resources"]
+    assert not (ROOT / "workflow" / "profiles").exists()  # where Snakemake never looks
+
+
+def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
+    """A kernel with a syntax error is a result: its job is stored as failed with the compiler's
+    line and the others are measured. A compile job that dies (killed, as the OOM killer would)
+    fails only what depends on it; the rest of the sweep goes on (keep-going), and the next
+    `snakemake` finishes the job."""
+    checkout = copy_checkout(tmp_path / "checkout")
+    (checkout / "kernels" / "broken.cu").write_text(
+        '#include "common.cuh"\nextern "C" __global__ void conv_forward(CONV_ARGS) {\n  y[0] = undefined_name;\n}\n')
+    registry = yaml.safe_load((checkout / "kernels" / "variants.yaml").read_text())
+    registry["broken"] = {**registry["naive"], "source": "broken.cu", "params": {}}
+    (checkout / "kernels" / "variants.yaml").write_text(yaml.safe_dump(registry))
+    work = tmp_path / "work"
+    small_sweep(work, {"with-broken": {"variants": ["reference", "broken"]},
+                       "victim": {"variants": ["reference", "tiled_shared"], "batches": [16]},
+                       "bystander": {"variants": ["reference"], "batches": [24]}})
+    env = {**os.environ, "CONVSWEEP_CACHE": str(tmp_path / "cache")}  # compiles take real time
+    cmd = [SNAKEMAKE, "--snakefile", str(checkout / "Snakefile"), "--directory", str(work), "--cores", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    killed = kill_when_running(f"compile tiled_shared", proc)
+    out = proc.communicate(timeout=900)[0]
+    assert killed, out[-3000:]
+    assert proc.returncode != 0 and "Error in rule compile_variant" in out, out[-3000:]
+    assert (work / "results" / "with-broken" / "summary.md").is_file()
+    assert (work / "results" / "bystander" / "summary.md").is_file()
+    assert not (work / "results" / "victim" / "summary.md").exists()
+    assert len(list((work / "results" / "victim" / "runs").glob("reference-*.json"))) == 1  # ran regardless
+    rows = {r.variant: r for r in history(work)}
+    assert rows["broken"].status == "failed"
+    assert rows["broken"].error.startswith("kernels/broken.cu:3: identifier \"undefined_name\" is undefined")
+    assert rows["reference"].status == "ok"
+    builds = [json.loads(p.read_text()) for p in (work / "results" / "builds").glob("broken-*.json")]
+    assert builds[0]["builds"] == [] and "undefined_name" in builds[0]["errors"][0]
+
+    finish = run_in(checkout, work, env=env)
+    assert finish.returncode == 0, (finish.stdout + finish.stderr)[-3000:]
+    assert (work / "results" / "victim" / "summary.md").is_file()
+
+
+def kill_when_running(pattern: str, snakemake: subprocess.Popen) -> bool:
+    """SIGKILL the first process whose command line holds `pattern`, while `snakemake` runs."""
+    while snakemake.poll() is None:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if pattern in args and "-m convsweep" in args:
+                try:
+                    os.kill(int(cmdline.parent.name), signal.SIGKILL)
+                    return True
+                except ProcessLookupError:
+                    continue
+        time.sleep(0.01)
+    return False
+
+
+def test_editing_a_kernel_re_measures_exactly_the_jobs_that_use_it(tmp_path):
+    checkout = copy_checkout(tmp_path / "checkout")
+    work = tmp_path / "work"
+    small_sweep(work, {"e": {"variants": ["reference", "naive", "restrict_unroll"]}})
+    first = run_in(checkout, work)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert planned(run_in(checkout, work, "-n")) == {}
+
+    naive = checkout / "kernels" / "naive.cu"
+    naive.write_text(naive.read_text() + "// edited: one more line\n")
+    assert planned(run_in(checkout, work, "-n")) == {
+        "compile_variant": 1, "run_job": 1, "ingest_results": 1, "make_report": 1, "all": 1}
+    second = run_in(checkout, work)
+    assert second.returncode == 0, second.stderr[-3000:]
+    rows = history(work)
+    measured = {}
+    for row in rows:
+        measured.setdefault(row.variant, []).append(row.source_hash)
+    assert len(measured["naive"]) == 2 and measured["naive"][0] != measured["naive"][1]
+    assert len(measured["restrict_unroll"]) == 1 and measured["reference"] == [None]
+
+    # A registry entry is an input of its variant's builds; its description is not
+    registry = checkout / "kernels" / "variants.yaml"
+    text_before = registry.read_text()
+    edited = text_before.replace("description: one thread per output element, operands from global memory",
+                                 "description: one thread per output, operands from global memory")
+    assert edited != text_before
+    registry.write_text(edited)
+    assert planned(run_in(checkout, work, "-n")) == {}
+    entries = yaml.safe_load(edited)
+    entries["restrict_unroll"]["constraints"] = [*entries["restrict_unroll"].get("constraints", []), "B >= 1"]
+    registry.write_text(yaml.safe_dump(entries))
+    restrict_builds = len(list((work / "results" / "builds").glob("restrict_unroll-*.json")))
+    assert planned(run_in(checkout, work, "-n")) == {
+        "compile_variant": restrict_builds, "run_job": 1, "ingest_results": 1, "make_report": 1, "all": 1}
+    registry.write_text(edited)
+
+    # A shared header is an input of every build that includes it; layers.cu of every GPU job
+    header = checkout / "kernels" / "common.cuh"
+    header.write_text(header.read_text() + "// edited\n")
+    assert planned(run_in(checkout, work, "-n")) == {
+        "compile_variant": restrict_builds + 1, "run_job": 2, "ingest_results": 1, "make_report": 1, "all": 1}
+
+
+def test_a_sweep_killed_halfway_resumes_with_every_job_stored_once(tmp_path):
+    work = tmp_path / "work"
+    small_sweep(work, {"e": {"variants": ["reference"], "batches": [8, 16, 24, 32, 40, 48]}})
+    cmd = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work), "--cores", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    runs_dir = work / "results" / "e" / "runs"
+    deadline = time.monotonic() + 600
+    while len(list(runs_dir.glob("*.json"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # snakemake and the job it was running, as a node crash would
+    proc.wait()
+    assert 2 <= len(list(runs_dir.glob("*.json"))) < 6
+
+    locked = run_in(ROOT, work)
+    assert locked.returncode != 0 and "--unlock" in locked.stdout + locked.stderr
+    assert run_in(ROOT, work, "--unlock").returncode == 0
+    resumed = run_in(ROOT, work)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = history(work)
+    assert len(rows) == 6 and len({r.job_id for r in rows}) == 6
+    assert not [p for p in work.rglob("*") if p.name.endswith(".tmp")]
+    for path in (work / "results").rglob("*.json"):
+        json.loads(path.read_text())  # every file whole

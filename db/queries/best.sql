@@ -2,12 +2,12 @@
 WITH layer_time AS (
     SELECT id AS run_id, experiment, variant, params, batch, streams, host_memory,
            'op time 1' AS layer, op_time_1_ms AS op_time_ms
-    FROM run
+    FROM latest_run
     WHERE status = 'ok' AND op_time_1_ms IS NOT NULL
     UNION ALL
     SELECT id AS run_id, experiment, variant, params, batch, streams, host_memory,
            'op time 2' AS layer, op_time_2_ms AS op_time_ms
-    FROM run
+    FROM latest_run
     WHERE status = 'ok' AND op_time_2_ms IS NOT NULL
 ),
 ranked AS (

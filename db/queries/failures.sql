@@ -9,6 +9,6 @@ SELECT id AS run_id,
        max_rel_err,
        tolerance,
        error
-FROM run
+FROM latest_run
 WHERE status IN ('failed', 'incorrect')
 ORDER BY experiment, status, variant, batch, streams, id

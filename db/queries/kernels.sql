@@ -14,5 +14,5 @@ SELECT r.experiment,
        k.local_bytes,
        r.id AS run_id
 FROM kernel k
-JOIN run r ON r.id = k.run_id
+JOIN latest_run r ON r.id = k.run_id
 ORDER BY r.experiment, r.variant, r.batch, r.streams, r.id, k.layer, k.name

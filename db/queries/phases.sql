@@ -15,7 +15,7 @@ SELECT r.experiment,
        MAX(CASE WHEN p.name = 'check' THEN p.seconds END) AS "check",
        MAX(CASE WHEN p.name = 'profile' THEN p.seconds END) AS "nsys",
        r.id AS run_id
-FROM run r
+FROM latest_run r
 LEFT JOIN phase p ON p.run_id = r.id
 WHERE r.status <> 'failed'
 GROUP BY r.id, r.experiment, r.variant, r.batch, r.streams, r.host_memory, r.profiler, r.total_s

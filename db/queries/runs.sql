@@ -1,4 +1,4 @@
--- Which runs are stored, and did each one succeed (status and error of every run)?
+-- Which runs are stored (the latest measurement of each job), and did each one succeed (status and error)?
 SELECT id AS run_id,
        experiment,
        job_id,
@@ -10,5 +10,5 @@ SELECT id AS run_id,
        status,
        error,
        started_at
-FROM run
+FROM latest_run
 ORDER BY experiment, variant, batch, streams, host_memory, id

@@ -11,7 +11,7 @@ SELECT experiment,
        MAX(CASE WHEN streams = 2 THEN overlap END) AS "overlap s2",
        MAX(CASE WHEN streams = 4 THEN overlap END) AS "overlap s4",
        MAX(CASE WHEN streams = 8 THEN overlap END) AS "overlap s8"
-FROM run
+FROM latest_run
 WHERE status = 'ok'
 GROUP BY experiment, variant, batch, host_memory
 ORDER BY experiment, variant, batch,

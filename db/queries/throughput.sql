@@ -11,6 +11,6 @@ SELECT r.experiment,
        CASE WHEN lt.op_time_ms > 0 THEN lt.bytes / (lt.op_time_ms * 1e6) END AS "GB/s",
        r.id AS run_id
 FROM layer_time lt
-JOIN run r ON r.id = lt.run_id
+JOIN latest_run r ON r.id = lt.run_id
 WHERE r.status = 'ok'
 ORDER BY r.experiment, lt.layer, r.batch, lt.op_time_ms IS NULL, lt.op_time_ms, r.id

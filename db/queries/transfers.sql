@@ -9,6 +9,6 @@ SELECT experiment,
        compute_ms AS "compute (ms)",
        forward_ms AS "forward (ms)",
        overlap
-FROM run
+FROM latest_run
 WHERE status = 'ok'
 ORDER BY experiment, variant, batch, host_memory, streams, id

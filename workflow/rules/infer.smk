@@ -1,6 +1,7 @@
 rule run_job:
     input:
-        lambda w: plan.build_files(w.experiment, w.job),
+        builds=lambda w: plan.build_files(w.experiment, w.job),
+        sources=lambda w: plan.job_sources(w.experiment, w.job),
     output:
         f"{RESULTS}/{{experiment}}/runs/{{job}}.json",
     log:
@@ -12,4 +13,4 @@ rule run_job:
     conda:
         "../envs/convsweep.yaml"
     shell:
-        "convsweep run-job --spec {params.spec:q} --out {output} > {log} 2>&1"
+        "convsweep run-job --spec {params.spec:q} --builds {input.builds:q} --out {output} > {log} 2>&1"

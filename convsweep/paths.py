@@ -1,0 +1,44 @@
+"""The one place that knows where the checkout's files are.
+
+convsweep runs from its checkout: kernels, the registry, networks, data, schemas, queries and
+migrations are files beside the package, which a person edits and Snakemake watches. An
+install that copied the package alone (a non-editable `pip install .`) has none of them, and
+is refused with one line before anything else happens.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS_DIR = ROOT / "kernels"
+REGISTRY_PATH = KERNELS_DIR / "variants.yaml"
+NETWORKS_DIR = ROOT / "networks"
+DATA_DIR = ROOT / "data"
+SCHEMAS_DIR = ROOT / "workflow" / "schemas"
+DB_DIR = ROOT / "db"
+QUERIES_DIR = DB_DIR / "queries"
+MIGRATIONS_DIR = DB_DIR / "migrations"
+
+
+def require_checkout() -> None:
+    """Refuse to run from a package that was copied away from its checkout."""
+    if not REGISTRY_PATH.is_file():
+        raise ConfigError(f"{Path(__file__).parent} is not in a convsweep checkout (no {REGISTRY_PATH}): "
+                          "install it from the repository with `pip install -e .`")
+
+
+def check_same_checkout(planned_from: str | Path) -> None:
+    """Refuse when this convsweep is not the one of the checkout a sweep was planned from."""
+    planned = Path(planned_from).resolve()
+    if planned != ROOT:
+        raise ConfigError(f"the sweep was planned from the checkout {planned}, but this convsweep is "
+                          f"{ROOT / 'convsweep'}: run the Snakefile of the checkout convsweep is installed from, "
+                          f"or `pip install -e {planned}`")
+
+
+def relative_to_root(path: Path) -> str:
+    """A checkout path as the records store it (relative, so two clones agree); others absolute."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)

@@ -1,0 +1,153 @@
+"""What a measurement was taken from: the software and machine, the checkout's git state, and
+the GPU's identity and clocks (NVML), so every stored row can be traced back.
+
+NVML comes from nvidia-ml-py (`pynvml`) and the driver's libnvidia-ml; where either is missing
+(a CPU-only machine) the GPU fields are null, never guessed.
+"""
+from __future__ import annotations
+
+import platform
+import subprocess
+from importlib import metadata
+
+from .paths import ROOT
+
+PACKAGES = ("numpy", "cuda-core", "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-nvrtc", "nvidia-ml-py", "nvtx",
+            "sqlalchemy", "snakemake", "pyyaml")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_state() -> dict:
+    """{commit, dirty}: HEAD of the checkout and whether tracked or new files differ from it
+    (ignored files, such as results and the database, do not count); nulls outside a git checkout."""
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    status = _git("status", "--porcelain")
+    return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
+
+
+def environment(gpu=None, nsys_version: str | None = None) -> dict:
+    """The software and machine a job ran on: the same for every run of a sweep on one host, so the
+    store keeps one row of it. GPU identity (UUID, driver) comes from NVML when a GPU is given."""
+    from .compile import nvrtc_version
+
+    packages = {}
+    for name in PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            packages[name] = None
+    env = {"hostname": platform.node(), "python": platform.python_version(), "packages": packages,
+           "gpu": None, "gpu_uuid": None, "compute_capability": None, "driver": None, "cuda_driver": None,
+           "nvrtc": None, "nsys": nsys_version}
+    try:
+        env["nvrtc"] = nvrtc_version()
+    except Exception:  # no NVRTC library: the compile step says so where it matters
+        pass
+    if gpu is not None:
+        env.update(gpu=gpu.name, compute_capability=f"{gpu.compute_capability:.1f}", cuda_driver=gpu.driver_version())
+        with GpuMonitor(gpu.uuid, gpu.pci_bus_id) as monitor:
+            env.update(gpu_uuid=monitor.uuid, driver=monitor.driver)
+    return env
+
+
+class GpuMonitor:
+    """NVML's view of one CUDA device, found by UUID (or PCI bus id): its UUID, the driver version
+    and the current clocks. Every query returns None where NVML cannot answer."""
+
+    def __init__(self, cuda_uuid: str | None, pci_bus_id: str | None = None):
+        self._nvml = self._handle = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception:  # no nvidia-ml-py, or no driver library
+            return
+        for find, key in ((pynvml.nvmlDeviceGetHandleByUUID, _nvml_uuid(cuda_uuid)),
+                          (pynvml.nvmlDeviceGetHandleByPciBusId, pci_bus_id)):
+            if key:
+                try:
+                    self._handle = find(key)
+                    return
+                except pynvml.NVMLError:
+                    continue
+
+    def _ask(self, query, *args):
+        if self._handle is None:
+            return None
+        try:
+            value = query(self._handle, *args)
+        except self._nvml.NVMLError:
+            return None
+        return value.decode() if isinstance(value, bytes) else value
+
+    @property
+    def uuid(self) -> str | None:
+        return self._ask(self._nvml.nvmlDeviceGetUUID) if self._nvml else None
+
+    @property
+    def driver(self) -> str | None:
+        if self._handle is None:
+            return None
+        try:
+            version = self._nvml.nvmlSystemGetDriverVersion()
+        except self._nvml.NVMLError:
+            return None
+        return version.decode() if isinstance(version, bytes) else version
+
+    def clocks(self) -> dict:
+        """{sm_mhz, memory_mhz} now (None where unknown)."""
+        nvml = self._nvml
+        if nvml is None:
+            return {"sm_mhz": None, "memory_mhz": None}
+        return {"sm_mhz": self._ask(nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM),
+                "memory_mhz": self._ask(nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM)}
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError:
+                pass
+            self._nvml = self._handle = None
+
+    def __enter__(self) -> "GpuMonitor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def host_gpu_arch() -> str | None:
+    """sm_XY of this host's GPUs from NVML, without creating a CUDA context (compile jobs run beside
+    timed ones); None without NVML or when the GPUs differ."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        archs = {"sm_{}{}".format(*pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                 for i in range(pynvml.nvmlDeviceGetCount())}
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+    return archs.pop() if len(archs) == 1 else None
+
+
+def _nvml_uuid(cuda_uuid: str | None) -> str | None:
+    """NVML names a GPU 'GPU-<uuid>'; CUDA gives the bare UUID."""
+    if not cuda_uuid:
+        return None
+    return cuda_uuid if cuda_uuid.startswith(("GPU-", "MIG-")) else f"GPU-{cuda_uuid}"

@@ -1,0 +1,22 @@
+-- Every measurement of each job, newest first: its times, the kernel code it measured (source hash, git commit, dirty tree) and the GPU it ran on (UUID, driver, clocks)?
+SELECT r.experiment,
+       r.job_id,
+       r.started_at AS measured,
+       CASE WHEN l.id IS NULL THEN '' ELSE 'latest' END AS latest,
+       r.status,
+       r.op_time_1_ms AS "op time 1 (ms)",
+       r.op_time_2_ms AS "op time 2 (ms)",
+       r.forward_ms AS "forward (ms)",
+       substr(r.source_hash, 1, 12) AS source_hash,
+       substr(r.git_commit, 1, 10) AS git_commit,
+       CASE WHEN r.git_dirty THEN 'dirty' WHEN NOT r.git_dirty THEN 'clean' END AS tree,
+       e.gpu,
+       e.gpu_uuid,
+       e.driver,
+       r.sm_clock_mhz AS "sm MHz",
+       r.memory_clock_mhz AS "mem MHz",
+       r.id AS run_id
+FROM run r
+JOIN environment e ON e.id = r.environment_id
+LEFT JOIN latest_run l ON l.id = r.id
+ORDER BY r.experiment, r.job_id, r.started_at DESC, r.id DESC

@@ -1,0 +1,76 @@
+"""The per-GPU lock: a second process waits, says whom for, and gets the GPU when the holder exits
+however it exits (a killed Snakemake's job still running holds it; SIGKILL releases it)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from convsweep.gpulock import gpu_lock, lock_path
+
+UUID = "5e1c2d6a-0000-4000-8000-00000000beef"
+HOLD = """
+import sys, time
+from convsweep.gpulock import gpu_lock
+with gpu_lock(sys.argv[1], sys.argv[2]):
+    print("holding", flush=True)
+    time.sleep(float(sys.argv[3]))
+print("released", flush=True)
+"""
+
+
+@pytest.fixture(autouse=True)
+def private_lock_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVSWEEP_LOCK_DIR", str(tmp_path / "locks"))
+
+
+def hold(job: str, seconds: float) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, UUID, job, str(seconds)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "holding"
+    return proc
+
+
+def test_a_second_job_waits_and_its_log_says_for_whom(tmp_path):
+    first = hold("job naive-b100 (lenet86-baseline)", 1.5)
+    second = subprocess.Popen([sys.executable, "-c", HOLD, UUID, "job tiled-b100", "0"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    started = time.monotonic()
+    out, err = second.communicate(timeout=30)
+    waited = time.monotonic() - started
+    first.wait(timeout=30)
+    assert second.returncode == 0 and "holding" in out
+    assert waited >= 1.0  # it could not start before the first let go
+    waiting, got = err.strip().splitlines()
+    assert waiting.startswith(f"waiting for GPU {UUID}: {lock_path(UUID)} is held by pid {first.pid}")
+    assert waiting.endswith("job naive-b100 (lenet86-baseline)")
+    assert got.startswith(f"got GPU {UUID} after waiting ")
+
+
+def test_a_killed_holder_releases_the_gpu():
+    holder = hold("job left running by a killed snakemake", 600)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    started = time.monotonic()
+    with gpu_lock(UUID, "next job", log=open(os.devnull, "w")):
+        assert time.monotonic() - started < 5
+
+
+def test_different_gpus_do_not_wait_for_each_other():
+    holder = hold("job on GPU 0", 600)
+    try:
+        started = time.monotonic()
+        with gpu_lock("another-gpu-uuid", "job on GPU 1", log=open(os.devnull, "w")):
+            assert time.monotonic() - started < 1
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_lock_file_is_shared_by_every_user(tmp_path):
+    with gpu_lock(UUID, "me", log=open(os.devnull, "w")) as path:
+        assert path.stat().st_mode & 0o777 == 0o666
+        assert path.read_text().startswith(f"pid {os.getpid()} ")
+    assert path.parent.stat().st_mode & 0o7777 == 0o1777
