@@ -129,3 +129,42 @@ def test_run_job_times_the_whole_process(tmp_path):
     assert {"process_start", "load", "warmup", "timed", "check"} <= set(phases)
     assert 0 < phases["process_start"] < wall
     assert sum(phases.values()) <= result["timings"]["total_s"] <= wall + RESOLUTION_S
+
+
+def test_ingest_names_each_bad_file_stores_the_good_ones_and_fails_at_the_end(tmp_path):
+    from store_fixtures import make_result, write_results
+
+    good = write_results(tmp_path / "runs", [make_result("naive", 100), make_result("tiled", 100)])
+    bad = tmp_path / "runs" / "half.json"
+    bad.write_text('{"format": 2, "job_')
+    db = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    proc = convsweep("ingest", "--db", db, "--report", str(tmp_path / "ingested.json"), str(good[0]), str(bad), str(good[1]))
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [f"convsweep: {bad}: not valid JSON: Unterminated string starting at: line 1 "
+                                        "column 15 (char 14)"]
+    assert "2 added, 0 already stored, 1 could not be stored" in proc.stdout
+    assert not (tmp_path / "ingested.json").exists()  # the Snakemake rule's output: only when all stored
+    again = convsweep("ingest", "--db", db, *map(str, good))
+    assert again.returncode == 0 and "0 added, 2 already stored" in again.stdout
+
+
+def test_a_sweep_stops_before_any_job_when_the_database_is_unusable(tmp_path):
+    """A database that cannot take results stops Snakemake with one line before any job runs, so
+    no GPU time is spent on results that could not be stored."""
+    import shutil
+
+    import yaml
+
+    snakemake = shutil.which("snakemake")
+    if snakemake is None:
+        pytest.skip("snakemake is not installed")
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "results.sqlite").write_text("not a database")
+    (tmp_path / "experiments.yaml").write_text(yaml.safe_dump({"experiments": {"e": {
+        "variants": ["reference"], "batches": [8], "repeats": 1, "warmup": 0, "profiler": "events"}}}))
+    proc = subprocess.run([snakemake, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path),
+                           "--cores", "1"], capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"convsweep: db/results.sqlite is not an SQLite database (file is not a database)" in out, out[-2000:]
+    assert not (tmp_path / "results" / "e" / "runs").exists()

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from convsweep.errors import StoreError
 from convsweep.store import (
     Base,
+    StoreUnavailable,
     Build,
     LayerTime,
     Run,
@@ -352,6 +353,26 @@ def test_wrong_format_and_status_are_refused(engine):
         ingest_result(engine, {**make_result(), "status": "great"}, "b.json")
     with pytest.raises(StoreError, match=r"c\.json: expected a JSON object"):
         ingest_result(engine, [1, 2], "c.json")
+
+
+def test_a_file_that_is_not_an_sqlite_database_is_named_as_such(tmp_path):
+    path = tmp_path / "results.sqlite"
+    path.write_bytes(b"this is a spreadsheet, not a database" * 100)
+    with pytest.raises(StoreUnavailable) as caught:
+        open_store(f"sqlite:///{path}")
+    assert str(caught.value).startswith(f"{path} is not an SQLite database (file is not a database)")
+    assert "unreachable" not in str(caught.value) and "\n" not in str(caught.value)
+    assert path.read_bytes().startswith(b"this is a spreadsheet")  # left as it was
+
+
+def test_a_schema_newer_than_the_code_is_refused(db_url):
+    engine = open_store(db_url)
+    with _writer(engine).begin() as connection:
+        connection.exec_driver_sql("UPDATE alembic_version SET version_num = '0099'")
+    engine.dispose()
+    with pytest.raises(StoreUnavailable, match=r"has schema revision '0099', which this convsweep does not know "
+                                               r"\(its newest is '\d+'\): a newer convsweep wrote it"):
+        open_store(db_url)
 
 
 def test_unreachable_postgresql_fails_fast_without_the_password():
