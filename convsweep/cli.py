@@ -147,6 +147,7 @@ def cmd_compile(args) -> None:
                     rows.append([name, json.dumps(macros, sort_keys=True), arch, k.name, k.registers, k.shared_bytes,
                                  k.local_bytes, k.spill_store_bytes, f"{build.compile_ms:.0f}",
                                  "hit" if build.cache_hit else "miss"])
+    unbuilt = [name for name in dict.fromkeys(unbuilt) if not any(r["variant"] == name for r in records)]
     if unbuilt and args.variant != "all":
         missing = " ".join(f"--define {n}_FIXED=..." for n in get_variant(args.variant).compile_time)
         raise ConvsweepError(f"variant '{args.variant}' fixes the layer shape at compile time and fits no conv layer of "
@@ -155,7 +156,7 @@ def cmd_compile(args) -> None:
         write_json_atomic(Path(args.out), {"arch": arch, "builds": records, "errors": errors})
     print(tabulate(rows, headers=["variant", "macros", "arch", "kernel", "regs", "smem B", "local B", "spill B", "ms", "cache"],
                    tablefmt="github"))
-    for name in dict.fromkeys(unbuilt):
+    for name in unbuilt:
         print(f"{name}: fits no conv layer of {args.network}; give its shape with --define")
 
 
@@ -215,17 +216,22 @@ def cmd_query(args) -> None:
 
 
 def cmd_report(args) -> None:
+    from .job import write_text_atomic
     from .query import run_query
 
-    sql = ("SELECT variant, batch, streams, host_memory, status, op_time_1_ms, op_time_2_ms, forward_ms, total_s, accuracy"
-           " FROM run_summary WHERE experiment = :experiment ORDER BY variant, batch, streams, host_memory")
-    table = run_query(args.db, sql, fmt="table", params={"experiment": args.experiment})
-    text = f"# {args.experiment}\n\n{table}\n"
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    params = {"experiment": args.experiment}
+    table = run_query(args.db, "SELECT variant, batch, streams, host_memory, status, op_time_1_ms, op_time_2_ms, "
+                               "forward_ms, total_s, accuracy FROM run_summary WHERE experiment = :experiment "
+                               "ORDER BY variant, batch, streams, host_memory", fmt="table", params=params)
+    text = f"# {args.experiment}\n\nThe latest measurement of each job (`convsweep query history` has them all).\n\n{table}\n"
+    failures = run_query(args.db, "SELECT variant, batch, streams, host_memory, status, error FROM latest_run "
+                                  "WHERE experiment = :experiment AND status <> 'ok' "
+                                  "ORDER BY variant, batch, streams, host_memory", fmt="json", params=params)
+    if json.loads(failures):
+        text += "\n## Failed or incorrect\n\n" + run_query(
+            args.db, "SELECT variant, batch, streams, status, error FROM latest_run WHERE experiment = :experiment "
+                     "AND status <> 'ok' ORDER BY variant, batch, streams, host_memory", fmt="table", params=params) + "\n"
+    write_text_atomic(Path(args.out), text)
     print(text)
 
 

@@ -36,19 +36,23 @@ FORMAT = 2  # 2: measurement_id, git, clocks and sources (docs/result-format.md)
 
 
 # -- small helpers ------------------------------------------------------------------------------
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see half a result."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write to a uniquely named temporary file beside `path`, then rename: readers never see half a
+    file, and two writers never share a temporary name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, default=_json_default, allow_nan=False)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=1, default=_json_default, allow_nan=False) + "\n")
 
 
 def _json_default(value):
@@ -272,16 +276,16 @@ def _measure_gpu(spec, network, weights, images, variants, params, phases) -> di
         t = time.perf_counter()
         gpu = stack.enter_context(Gpu())
         # Everything this job does on the GPU, uploads included, happens under the GPU's lock.
+        waiting = time.perf_counter()
         stack.enter_context(gpu_lock(gpu.uuid, f"job {spec.job_id} ({spec.experiment})"))
-        phases["gpu_wait"] = time.perf_counter() - t
+        phases["gpu_wait"] = time.perf_counter() - waiting
         monitor = stack.enter_context(GpuMonitor(gpu.uuid, gpu.pci_bus_id))
-        t = time.perf_counter()
         for layer, var in variants.items():
             if gpu.compute_capability < var.min_cc:
                 raise ConvsweepError(f"variant '{var.name}' needs compute capability {var.min_cc}, {gpu.name} has {gpu.compute_capability}")
         streams = [gpu.stream() for _ in range(spec.streams)]
         net = GpuNetwork(gpu, network, weights, variants, params, len(streams), capacity, streams[0])
-        phases["compile"] = time.perf_counter() - t
+        phases["compile"] = time.perf_counter() - t - phases["gpu_wait"]  # context, compile or cache hit, load
         t = time.perf_counter()
         x_host, x_dev, logits_host, logits_dev = pipeline_buffers(gpu, network, images, spec.host_memory, streams[0])
         phases["allocate"] = time.perf_counter() - t

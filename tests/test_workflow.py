@@ -204,7 +204,8 @@ def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
     out = proc.communicate(timeout=900)[0]
     assert killed, out[-3000:]
     assert proc.returncode != 0 and "Error in rule compile_variant" in out, out[-3000:]
-    assert (work / "results" / "with-broken" / "summary.md").is_file()
+    summary = (work / "results" / "with-broken" / "summary.md").read_text()
+    assert "## Failed or incorrect" in summary and "undefined_name" in summary  # the report shows why
     assert (work / "results" / "bystander" / "summary.md").is_file()
     assert not (work / "results" / "victim" / "summary.md").exists()
     assert len(list((work / "results" / "victim" / "runs").glob("reference-*.json"))) == 1  # ran regardless

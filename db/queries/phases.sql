@@ -1,4 +1,4 @@
--- Where does a job's wall time go: total seconds split into process start, data load, compile (or cache hit), allocation, warm-up, timed repeats, the check and the nsys profile/export?
+-- Where does a job's wall time go: total seconds split into process start, data load, waiting for the GPU (another job held it), compile (or cache hit), allocation, warm-up, timed repeats, the check and the nsys profile/export?
 SELECT r.experiment,
        r.variant,
        r.batch,
@@ -8,6 +8,7 @@ SELECT r.experiment,
        r.total_s AS "total (s)",
        MAX(CASE WHEN p.name = 'process_start' THEN p.seconds END) AS "start",
        MAX(CASE WHEN p.name = 'load' THEN p.seconds END) AS "load",
+       MAX(CASE WHEN p.name = 'gpu_wait' THEN p.seconds END) AS "GPU wait",
        MAX(CASE WHEN p.name = 'compile' THEN p.seconds END) AS "compile",
        MAX(CASE WHEN p.name = 'allocate' THEN p.seconds END) AS "allocate",
        MAX(CASE WHEN p.name = 'warmup' THEN p.seconds END) AS "warm-up",
