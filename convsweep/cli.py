@@ -217,20 +217,18 @@ def cmd_query(args) -> None:
 
 def cmd_report(args) -> None:
     from .job import write_text_atomic
-    from .query import run_query
+    from .query import fetch, render
 
     params = {"experiment": args.experiment}
-    table = run_query(args.db, "SELECT variant, batch, streams, host_memory, status, op_time_1_ms, op_time_2_ms, "
-                               "forward_ms, total_s, accuracy FROM run_summary WHERE experiment = :experiment "
-                               "ORDER BY variant, batch, streams, host_memory", fmt="table", params=params)
+    table = render(*fetch(args.db, "SELECT variant, batch, streams, host_memory, status, op_time_1_ms, op_time_2_ms, "
+                                   "forward_ms, total_s, accuracy FROM run_summary WHERE experiment = :experiment "
+                                   "ORDER BY variant, batch, streams, host_memory", params), "table")
     text = f"# {args.experiment}\n\nThe latest measurement of each job (`convsweep query history` has them all).\n\n{table}\n"
-    failures = run_query(args.db, "SELECT variant, batch, streams, host_memory, status, error FROM latest_run "
-                                  "WHERE experiment = :experiment AND status <> 'ok' "
-                                  "ORDER BY variant, batch, streams, host_memory", fmt="json", params=params)
-    if json.loads(failures):
-        text += "\n## Failed or incorrect\n\n" + run_query(
-            args.db, "SELECT variant, batch, streams, status, error FROM latest_run WHERE experiment = :experiment "
-                     "AND status <> 'ok' ORDER BY variant, batch, streams, host_memory", fmt="table", params=params) + "\n"
+    columns, failures = fetch(args.db, "SELECT variant, batch, streams, host_memory, status, error FROM latest_run "
+                                       "WHERE experiment = :experiment AND status <> 'ok' "
+                                       "ORDER BY variant, batch, streams, host_memory", params)
+    if failures:
+        text += f"\n## Failed or incorrect\n\n{render(columns, failures, 'table')}\n"
     write_text_atomic(Path(args.out), text)
     print(text)
 

@@ -78,7 +78,7 @@ def _median(values):
 
 
 def remove_stale_temporaries(path: Path) -> None:
-    """Delete the temporary files a killed writer of `path` left beside it (write_json_atomic's names)."""
+    """Delete the temporary files a killed writer of `path` left beside it (write_text_atomic's names)."""
     for stale in Path(path).parent.glob(f".{Path(path).name}.*.tmp"):
         stale.unlink(missing_ok=True)
 

@@ -80,15 +80,19 @@ def run_query(url: str | None, sql_or_name: str, fmt: str = "table",
     """Run a named query or SQL read-only and render the rows as a Markdown table, CSV or JSON."""
     if fmt not in FORMATS:
         raise StoreError(f"unknown output format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    return render(*fetch(url, sql_or_name, params), fmt)
+
+
+def fetch(url: str | None, sql_or_name: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[Sequence[Any]]]:
+    """(column names, rows) of a named query or SQL, run read-only."""
     sql = resolve_sql(sql_or_name)
     sa_url = resolve_url(url)
     _check_question(sql, _SQLITE_QUESTIONS if sa_url.get_backend_name() == "sqlite" else QUESTIONS)
     engine = _read_only_engine(sa_url)
     try:
-        columns, rows = _fetch(engine, sa_url, sql, params or {})
+        return _fetch(engine, sa_url, sql, params or {})
     finally:
         engine.dispose()
-    return render(columns, rows, fmt)
 
 
 def _read_only_engine(url: URL) -> Engine:
