@@ -168,8 +168,10 @@ def _first_error(text: str, source: str, name: str) -> str:
     match = _ERROR_LINE.search(text)
     if match:
         return f"{match['file']}:{match['line']}: {match['msg'].strip()} (variant '{name}', NVRTC)"
-    lines = [line for line in text.splitlines() if line.strip()]
-    return f"{source}: NVRTC failed for variant '{name}': {lines[0] if lines else text}"
+    # Not the compiler front end: ptxas (registers, shared memory) says "ptxas error : ..."
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if re.search(r"\berror\b", line) and "NVRTC_ERROR" not in line]
+    return f"{source}: NVRTC failed for variant '{name}': {(errors or lines or [text])[0]}"
 
 
 def parse_ptxas_log(text: str) -> tuple[KernelResources, ...]:

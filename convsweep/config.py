@@ -179,6 +179,7 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
                 if grid_name not in registry:
                     raise ConfigError(f"{where}.params.{grid_name}: unknown variant '{grid_name}'")
             for params in _param_grid(layer_map, exp.get("params", {}), registry, f"{where}.params"):
+                _check_shapes(net, layer_map, params, registry, f"{where}.variants[{v}]")
                 for batch, streams, memory, chunk in itertools.product(exp["batches"], exp["streams"], exp["host_memory"],
                                                                        exp["chunk_images"]):
                     jobs.append(JobSpec(
@@ -205,6 +206,22 @@ def _check_fits(net, layer_name: str, variant, where: str) -> None:
         net.fused_layers(layer_name, variant.fuses)
     except ShapeError as e:
         raise ConfigError(f"{where}: {e}") from None
+
+
+def _check_shapes(net, layer_map: dict[str, str], params: dict[str, dict], registry, where: str) -> None:
+    """Each layer's shape (one image; batch-dependent limits are the job's to find) must meet its
+    variant's registry constraints: refused here with the constraint, not after a compile."""
+    from .runner import conv_shape
+
+    for layer in net.conv_layers:
+        variant = registry[layer_map[layer.name]]
+        if variant.is_cpu:
+            continue
+        shape = conv_shape(layer, 1, net.dtype, net.fused_layers(layer.name, variant.fuses))
+        try:
+            variant.check_shape(shape, params[layer.name])
+        except ShapeError as e:
+            raise ConfigError(f"{where}: layer {layer.name} of {net.path.name}: {e}") from None
 
 
 def _layer_map(entry: str | dict, conv_names: list[str], where: str) -> dict[str, str]:

@@ -134,3 +134,15 @@ def test_the_default_sweep_builds_what_its_jobs_run():
             assert f"{plan.results_dir}/builds/{build_id(var.name, var.defines(params, shape))}.json" in \
                 plan.build_files(job.experiment, job.job_id)
             assert compile_variant(var, params, "sm_90", shape).kernels
+
+
+def test_a_ptxas_error_is_the_line_reported():
+    """Past the front end (too much shared memory, say) the error is ptxas's, not the log's first line."""
+    from convsweep.compile import _first_error
+
+    log = ("6: NVRTC_ERROR_COMPILATION, compilation log:\n\nkernels/x.cuh(292): warning #177-D: variable \"y0\" "
+           "was declared but never referenced\nptxas info    : Used 32 registers\n ptxas error   : Entry function "
+           "'conv_relu_pool_window' uses too much shared data (0xa00000 bytes, 0xc000 max)\n")
+    assert _first_error(log, "kernels/x.cu", "x") == (
+        "kernels/x.cu: NVRTC failed for variant 'x': ptxas error   : Entry function 'conv_relu_pool_window' uses too "
+        "much shared data (0xa00000 bytes, 0xc000 max)")

@@ -271,3 +271,12 @@ def test_two_timed_jobs_on_one_gpu_take_turns(tmp_path):
     assert all(r["status"] == "ok" for r in results)
     waited = max(r["phases_s"]["gpu_wait"] for r in results)
     assert waited > 0.5 * min(r["phases_s"]["timed"] for r in results)
+
+
+def test_auto_arch_from_nvml_is_the_devices_own():
+    """`--arch auto` asks NVML (no CUDA context beside a timed job) and gets what the device says."""
+    from convsweep.gpu import Gpu
+    from convsweep.provenance import host_gpu_arch
+
+    with Gpu() as gpu:
+        assert host_gpu_arch() == gpu.arch

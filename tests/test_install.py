@@ -64,3 +64,13 @@ def test_a_snakefile_plans_and_runs_its_own_checkout(tmp_path):
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     results = [json.loads(p.read_text()) for p in (work / "results" / "e" / "runs").glob("*.json")]
     assert sorted(r["spec"]["variants"]["conv1"] for r in results) == ["naive", "reference"]
+
+
+def test_the_rules_convsweep_is_this_checkouts_in_this_python_or_the_conda_env():
+    from convsweep.plan import SweepPlan
+
+    plain = SweepPlan.shell_prefix(())
+    assert plain.startswith("set -euo pipefail; convsweep() {{ ")
+    assert f"PYTHONPATH={ROOT}" in plain and f"{sys.executable} -m convsweep --checkout {ROOT} " in plain
+    conda = SweepPlan.shell_prefix({"CONDA"})
+    assert f" python -m convsweep --checkout {ROOT} " in conda and sys.executable not in conda

@@ -112,6 +112,8 @@ def test_lint_is_clean():
 @pytest.mark.parametrize("experiment, expected", [
     ({"variants": ["naive"], "batches": [100], "streamz": [1]}, "experiments.e: unknown key ('streamz' was unexpected)"),
     ({"variants": ["nieve"], "batches": [100]}, "experiments.e.variants[0]: unknown variant 'nieve'"),
+    ({"network": "networks/conv256.yaml", "dataset": "random", "variants": ["tf32_sliding_window"], "batches": [1]},
+     "experiments.e.variants[0]: layer conv1 of conv256.yaml: variant 'tf32_sliding_window' cannot handle B=1 C=256"),
 ])
 def test_bad_config_stops_the_workflow_with_one_line(tmp_path, experiment, expected):
     (tmp_path / "experiments.yaml").write_text(yaml.safe_dump({"experiments": {"e": experiment}}))
