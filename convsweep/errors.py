@@ -31,3 +31,8 @@ class DeviceError(ConvsweepError):
 
 class StoreError(ConvsweepError):
     """The result database is unreachable, or a query was refused."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be used at all (unreachable, not a database, a schema from the future):
+    no further file or job can be stored, so callers stop instead of going on."""

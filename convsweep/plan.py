@@ -41,6 +41,7 @@ class SweepPlan:
         # Expanded now, so a bad variant or tunable stops the workflow while it is parsed,
         # with one line, instead of inside some rule's input function.
         self.jobs: list[JobSpec] = expand_config(self.config)
+        self._networks: dict[str, object] = {}
 
     @staticmethod
     def shell_prefix(deployment_methods=()) -> str:
@@ -86,9 +87,13 @@ class SweepPlan:
         return json.dumps({**job.to_dict(), "sweep": job.sweep}, sort_keys=True)
 
     def _network(self, job: JobSpec):
+        """The job's network, read once per file: Snakemake asks for every job's inputs while it plans."""
         from .network import load_network
 
-        return load_network(ROOT / job.network if not Path(job.network).is_absolute() else Path(job.network))
+        if job.network not in self._networks:
+            path = Path(job.network)
+            self._networks[job.network] = load_network(path if path.is_absolute() else ROOT / path)
+        return self._networks[job.network]
 
     def _builds(self, job: JobSpec) -> dict[str, tuple[str, dict]]:
         """build id -> (variant, macros): a variant that fixes shape values builds once per layer shape."""

@@ -140,16 +140,18 @@ def _authorize_reads_only(dbapi_connection: Any, record: Any) -> None:
         elif action == sqlite3.SQLITE_ATTACH:
             refused.append(f"ATTACH of {arg1!r}")
         else:
-            refused.append(_SQLITE_ACTIONS.get(action, f"action {action}"))
+            refused.append(_SQLITE_ACTIONS.get(action, f"action {action}") + (f" on {arg1}" if arg1 else ""))
         return sqlite3.SQLITE_DENY
 
     dbapi_connection.set_authorizer(authorize)
 
 
-_SQLITE_ACTIONS = {getattr(sqlite3, name): name.removeprefix("SQLITE_").replace("_", " ").lower()
-                   for name in dir(sqlite3) if name.startswith("SQLITE_") and name not in (
-                       "SQLITE_OK", "SQLITE_DENY", "SQLITE_IGNORE") and isinstance(getattr(sqlite3, name), int)
-                   and not name.startswith(("SQLITE_LIMIT", "SQLITE_DBCONFIG"))}
+# The authorizer's action codes by name (listed: sqlite3's result codes reuse the same numbers).
+_SQLITE_ACTIONS = {getattr(sqlite3, f"SQLITE_{name}"): name.replace("_", " ").lower() for name in (
+    "CREATE_INDEX", "CREATE_TABLE", "CREATE_TEMP_INDEX", "CREATE_TEMP_TABLE", "CREATE_TEMP_TRIGGER",
+    "CREATE_TEMP_VIEW", "CREATE_TRIGGER", "CREATE_VIEW", "DELETE", "DROP_INDEX", "DROP_TABLE", "DROP_TEMP_INDEX",
+    "DROP_TEMP_TABLE", "DROP_TEMP_TRIGGER", "DROP_TEMP_VIEW", "DROP_TRIGGER", "DROP_VIEW", "INSERT", "UPDATE",
+    "DETACH", "ALTER_TABLE", "REINDEX", "ANALYZE", "CREATE_VTABLE", "DROP_VTABLE", "SAVEPOINT")}
 
 
 def _fetch(engine: Engine, url: URL, sql: str, params: dict[str, Any]) -> tuple[list[str], list[Sequence[Any]]]:
@@ -169,7 +171,7 @@ def _fetch(engine: Engine, url: URL, sql: str, params: dict[str, Any]) -> tuple[
         except DBAPIError as exc:
             refused = connection.info.get("refused")
             if refused:
-                raise StoreError(f"read-only connection: {refused[-1]} is not allowed") from None
+                raise StoreError(f"read-only connection: {refused[0]} is not allowed") from None  # the first, not what it led to
             if _is_write_refused(exc):
                 raise StoreError(f"read-only connection: {one_line(exc, url)}") from None
             raise StoreError(f"query failed: {one_line(exc, url)}") from None

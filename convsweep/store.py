@@ -55,7 +55,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
-from convsweep.errors import StoreError
+from convsweep.errors import StoreError, StoreUnavailable
 from convsweep.paths import MIGRATIONS_DIR
 
 DEFAULT_URL = "sqlite:///db/results.sqlite"
@@ -79,11 +79,6 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
-
-class StoreUnavailable(StoreError):
-    """The database cannot be used at all (unreachable, not a database, a schema from the future):
-    no further file or job can be stored, so callers stop instead of going on."""
-
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)

@@ -322,9 +322,13 @@ def test_postgresql_copy_to_a_file_is_refused(pg_url, tmp_path):
     assert not target.exists()
 
 
-def test_postgresql_server_files_are_out_of_reach(pg_url):
+def test_postgresql_server_files_are_out_of_reach(pg_url, tmp_path):
     with pytest.raises(StoreError, match=r"^read-only connection: permission denied for function pg_read_file"):
         run_query(pg_url, "SELECT pg_read_file('/etc/hostname')")
+    target = tmp_path / "exported.bin"
+    with pytest.raises(StoreError, match=r"^read-only connection: permission denied for function lo_export"):
+        run_query(pg_url, f"SELECT lo_export(1, '{target}')")
+    assert not target.exists()
     with pytest.raises(StoreError, match=r"^read-only connection: .*got DO"):
         run_query(pg_url, "DO $$ BEGIN PERFORM pg_read_file('/etc/hostname'); END $$")
 
@@ -338,3 +342,22 @@ def test_postgresql_superuser_queries_run_as_pg_read_all_data(pg_url):
     who = rows_of(pg_url, "SELECT current_user AS who")[0]["who"]
     assert who == ("pg_read_all_data" if superuser else make_url(pg_url).username)
     assert rows_of(pg_url, "SELECT COUNT(*) AS runs FROM run") == [{"runs": 1}]
+
+
+def test_sqlite_authorizer_names_what_it_refused(sqlite_url):
+    """Below the statement check: a write reaches the authorizer, which refuses it and says what it was."""
+    from sqlalchemy.exc import DBAPIError
+
+    from convsweep.query import _read_only_engine
+    from convsweep.store import resolve_url
+
+    engine = _read_only_engine(resolve_url(sqlite_url))
+    with engine.connect() as connection:
+        for sql, refused in (("CREATE INDEX ix_intruder ON run (batch)", "insert on sqlite_master"),
+                             ("DELETE FROM sample", "delete on sample"),
+                             ("DROP TABLE sample", "delete on sqlite_master")):
+            connection.info["refused"].clear()
+            with pytest.raises(DBAPIError, match="not authorized"):
+                connection.exec_driver_sql(sql)
+            assert connection.info["refused"][0] == refused
+    engine.dispose()
