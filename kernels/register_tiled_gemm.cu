@@ -15,14 +15,14 @@
 // when R % 4 == 0 and k itself is; that is checked at run time (uniform over the grid) and the
 // tile is then fetched as float4, else as scalars. The input gather is scalar: consecutive
 // pixels are S floats apart and cross row and image ends, so no alignment holds in general.
-// Index arithmetic as in fused_gemm: loader column origins decomposed once, row offsets
-// advanced by a RowCursor. Edges: rows past R, maps past M and pixels past N load zeros and
-// store nothing; every thread reaches every barrier.
+// The input tile is gathered as in fused_gemm (implicit_gemm.cuh): column origins decomposed
+// once, row offsets advanced by a RowCursor. Edges: rows past R, maps past M and pixels past N
+// load zeros and store nothing; every thread reaches every barrier.
 // Launch: 1-D block of (BLOCK_M / THREAD_M) * (BLOCK_N / THREAD_N) threads,
 // grid (ceil(N / BLOCK_N), ceil(M / BLOCK_M)).
 // Tunables: BLOCK_M, BLOCK_N (block tile), BLOCK_K (reduction chunk), THREAD_M, THREAD_N
 // (register tile per thread).
-#include "common.cuh"
+#include "implicit_gemm.cuh"
 
 #ifndef BLOCK_M
 #define BLOCK_M 16
@@ -45,17 +45,11 @@ constexpr int kThreads = kThreadsM * kThreadsN;
 constexpr int kVecM = THREAD_M % 4 == 0 ? 4 : 1;  // consecutive maps per group a thread owns
 constexpr int kVecN = THREAD_N % 4 == 0 ? 4 : 1;  // consecutive pixels per group
 constexpr int kPadM = 4;                          // keeps k_tile rows 16-byte aligned
-// The input tile loader: kColThreads threads across a row, each with kCols columns, and
-// kLoadRows rows per pass; a thread's rows are a constant kLoadRows apart.
-constexpr int kColThreads = kThreads < BLOCK_N ? kThreads : BLOCK_N;
-constexpr int kCols = BLOCK_N / kColThreads;
-constexpr int kRowsPerPass = kThreads / kColThreads;
-constexpr int kLoadRows = kRowsPerPass < BLOCK_K ? kRowsPerPass : BLOCK_K;
+using Gather = GatherShape<kThreads, BLOCK_N, BLOCK_K>;
+constexpr int kColThreads = Gather::kColThreads, kCols = Gather::kCols, kLoadRows = Gather::kLoadRows;
 
 static_assert(BLOCK_M % THREAD_M == 0 && BLOCK_N % THREAD_N == 0, "thread tiles must divide the block tile");
 static_assert(kThreads >= 32 && kThreads <= 1024, "threads per block must lie in [32, 1024]");
-static_assert(BLOCK_N % kColThreads == 0 && kThreads % kColThreads == 0, "loader threads must divide BLOCK_N");
-static_assert(BLOCK_K % kLoadRows == 0, "loader rows per pass must divide BLOCK_K");
 static_assert(BLOCK_K % 4 == 0, "BLOCK_K must be a multiple of 4 (float4 weight loads)");
 static_assert(4 * BLOCK_K * (BLOCK_M + kPadM + BLOCK_N) <= 48 * 1024, "tiles exceed 48 KB of shared memory");
 
@@ -83,10 +77,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) conv_forward(CONV_ARGS) {
     for (int j = 0; j < kCols; ++j) {
         const int n = n0 + lx + j * kColThreads;
         col_ok[j] = n < N;
-        const int b = col_ok[j] ? n / HW_out : 0;
-        const int hw = col_ok[j] ? n - b * HW_out : 0;
-        const int h = hw / W_out, w = hw - h * W_out;
-        x_col[j] = x + image_offset(b, C, H, W) + (h * S) * W + w * S;
+        x_col[j] = column_origin(x, n, col_ok[j], HW_out, W_out, C, H, W, S);
     }
     RowCursor row(ly, kLoadRows, K, H, W);
     const bool loads_x = ly < kLoadRows;
