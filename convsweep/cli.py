@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from .errors import ConvsweepError
+from .paths import DEFAULT_DB_URL
 
 
 def process_age() -> float | None:
@@ -116,7 +117,7 @@ def cmd_compile(args) -> None:
 
     from .compile import compile_source
     from .errors import CompileError
-    from .job import write_json_atomic
+    from .fileio import write_json_atomic
     from .variants import get_variant, load_registry
 
     arch = resolve_arch(args.arch)
@@ -129,7 +130,7 @@ def cmd_compile(args) -> None:
             raise ConvsweepError(f"variant '{name}' runs on the CPU: nothing to compile")
         combos = var.all_combinations() if args.all_params else [var.resolve_params(_parse_params(args.param), "--param")]
         for params in combos:
-            macro_sets = _build_macros(var, params, fixed, args.network)
+            macro_sets = _build_macros(var, params, fixed, args.network, args.layer)
             if not macro_sets:
                 unbuilt.append(name)
                 continue
@@ -148,34 +149,35 @@ def cmd_compile(args) -> None:
                                  k.local_bytes, k.spill_store_bytes, f"{build.compile_ms:.0f}",
                                  "hit" if build.cache_hit else "miss"])
     unbuilt = [name for name in dict.fromkeys(unbuilt) if not any(r["variant"] == name for r in records)]
+    where = f"layer {args.layer} of {args.network}" if args.layer else f"any conv layer of {args.network}"
     if unbuilt and args.variant != "all":
         missing = " ".join(f"--define {n}_FIXED=..." for n in get_variant(args.variant).compile_time)
-        raise ConvsweepError(f"variant '{args.variant}' fixes the layer shape at compile time and fits no conv layer of "
-                             f"{args.network}: give {missing}")
+        raise ConvsweepError(f"variant '{args.variant}' fixes the layer shape at compile time and does not fit "
+                             f"{where}: give {missing}")
     if args.out:
         write_json_atomic(Path(args.out), {"arch": arch, "builds": records, "errors": errors})
     print(tabulate(rows, headers=["variant", "macros", "arch", "kernel", "regs", "smem B", "local B", "spill B", "ms", "cache"],
                    tablefmt="github"))
     for name in unbuilt:
-        print(f"{name}: fits no conv layer of {args.network}; give its shape with --define")
+        print(f"{name}: not built: it fixes the layer shape at compile time and does not fit {where}; "
+              "give its shape with --define, or another --network/--layer")
 
 
-def _build_macros(var, params: dict, fixed: dict, network_path: str) -> list[dict]:
+def _build_macros(var, params: dict, fixed: dict, network_path: str, layer_name: str | None) -> list[dict]:
     """The macro sets to build `var` with: its tunables and the --define values, and for a variant
     that compiles the layer shape in and was given none, one set per conv layer of the network
-    that the variant accepts (as a sweep would build it)."""
+    (or the --layer) that the variant accepts, as a sweep would build it."""
     from .network import load_network
-    from .paths import ROOT
-    from .runner import conv_shape
+    from .paths import resolve_network_path
 
     if not var.compile_time or all(f"{n}_FIXED" in fixed for n in var.compile_time):
         return [{**params, **fixed}]
-    path = Path(network_path)
-    network = load_network(path if path.is_absolute() or path.is_file() else ROOT / path)
+    network = load_network(resolve_network_path(network_path, Path.cwd()))
+    layers = [network.layer(layer_name)] if layer_name else network.conv_layers
     sets = []
-    for layer in network.conv_layers:
+    for layer in layers:
         try:
-            shape = conv_shape(layer, 1, network.dtype, network.fused_layers(layer.name, var.fuses))
+            shape = network.variant_shape(layer, var.fuses)
             var.check_shape(shape, params)
         except ConvsweepError:  # a dtype, fusion or shape constraint the variant does not meet
             continue
@@ -186,7 +188,7 @@ def _build_macros(var, params: dict, fixed: dict, network_path: str) -> list[dic
 
 
 def cmd_ingest(args) -> None:
-    from .job import write_json_atomic
+    from .fileio import write_json_atomic
     from .store import ingest_files, open_store
 
     engine = open_store(args.db)
@@ -216,7 +218,7 @@ def cmd_query(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from .job import write_text_atomic
+    from .fileio import write_atomic
     from .query import fetch, render
 
     params = {"experiment": args.experiment}
@@ -229,18 +231,18 @@ def cmd_report(args) -> None:
                                        "ORDER BY variant, batch, streams, host_memory", params)
     if failures:
         text += f"\n## Failed or incorrect\n\n{render(columns, failures, 'table')}\n"
-    write_text_atomic(Path(args.out), text)
+    write_atomic(Path(args.out), text)
     print(text)
 
 
 def cmd_bench(args) -> None:
-    from .bench import format_report, load_bench_config, run_bench
-    from .job import write_json_atomic
+    from .bench import BenchOptions, format_report, load_bench_config, run_bench
+    from .fileio import write_json_atomic
 
     config = load_bench_config(args.config)
-    profilers = ("events", "nsys") if args.harness else ()
-    result = run_bench(config, batch=args.batch, repeats=args.repeats, harness=args.harness, harness_profilers=profilers,
-                       log=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
+    options = BenchOptions(batch=args.batch, repeats=args.repeats,
+                           harness_profilers=("events", "nsys") if args.harness else ())
+    result = run_bench(config, options, log=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
     if args.json:
         write_json_atomic(Path(args.json), result)
     print(format_report(result))
@@ -256,22 +258,26 @@ def _positive_int(text: str) -> int:
     return value
 
 
+DB_HELP = f"SQLAlchemy URL of the result store (default: $CONVSWEEP_DB or {DEFAULT_DB_URL})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="convsweep", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks")
     parser.add_argument("--checkout", metavar="DIR",
                         help="refuse to run unless this convsweep is the one in DIR (the Snakemake rules pass the "
                              "checkout they were planned from)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("jobs", help="list the jobs of a sweep")
-    p.add_argument("--config", default="experiments.yaml")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--config", default="experiments.yaml", help="the sweep file (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="one JSON job spec per line, with its job_id")
     p.set_defaults(func=cmd_jobs)
 
+    # `measure` is run-job's inner half under nsys: a command for convsweep itself, so it has no help line.
     for name, func, helptext in (("run-job", cmd_run_job, "run one job and write its result JSON"),
-                                 ("measure", cmd_measure, argparse.SUPPRESS)):
-        p = sub.add_parser(name, help=helptext)
+                                 ("measure", cmd_measure, None)):
+        p = sub.add_parser(name, **({"help": helptext} if helptext else {}))
         src = p.add_mutually_exclusive_group(required=True)
         src.add_argument("--spec", help="the job spec as JSON")
         src.add_argument("--spec-file", help="a file holding the job spec")
@@ -291,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--network", default="networks/lenet86.yaml",
                    help="variants compiled per layer shape, given no --define, are built for each conv layer of this "
                         "network that they fit (default: %(default)s)")
+    p.add_argument("--layer", help="with --network: build for this conv layer only")
     p.add_argument("--arch", default="auto", help="e.g. sm_90; auto: this machine's GPU, or sm_90 without one")
     p.add_argument("--out", help="write the builds (and, with --record-errors, the compile errors) as JSON")
     p.add_argument("--record-errors", action="store_true",
@@ -299,15 +306,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("ingest", help="store result JSONs in the database (idempotent)")
-    p.add_argument("results", nargs="*")
-    p.add_argument("--db", help="SQLAlchemy URL (default: $CONVSWEEP_DB or sqlite:///db/results.sqlite)")
-    p.add_argument("--report")
+    p.add_argument("results", nargs="*", help="result JSON files written by run-job")
+    p.add_argument("--db", help=DB_HELP)
+    p.add_argument("--report", metavar="FILE", help="write the counts (added, already stored, failed) as JSON")
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("query", help="run SQL or a named query (db/queries/NAME.sql) read-only")
     p.add_argument("query", nargs="?", help="a query name or SQL text")
-    p.add_argument("--db")
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--db", help=DB_HELP)
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                   help="a Markdown table, CSV or JSON rows (default: %(default)s)")
     p.add_argument("--param", action="append", metavar="NAME=VALUE", help="bind :NAME in the SQL")
     p.add_argument("--list", action="store_true", help="list the named queries")
     p.set_defaults(func=cmd_query)
@@ -326,9 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("report", help="write an experiment's table as Markdown")
-    p.add_argument("--experiment", required=True)
-    p.add_argument("--db")
-    p.add_argument("--out", required=True)
+    p.add_argument("--experiment", required=True, help="the experiment of experiments.yaml to report")
+    p.add_argument("--db", help=DB_HELP)
+    p.add_argument("--out", required=True, help="the Markdown file to write")
     p.set_defaults(func=cmd_report)
     return parser
 

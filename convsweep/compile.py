@@ -9,16 +9,14 @@ from __future__ import annotations
 import functools
 import io
 import json
-import os
 import re
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .config import cache_dir, canonical_hash
+from .fileio import canonical_hash, write_atomic
 from .errors import CompileError
-from .paths import KERNELS_DIR, relative_to_root
+from .paths import KERNELS_DIR, cache_dir, relative_to_root
 from .variants import ConvShape, Variant
 
 _ERROR_LINE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?:catastrophic )?error: (?P<msg>.*)$", re.M)
@@ -40,7 +38,7 @@ class KernelResources:
 
 
 @dataclass(frozen=True)
-class Build:
+class CompiledModule:
     """One compiled module: the cubin plus what the store records about it."""
 
     name: str  # variant name, or the file stem for non-variant modules (layers)
@@ -97,29 +95,34 @@ def _cuda_include_dirs() -> tuple[str, ...]:
     return tuple(dict.fromkeys(d for d in dirs if d))
 
 
-def kernel_sources(source: Path) -> tuple[Path, ...]:
-    """The .cu file and every header of the checkout it includes ("..."), transitively: all a build
-    depends on besides its options. Snakemake watches these files; the source hash covers them."""
-    found, todo = [], [Path(source).resolve()]
+def _sources_with_text(source: Path) -> dict[Path, str]:
+    """The .cu file and every header of the checkout it includes ("..."), transitively, each read once."""
+    found: dict[Path, str] = {}
+    todo = [Path(source).resolve()]
     while todo:
         path = todo.pop(0)
         if path in found:
             continue
-        found.append(path)
-        for match in _QUOTED_INCLUDE.finditer(path.read_text(encoding="utf-8", errors="replace")):
+        found[path] = path.read_text(encoding="utf-8", errors="replace")
+        for match in _QUOTED_INCLUDE.finditer(found[path]):
             header = (path.parent / match["name"]).resolve()
             if header.is_file():  # others come from NVRTC's include path (CUDA's headers)
                 todo.append(header)
-    return tuple(found)
+    return found
+
+
+def kernel_sources(source: Path) -> tuple[Path, ...]:
+    """All a build depends on besides its options: the .cu file and the checkout headers it
+    includes, transitively. Snakemake watches these files; the source hash covers them."""
+    return tuple(_sources_with_text(source))
 
 
 def source_hash(source: Path) -> str:
-    """sha256 over the names and bytes of kernel_sources(source): changes exactly when the code does."""
-    return canonical_hash([[relative_to_root(p), p.read_text(encoding="utf-8", errors="replace")]
-                           for p in kernel_sources(source)])
+    """sha256 over the names and text of kernel_sources(source): changes exactly when the code does."""
+    return canonical_hash([[relative_to_root(p), text] for p, text in _sources_with_text(source).items()])
 
 
-def compile_source(source: Path, name: str, params: dict, arch: str) -> Build:
+def compile_source(source: Path, name: str, params: dict, arch: str) -> CompiledModule:
     """Compile one .cu file for `arch` (e.g. sm_90) with `params` as macros; cached on disk."""
     from cuda.core import Program, ProgramOptions
 
@@ -134,7 +137,7 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Build:
     cached = _load_cached(key)
     if cached:
         meta, cubin = cached
-        return Build(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
+        return CompiledModule(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
                      meta["compile_ms"], True, meta["log"], tuple(KernelResources(**k) for k in meta["kernels"]))
 
     options = ProgramOptions(
@@ -155,11 +158,11 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Build:
     kernels = parse_ptxas_log(text)
     cubin = bytes(obj.code)
     _store_cached(key, cubin, {"compile_ms": compile_ms, "log": text, "kernels": [asdict(k) for k in kernels]})
-    return Build(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
+    return CompiledModule(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
                  compile_ms, False, text, kernels)
 
 
-def compile_variant(variant: Variant, params: dict, arch: str, shape: ConvShape | None = None) -> Build:
+def compile_variant(variant: Variant, params: dict, arch: str, shape: ConvShape | None = None) -> CompiledModule:
     """Compile a variant; `shape` is needed only by variants that fix shape values at compile time."""
     return compile_source(variant.source, variant.name, variant.defines(params, shape), arch)
 
@@ -200,15 +203,7 @@ def _load_cached(key: str):
     return meta, cubin
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def _store_cached(key: str, cubin: bytes, meta: dict) -> None:
     base = cache_dir() / "kernels" / key
-    _atomic_write(base.with_suffix(".cubin"), cubin)
-    _atomic_write(base.with_suffix(".json"), json.dumps({**meta, "cubin_bytes": len(cubin)}).encode())
+    write_atomic(base.with_suffix(".cubin"), cubin)
+    write_atomic(base.with_suffix(".json"), json.dumps({**meta, "cubin_bytes": len(cubin)}))

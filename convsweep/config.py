@@ -5,27 +5,17 @@ finds the results it already has and an edited one reruns exactly what changed.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from .errors import ConfigError, ShapeError
-from .paths import ROOT, SCHEMAS_DIR
-from .yamlio import load_yaml, read_yaml_file
-
-SCHEMA_PATH = SCHEMAS_DIR / "experiments.schema.yaml"
-DEFAULT_DB_URL = "sqlite:///db/results.sqlite"
-
-
-def canonical_hash(obj: Any) -> str:
-    """sha256 of the canonical JSON of obj: the identity of specs, sweeps and environments."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+from .fileio import canonical_hash
+from .paths import DEFAULT_DB_URL, ROOT, resolve_network_path
+from .schema import validate as validate_against
+from .yamlio import read_yaml_file
 
 
 @dataclass(frozen=True)
@@ -72,55 +62,18 @@ class JobSpec:
         return cls(**{k: v for k, v in d.items() if k != "sweep"}, sweep=sweep or d.get("sweep", {}))
 
 
-def cache_dir() -> Path:
-    """Compiled kernels, upscaled images and reference logits: derived data, safe to delete."""
-    return Path(os.environ.get("CONVSWEEP_CACHE") or Path.home() / ".cache" / "convsweep")
-
-
-def _schema() -> dict:
-    with open(SCHEMA_PATH) as f:
-        return load_yaml(f)
-
-
-def _validator_filling_defaults():
-    """A validator that also writes schema defaults into the instance, as Snakemake's validate does."""
-    base = jsonschema.Draft202012Validator
-
-    def set_defaults(validator, properties, instance, schema):
-        if isinstance(instance, dict):
-            for name, sub in properties.items():
-                if "default" in sub and name not in instance:
-                    instance[name] = json.loads(json.dumps(sub["default"]))
-        yield from base.VALIDATORS["properties"](validator, properties, instance, schema)
-
-    return jsonschema.validators.extend(base, {"properties": set_defaults})
-
-
-def _key_path(error: jsonschema.ValidationError) -> str:
-    parts = [str(p) if not isinstance(p, int) else f"[{p}]" for p in error.absolute_path]
-    return ".".join(parts).replace(".[", "[") or "(top level)"
-
-
-def _describe(error: jsonschema.ValidationError) -> str:
-    if error.validator == "additionalProperties":
-        return error.message.replace("Additional properties are not allowed", "unknown key")
-    if error.validator == "type":
-        return f"expected {error.validator_value}, got {json.dumps(error.instance)}"
-    if error.validator == "enum":
-        return f"expected one of {error.validator_value}, got {json.dumps(error.instance)}"
-    if error.validator in ("minItems", "minProperties"):
-        return "must not be empty"
-    return error.message
+def variant_label(variants: dict[str, str]) -> str:
+    """How tables name a layer -> variant map: 'naive' when every layer runs naive, else
+    'conv1=naive,conv2=tiled' in network order."""
+    names = list(variants.values())
+    if names and all(name == names[0] for name in names):
+        return str(names[0])
+    return ",".join(f"{layer}={name}" for layer, name in variants.items())
 
 
 def validate(config: dict, source: str) -> dict:
-    """Validate (and fill defaults into) a parsed config; raise one ConfigError line on the first problem."""
-    validator = _validator_filling_defaults()(_schema())
-    errors = sorted(validator.iter_errors(config), key=lambda e: (len(list(e.absolute_path)), str(e.absolute_path)))
-    if errors:
-        best = jsonschema.exceptions.best_match(errors)
-        raise ConfigError(f"{source}: {_key_path(best)}: {_describe(best)}")
-    return config
+    """Validate (and fill defaults into) a parsed experiments.yaml; one ConfigError line on the first problem."""
+    return validate_against(config, "experiments", source)
 
 
 @dataclass(frozen=True)
@@ -161,10 +114,7 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
     jobs: list[JobSpec] = []
     for name, exp in config.experiments.items():
         where = f"{config.path}: experiments.{name}"
-        net_path = Path(exp["network"])
-        resolved = net_path if net_path.is_absolute() else (base_dir / net_path)
-        if not resolved.is_file() and (ROOT / net_path).is_file():
-            resolved = ROOT / net_path
+        resolved = resolve_network_path(exp["network"], base_dir)
         net = network_mod.load_network(resolved)
         conv_names = [layer.name for layer in net.conv_layers]
         sweep = {"experiment": name, "config_hash": canonical_hash(exp), "config_path": str(config.path)}
@@ -211,13 +161,11 @@ def _check_fits(net, layer_name: str, variant, where: str) -> None:
 def _check_shapes(net, layer_map: dict[str, str], params: dict[str, dict], registry, where: str) -> None:
     """Each layer's shape (one image; batch-dependent limits are the job's to find) must meet its
     variant's registry constraints: refused here with the constraint, not after a compile."""
-    from .runner import conv_shape
-
     for layer in net.conv_layers:
         variant = registry[layer_map[layer.name]]
         if variant.is_cpu:
             continue
-        shape = conv_shape(layer, 1, net.dtype, net.fused_layers(layer.name, variant.fuses))
+        shape = net.variant_shape(layer, variant.fuses)
         try:
             variant.check_shape(shape, params[layer.name])
         except ShapeError as e:

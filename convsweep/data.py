@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import tempfile
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from convsweep.config import cache_dir as default_cache_dir
+from convsweep.fileio import write_npy_atomic
+from convsweep.paths import cache_dir as default_cache_dir
 from convsweep.errors import ConfigError, DataError
 from convsweep.paths import DATA_DIR
 
@@ -149,19 +149,11 @@ def _load_cached(path: Path, shape: tuple[int, ...]) -> np.ndarray | None:
 
 
 def _save_atomically(path: Path, array: np.ndarray) -> None:
+    """The cache is an optimization: a directory we cannot write costs a warning, not the run."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        write_npy_atomic(path, array)
     except OSError as exc:
         warnings.warn(f"{path.parent}: cannot write the image cache ({exc}); continuing without it")
-        return
-    try:
-        with os.fdopen(fd, "wb") as tmp:
-            np.save(tmp, array)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
 
 
 def _upscaled(raw_images: np.ndarray, size: int, sha256: str, cache_dir: Path) -> np.ndarray:

@@ -1,5 +1,7 @@
 """One exception family, so the CLI and the jobs can print one clear line for any of them."""
 
+import traceback
+
 
 class ConvsweepError(Exception):
     """Base of every error convsweep reports to a user as one line."""
@@ -36,3 +38,12 @@ class StoreError(ConvsweepError):
 class StoreUnavailable(StoreError):
     """The database cannot be used at all (unreachable, not a database, a schema from the future):
     no further file or job can be stored, so callers stop instead of going on."""
+
+
+def failure_message(e: BaseException) -> str:
+    """One line for a result or a table cell; a bug (not a ConvsweepError) also prints its
+    traceback, so the job log keeps what the one line cannot."""
+    if isinstance(e, ConvsweepError):
+        return str(e).splitlines()[0]
+    traceback.print_exc()
+    return f"{type(e).__name__}: {e}".splitlines()[0]

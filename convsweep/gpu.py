@@ -62,6 +62,11 @@ class DeviceArray:
         row = int(np.prod(self.shape[1:])) * self.dtype.itemsize
         return DeviceArray(self.ptr + start * row, (stop - start,) + tuple(self.shape[1:]), self.dtype)
 
+    def reshaped(self, shape: tuple[int, ...]) -> "DeviceArray":
+        """The same elements under another shape (a flatten), without copying."""
+        assert int(np.prod(shape)) == int(np.prod(self.shape)), f"reshape {self.shape} -> {shape}"
+        return DeviceArray(self.ptr, tuple(shape), self.dtype)
+
 
 class Gpu:
     def __init__(self, device_id: int = 0):
@@ -180,7 +185,7 @@ class Gpu:
         _check(driver.cuMemsetD8Async(dev.ptr, byte, dev.nbytes, int(stream.handle)), "cuMemsetD8Async")
 
     def module(self, build, private: bool = False):
-        """The loaded module of a Build: shared by default, or a private instance whose
+        """The loaded module of a CompiledModule: shared by default, or a private instance whose
         __constant__ globals belong to one caller (two layers must not share them)."""
         from cuda.core import ObjectCode
 

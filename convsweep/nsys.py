@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import sqlite3
-import statistics
 import subprocess
 import sys
 from collections import defaultdict
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConvsweepError
+from .numbers import median
 
 _REPEAT = re.compile(r"^repeat (\d+)$")
 _CUPTI_COPY_KIND = {1: "H2D", 2: "D2H", 8: "D2D", 10: "P2P"}
@@ -215,14 +215,14 @@ def summarize(activities: list[Activity], conv_layers: list[str]) -> dict:
         add("overlap", None, r, _overlap_ns(copy_union, kernel_union) / copy_ns if copy_ns else 0.0)
         add("streams_used", None, r, float(_max_concurrency([(a.start_ns, a.end_ns, a.stream) for a in acts])))
 
-    medians = {key: statistics.median(values) for key, values in per_metric.items()}
+    medians = {key: median(values) for key, values in per_metric.items()}
     kernels = defaultdict(list)
     for a in timed:
         if a.kind == "kernel":
             kernels[(a.layer, a.name)].append(a)
     kernel_rows = [{
         "layer": layer, "name": name, "launches": len(acts), "total_ms": sum(a.ms for a in acts),
-        "median_ms": statistics.median(a.ms for a in acts), "grid": list(acts[0].grid), "block": list(acts[0].block),
+        "median_ms": median(a.ms for a in acts), "grid": list(acts[0].grid), "block": list(acts[0].block),
         "registers": acts[0].registers, "static_shared_bytes": acts[0].static_shared_bytes,
         "dynamic_shared_bytes": acts[0].dynamic_shared_bytes, "local_bytes": acts[0].local_bytes,
     } for (layer, name), acts in sorted(kernels.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]

@@ -7,6 +7,7 @@ is refused with one line before anything else happens.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .errors import ConfigError
@@ -20,6 +21,24 @@ SCHEMAS_DIR = ROOT / "workflow" / "schemas"
 DB_DIR = ROOT / "db"
 QUERIES_DIR = DB_DIR / "queries"
 MIGRATIONS_DIR = DB_DIR / "migrations"
+DEFAULT_DB_URL = "sqlite:///db/results.sqlite"  # relative to where convsweep runs; $CONVSWEEP_DB overrides
+
+
+def cache_dir() -> Path:
+    """Compiled kernels, upscaled images and reference logits: derived data, safe to delete."""
+    return Path(os.environ.get("CONVSWEEP_CACHE") or Path.home() / ".cache" / "convsweep")
+
+
+def resolve_network_path(value: str | os.PathLike, relative_to: str | os.PathLike | None = None) -> Path:
+    """Where a network file named in a sweep, bench file, job spec or command line is: an absolute
+    path as given; otherwise beside the file (or in the directory) that names it, then in the
+    checkout. A path found nowhere is returned as the first candidate, for the caller's one-line error."""
+    path = Path(value)
+    if path.is_absolute():
+        return path
+    candidates = [Path(relative_to) / path] if relative_to is not None else []
+    candidates.append(ROOT / path)
+    return next((c for c in candidates if c.is_file()), candidates[0])
 
 
 def require_checkout() -> None:

@@ -14,9 +14,10 @@ from functools import cached_property
 from pathlib import Path
 
 from .compile import LAYERS_SOURCE, kernel_sources
-from .config import Config, JobSpec, canonical_hash, expand_config, validate
+from .config import Config, JobSpec, expand_config, validate
+from .fileio import canonical_hash
 from .errors import ConvsweepError
-from .paths import ROOT, check_same_checkout
+from .paths import ROOT, check_same_checkout, resolve_network_path
 from .variants import get_variant
 
 
@@ -91,22 +92,18 @@ class SweepPlan:
         from .network import load_network
 
         if job.network not in self._networks:
-            path = Path(job.network)
-            self._networks[job.network] = load_network(path if path.is_absolute() else ROOT / path)
+            self._networks[job.network] = load_network(resolve_network_path(job.network))
         return self._networks[job.network]
 
     def _builds(self, job: JobSpec) -> dict[str, tuple[str, dict]]:
         """build id -> (variant, macros): a variant that fixes shape values builds once per layer shape."""
-        from .runner import conv_shape
-
         network = self._network(job)
         builds = {}
         for layer in network.conv_layers:
             var = get_variant(job.variants[layer.name])
             if not var.is_cpu:
                 params = var.resolve_params(job.params.get(layer.name), f"params.{layer.name}")
-                fused = network.fused_layers(layer.name, var.fuses)  # a fused max-pool sets P, PS
-                macros = var.defines(params, conv_shape(layer, 1, network.dtype, fused))
+                macros = var.defines(params, network.variant_shape(layer, var.fuses))
                 builds[build_id(var.name, macros)] = (var.name, macros)
         return builds
 

@@ -10,6 +10,8 @@ import platform
 import subprocess
 from importlib import metadata
 
+from .compile import nvrtc_version
+from .nsys import find_nsys, nsys_version
 from .paths import ROOT
 
 PACKAGES = ("numpy", "cuda-core", "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-nvrtc", "nvidia-ml-py", "nvtx",
@@ -34,11 +36,10 @@ def git_state() -> dict:
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 
 
-def environment(gpu=None, nsys_version: str | None = None) -> dict:
+def environment(gpu=None) -> dict:
     """The software and machine a job ran on: the same for every run of a sweep on one host, so the
-    store keeps one row of it. GPU identity (UUID, driver) comes from NVML when a GPU is given."""
-    from .compile import nvrtc_version
-
+    store keeps one row of it. With a GPU: its identity (UUID, driver, from NVML) and the nsys on
+    PATH (or $NSYS), which profiles GPU runs."""
     packages = {}
     for name in PACKAGES:
         try:
@@ -47,13 +48,15 @@ def environment(gpu=None, nsys_version: str | None = None) -> dict:
             packages[name] = None
     env = {"hostname": platform.node(), "python": platform.python_version(), "packages": packages,
            "gpu": None, "gpu_uuid": None, "compute_capability": None, "driver": None, "cuda_driver": None,
-           "nvrtc": None, "nsys": nsys_version}
+           "nvrtc": None, "nsys": None}
     try:
         env["nvrtc"] = nvrtc_version()
     except Exception:  # no NVRTC library: the compile step says so where it matters
         pass
     if gpu is not None:
         env.update(gpu=gpu.name, compute_capability=f"{gpu.compute_capability:.1f}", cuda_driver=gpu.driver_version())
+        nsys = find_nsys()
+        env["nsys"] = nsys_version(nsys) if nsys else None
         with GpuMonitor(gpu.uuid, gpu.pci_bus_id) as monitor:
             env.update(gpu_uuid=monitor.uuid, driver=monitor.driver)
     return env

@@ -1,19 +1,25 @@
 """Runs a network on the GPU: conv layers with their variants, the rest with kernels/layers.cu.
 
 `GpuNetwork` compiles and uploads once, owns one set of activation buffers per lane (one lane
-per stream), and `enqueue` puts one chunk of images through every layer on a stream. Timing
-is the caller's business: `enqueue` only marks layers (NVTX ranges, optional events).
+per stream), and `enqueue` puts one chunk of images through every step on a stream, each step
+enqueued by its layer kind (convsweep.layers). `pipeline_pass` runs a batch host to host in
+chunks over several streams. Timing is the caller's business: the runner only marks layers
+(NVTX ranges, optional events).
 """
 from __future__ import annotations
 
 import contextlib
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .compile import LAYERS_SOURCE, Build, compile_source, compile_variant
+from .compile import LAYERS_SOURCE, CompiledModule, compile_source, compile_variant
 from .errors import ShapeError
 from .gpu import DeviceArray, Gpu
+from .layers import LAYER_KINDS
+from .network import Network, Step
 from .variants import ConvShape, Variant
 
 try:
@@ -25,46 +31,6 @@ except ImportError:  # NVTX is optional outside nsys; ranges are only labels
 
     def nvtx_range(name: str):
         return contextlib.nullcontext()
-
-
-_THREADS = 256
-_DENSE_TILE = 32  # kernels/layers.cu DENSE_TILE_B and DENSE_TILE_N: images x outputs per block
-_DENSE_THREADS = 256  # kernels/layers.cu DENSE_THREADS: two halves of 128 threads splitting k
-
-
-def enqueue_dense(gpu: Gpu, kernel, stream, y: DeviceArray, x: DeviceArray, w: DeviceArray, bias: DeviceArray,
-                  n: int, relu: bool = False) -> None:
-    """y[:n] = x[:n] @ w.T + bias (ReLU'd with `relu`) with layers.cu's `dense`, a block per tile of
-    _DENSE_TILE images x _DENSE_TILE outputs."""
-    out_features, in_features = w.shape
-    grid = ((n + _DENSE_TILE - 1) // _DENSE_TILE, (out_features + _DENSE_TILE - 1) // _DENSE_TILE)
-    gpu.launch(stream, kernel, grid, _DENSE_THREADS, 0, y.arg, x.arg, w.arg, bias.arg,
-               np.int32(n), np.int32(in_features), np.int32(out_features), np.int32(relu))
-
-
-def conv_shape(layer, batch: int, dtype: str = "float32", fused: tuple = ()) -> ConvShape:
-    """The kernel's problem for a conv layer and the layers fused into it (a max-pool sets P, PS)."""
-    c, h, w = layer.in_shape
-    pool = next((f for f in fused if f.type == "maxpool2d"), None)
-    return ConvShape(B=batch, C=c, M=layer.out_channels, H=h, W=w, K=layer.kernel, S=layer.stride,
-                     P=pool.size if pool else 0, PS=pool.stride if pool else 0, dtype=dtype)
-
-
-def plan_steps(network, fuses: dict[str, tuple]) -> list[tuple]:
-    """The launched steps, (layer, layers it stands for), in order: a conv variant fusing
-    `fuses[name]` (relu, maxpool) swallows those layers, and a dense layer the relu right after it."""
-    steps, skip = [], 0
-    for layer in network.layers:
-        if skip:
-            skip -= 1
-            continue
-        if layer.type == "conv2d":
-            fused = network.fused_layers(layer.name, tuple(fuses.get(layer.name, ())))
-        else:
-            fused = network.relu_after(layer.name) if layer.type == "dense" else ()
-        steps.append((layer, fused))
-        skip = len(fused)
-    return steps
 
 
 class ConvOp:
@@ -124,7 +90,7 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1, variant
     maxpool(relu(conv)), and needs `pool` (window, or (window, stride)). The output is poisoned
     (NaN) before the kernel runs, so an element a variant forgets to write cannot pass for a result.
     """
-    from .network import conv2d_reference, maxpool2d_reference
+    from .reference import conv2d_reference, maxpool2d_reference
     from .variants import get_variant
 
     var = get_variant(variant)
@@ -170,42 +136,44 @@ class Lane:
 
 
 class GpuNetwork:
-    def __init__(self, gpu: Gpu, network, weights: dict[str, np.ndarray], variants: dict[str, Variant],
+    """A network compiled, loaded and given its weights on one GPU, with `lanes` sets of buffers
+    for up to `capacity` images each."""
+
+    def __init__(self, gpu: Gpu, network: Network, weights: dict[str, np.ndarray], variants: dict[str, Variant],
                  params: dict[str, dict], lanes: int, capacity: int, stream):
         self.gpu, self.network = gpu, network
         self.dtype = np.dtype(network.dtype)
         self.layers_build = compile_source(LAYERS_SOURCE, "layers",
                                            {"CONV_T": "double"} if network.dtype == "float64" else {}, gpu.arch)
         layers_module = gpu.module(self.layers_build)
-        self.layer_kernels = {n: gpu.kernel(layers_module, n) for n in ("relu_inplace", "maxpool2d", "dense")}
-        self.steps = plan_steps(network, {name: var.fuses for name, var in variants.items()})
+        self.layer_kernels = {n: gpu.kernel(layers_module, n) for kind in LAYER_KINDS.values() for n in kind.kernels}
+        self.steps = network.steps({name: var.fuses for name, var in variants.items()})
         self.convs: dict[str, ConvOp] = {}
-        self.builds: list[Build] = [self.layers_build]
-        for layer, fused in self.steps:
-            if layer.type != "conv2d":
+        self.builds: list[CompiledModule] = [self.layers_build]
+        for step in self.steps:
+            if not step.layer.is_conv:
                 continue
-            var = variants[layer.name]
+            var = variants[step.layer.name]
             for b in (1, capacity):  # refuse unsupported shapes before anything is allocated
-                var.check_shape(self.shape(layer, fused, b), params[layer.name])
-            op = ConvOp(gpu, var, params[layer.name], self.shape(layer, fused, 1))
+                var.check_shape(self.shape(step, b), params[step.layer.name])
+            op = ConvOp(gpu, var, params[step.layer.name], self.shape(step, 1))
             self.builds.append(op.build)
-            self.convs[layer.name] = op
+            self.convs[step.layer.name] = op
         self.weights = {name: gpu.to_device(array.astype(self.dtype), stream) for name, array in weights.items()}
         for name, op in self.convs.items():
             op.bind_weights(self.weights[f"{name}.weight"], stream)
         self.lanes = [self._lane(capacity) for _ in range(lanes)]
 
-    def shape(self, layer, fused, batch: int) -> ConvShape:
-        return conv_shape(layer, batch, self.network.dtype, fused)
+    def shape(self, step: Step, batch: int) -> ConvShape:
+        return self.network.conv_shape(step.layer, batch, step.fused)
 
     def _lane(self, capacity: int) -> Lane:
         lane = Lane(capacity)
-        for layer, fused in self.steps:
-            last = fused[-1] if fused else layer
-            if layer.type not in ("relu", "flatten"):  # in place, or a view of the previous output
-                lane.outputs[layer.name] = self.gpu.alloc((capacity,) + tuple(last.out_shape), self.dtype)
-            if layer.type == "conv2d":
-                lane.workspaces[layer.name] = self.convs[layer.name].workspace(self.shape(layer, fused, capacity))
+        for step in self.steps:
+            if step.layer.kind.owns_output:
+                lane.outputs[step.layer.name] = self.gpu.alloc((capacity,) + tuple(step.last.out_shape), self.dtype)
+            if step.layer.is_conv:
+                lane.workspaces[step.layer.name] = self.convs[step.layer.name].workspace(self.shape(step, capacity))
         return lane
 
     def enqueue(self, stream, lane: Lane, x: DeviceArray, logits: DeviceArray, n: int, events: dict | None = None):
@@ -213,45 +181,37 @@ class GpuNetwork:
 
         With `events`, a (start, end) pair of timing events is appended per conv layer.
         """
-        cur = x.rows(0, n)
-        for layer, fused in self.steps:
-            with nvtx_range(layer.name):
-                if layer.type == "conv2d":
-                    out = lane.outputs[layer.name].rows(0, n)
-                    start = self.gpu.event(stream) if events is not None else None
-                    self.convs[layer.name].enqueue(stream, out, cur, self.weights[f"{layer.name}.weight"],
-                                                   self.weights[f"{layer.name}.bias"], self.shape(layer, fused, n),
-                                                   lane.workspaces[layer.name])
-                    if events is not None:
-                        events.setdefault(layer.name, []).append((start, self.gpu.event(stream)))
-                    cur = out
-                elif layer.type == "relu":
-                    count = int(np.prod(cur.shape))
-                    self.gpu.launch(stream, self.layer_kernels["relu_inplace"], (count + _THREADS - 1) // _THREADS,
-                                    _THREADS, 0, cur.arg, np.int64(count))
-                elif layer.type == "maxpool2d":
-                    out = lane.outputs[layer.name].rows(0, n)
-                    c, h, w = layer.in_shape
-                    count = int(np.prod(out.shape))
-                    self.gpu.launch(stream, self.layer_kernels["maxpool2d"], (count + _THREADS - 1) // _THREADS,
-                                    _THREADS, 0, out.arg, cur.arg, np.int32(n * c), np.int32(h), np.int32(w),
-                                    np.int32(layer.size), np.int32(layer.stride))
-                    cur = out
-                elif layer.type == "flatten":
-                    cur = DeviceArray(cur.ptr, (n, int(np.prod(cur.shape[1:]))), cur.dtype)
-                elif layer.type == "dense":
-                    is_last = layer is self.steps[-1][0]
-                    out = logits.rows(0, n) if is_last else lane.outputs[layer.name].rows(0, n)
-                    enqueue_dense(self.gpu, self.layer_kernels["dense"], stream, out, cur,
-                                  self.weights[f"{layer.name}.weight"], self.weights[f"{layer.name}.bias"], n,
-                                  relu=bool(fused))
-                    cur = out
-                else:
-                    raise ShapeError(f"{self.network.path}: layer '{layer.name}' has type '{layer.type}' the GPU runner does not know")
-        if cur.ptr != logits.ptr:  # networks that do not end in a dense layer
-            from cuda.bindings import driver
+        cur, last = x.rows(0, n), self.steps[-1]
+        for step in self.steps:
+            name = step.layer.name
+            with nvtx_range(name):
+                out = None
+                if step.layer.kind.owns_output:
+                    out = logits.rows(0, n) if step is last else lane.outputs[name].rows(0, n)
+                timed = events is not None and step.layer.is_conv
+                start = self.gpu.event(stream) if timed else None
+                cur = step.layer.kind.enqueue(self, stream, step, cur, out, n, lane)
+                if timed:
+                    events.setdefault(name, []).append((start, self.gpu.event(stream)))
+        if cur.ptr != logits.ptr:  # a network that ends in a layer without an output of its own
+            self.gpu.copy(logits.rows(0, n), cur, stream)
 
-            driver.cuMemcpyDtoDAsync(logits.ptr, cur.ptr, logits.rows(0, n).nbytes, int(stream.handle))
+
+@dataclass(frozen=True)
+class Backend:
+    """What runs kernels: the GPU, a conv layer's op and a whole network. Jobs and the bench take
+    one, so a test can hand them numpy stand-ins instead of patching this module."""
+
+    gpu: Callable[[], Gpu] = Gpu
+    conv_op: Callable[..., ConvOp] = ConvOp
+    network: Callable[..., GpuNetwork] = GpuNetwork
+
+
+def pass_chunks(batch: int, streams: int, chunk_images: int | None = None) -> list[tuple[int, int]]:
+    """[lo, hi) image ranges of one pass: `chunk_images` each, or by default one chunk for one
+    stream (no overlap) and four per stream otherwise, so each stream's copies can hide others' kernels."""
+    size = chunk_images or math.ceil(batch / (1 if streams == 1 else min(batch, 4 * streams)))
+    return [(lo, min(lo + size, batch)) for lo in range(0, batch, size)]
 
 
 def pipeline_buffers(gpu: Gpu, network, images: np.ndarray, host_memory: str, stream):

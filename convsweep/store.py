@@ -1,9 +1,9 @@
 """The result store: SQLAlchemy models of runs and their builds, samples and profiles, and the
-idempotent ingest of per-job result JSON files (docs/result-format.md) into SQLite or PostgreSQL."""
+idempotent ingest of per-job result JSON files (workflow/schemas/result.schema.yaml, explained in
+docs/result-format.md) into SQLite or PostgreSQL."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -55,22 +55,16 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
-from convsweep.errors import StoreError, StoreUnavailable
-from convsweep.paths import MIGRATIONS_DIR
+from convsweep.config import variant_label
+from convsweep.errors import ConfigError, StoreError, StoreUnavailable
+from convsweep.fileio import canonical_hash
+from convsweep.paths import DEFAULT_DB_URL, MIGRATIONS_DIR
+from convsweep.schema import validate
 
-DEFAULT_URL = "sqlite:///db/results.sqlite"
-RESULT_FORMATS = (1, 2)  # 1: before measurement ids; its run_key names the measurement too
-STATUSES = ("ok", "incorrect", "failed")
 PG_CONNECT_TIMEOUT_S = 5
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Serializes concurrent migrations on one PostgreSQL database (any constant, unique to us).
 _PG_MIGRATION_LOCK = 0x636F6E76
-
-REQUIRED_KEYS = {
-    "": ("format", "job_id", "run_key", "spec", "sweep", "environment", "status"),
-    "spec": ("experiment", "network", "variants", "batch", "streams", "host_memory"),
-    "sweep": ("experiment", "config_hash"),
-}
 
 # Deterministic constraint names, so the hand-written migration and the models agree.
 NAMING_CONVENTION = {
@@ -172,9 +166,6 @@ class Run(Base):
     tolerance: Mapped[float | None] = mapped_column(Float)
     images_unique: Mapped[int | None] = mapped_column(Integer)
     cycled: Mapped[bool | None] = mapped_column(Boolean)
-    op_time_1_ms: Mapped[float | None] = mapped_column(Float)
-    op_time_2_ms: Mapped[float | None] = mapped_column(Float)
-    op_time_ms: Mapped[dict[str, Any] | None]
     h2d_ms: Mapped[float | None] = mapped_column(Float)
     d2h_ms: Mapped[float | None] = mapped_column(Float)
     compute_ms: Mapped[float | None] = mapped_column(Float)
@@ -202,7 +193,8 @@ class Run(Base):
     samples: Mapped[list[Sample]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
     kernels: Mapped[list[KernelStat]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
     memcpys: Mapped[list[Memcpy]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
-    layer_times: Mapped[list[LayerTime]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
+    layer_times: Mapped[list[LayerTime]] = relationship(cascade="all, delete-orphan", passive_deletes=True,
+                                                        order_by="LayerTime.layer_index")
     phase_times: Mapped[list[Phase]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
 
 
@@ -248,12 +240,15 @@ class Memcpy(Base):
 
 class LayerTime(Base):
     """One conv layer of one run: its median op time and its floors (docs/result-format.md), so
-    GFLOP/s and floor-based GB/s are plain arithmetic in SQL. Failed runs have no op time."""
+    GFLOP/s and floor-based GB/s are plain arithmetic in SQL. Failed runs have no op time. The
+    only place op times are stored: the seeds' op time 1 and 2 are layer_index 0 and 1."""
 
     __tablename__ = "layer_time"
+    __table_args__ = (UniqueConstraint("run_id", "layer_index"),)
 
     run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
     layer: Mapped[str] = mapped_column(String, primary_key=True)
+    layer_index: Mapped[int] = mapped_column(Integer)  # 0-based position among the run's conv layers
     variant: Mapped[str | None] = mapped_column(String)  # this layer's variant (runs may mix them)
     op_time_ms: Mapped[float | None] = mapped_column(Float)
     flops: Mapped[int | None] = mapped_column(BigInteger)
@@ -269,9 +264,6 @@ class Phase(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
     name: Mapped[str] = mapped_column(String, primary_key=True)
     seconds: Mapped[float | None] = mapped_column(Float)
-
-
-FORMAT_2_KEYS = {"measurement_id": str, "git": dict, "clocks": dict, "sources": dict}
 
 
 @dataclass
@@ -290,7 +282,7 @@ class IngestReport:
 
 def resolve_url(url: str | None = None) -> URL:
     """The database URL: the argument, else $CONVSWEEP_DB, else db/results.sqlite under the cwd."""
-    raw = url or os.environ.get("CONVSWEEP_DB") or DEFAULT_URL
+    raw = url or os.environ.get("CONVSWEEP_DB") or DEFAULT_DB_URL
     try:
         sa_url = make_url(raw)
     except ArgumentError:
@@ -464,63 +456,17 @@ def alembic_config(connection: Any) -> Config:
 # --- ingesting ----------------------------------------------------------------------------
 
 
-def sha256_json(value: Any) -> str:
-    """sha256 of the canonical JSON of a value (sorted keys, no whitespace)."""
-    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
 def build_key(build: dict[str, Any]) -> str:
-    return sha256_json({k: build.get(k) for k in ("variant", "params", "arch", "options_hash", "source_hash")})
-
-
-def variant_label(variants: dict[str, str]) -> str:
-    """'naive' when every layer uses naive, else 'conv1=naive,conv2=tiled' in network order."""
-    names = list(variants.values())
-    if names and all(name == names[0] for name in names):
-        return str(names[0])
-    return ",".join(f"{layer}={name}" for layer, name in variants.items())
+    return canonical_hash({k: build.get(k) for k in ("variant", "params", "arch", "options_hash", "source_hash")})
 
 
 def check_result(result: Any, source: str) -> None:
-    """Raise StoreError naming the file and key when a result is not one we can store."""
-    if not isinstance(result, dict):
-        raise StoreError(f"{source}: expected a JSON object, got {type(result).__name__}")
-    if "format" in result and result["format"] not in RESULT_FORMATS:
-        raise StoreError(f"{source}: result format {result['format']!r} is not supported "
-                         f"(expected one of {', '.join(map(str, RESULT_FORMATS))})")
-    for key, kind in FORMAT_2_KEYS.items() if result.get("format", 1) >= 2 else ():
-        if not isinstance(result.get(key), kind):
-            raise StoreError(f"{source}: key '{key}' must be {'a string' if kind is str else 'an object'} "
-                             f"(result format 2), got {result.get(key)!r}"[:300])
-    for section, keys in REQUIRED_KEYS.items():
-        where = result[section] if section else result
-        if not isinstance(where, dict):
-            raise StoreError(f"{source}: key '{section}' must be an object")
-        for key in keys:
-            if key not in where:
-                raise StoreError(f"{source}: missing key '{section + '.' if section else ''}{key}'")
-    if result["status"] not in STATUSES:
-        raise StoreError(f"{source}: key 'status' is {result['status']!r}, expected one of {', '.join(STATUSES)}")
-    if not isinstance(result["spec"]["variants"], dict):
-        raise StoreError(f"{source}: key 'spec.variants' must be an object of layer -> variant")
-    for key in ("timings", "images"):
-        if not isinstance(result.get(key) or {}, dict):
-            raise StoreError(f"{source}: key '{key}' must be an object or null")
-    for key in ("samples", "builds", "kernels", "memcpys"):
-        items = result.get(key) or []
-        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
-            raise StoreError(f"{source}: key '{key}' must be a list of objects")
-    if not isinstance((result.get("timings") or {}).get("op_time_ms") or {}, dict):
-        raise StoreError(f"{source}: key 'timings.op_time_ms' must be an object of layer -> ms or null")
-    floors = result.get("floors") or {}
-    if not isinstance(floors, dict) or not all(isinstance(f, dict) for f in floors.values()):
-        raise StoreError(f"{source}: key 'floors' must be an object of layer -> {{bytes, flops}} or null")
-    for layer, floor in floors.items():
-        for key in ("bytes", "flops"):
-            value = floor.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise StoreError(f"{source}: key 'floors.{layer}.{key}' must be an integer or null, got {value!r}")
+    """Raise StoreError naming the file and key when a result does not match the result schema."""
+    try:
+        validate(result, "result", source, fill_defaults=False)
+    except ConfigError as exc:
+        message = str(exc)  # ends with the offending value, which may be a whole section
+        raise StoreError(message) from None
 
 
 def _timestamp(value: str | None, source: str, key: str) -> datetime | None:
@@ -530,7 +476,7 @@ def _timestamp(value: str | None, source: str, key: str) -> datetime | None:
         # Python 3.10's fromisoformat does not take the "Z" suffix.
         stamp = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
     except (TypeError, ValueError):
-        raise StoreError(f"{source}: key '{key}' is not an ISO 8601 time: {value!r}") from None
+        raise StoreError(f"{source}: {key}: expected an ISO 8601 time, got {value!r}") from None
     if stamp.tzinfo is None:
         stamp = stamp.replace(tzinfo=timezone.utc)
     return stamp.astimezone(timezone.utc)
@@ -557,7 +503,7 @@ class _AlreadyStored(Exception):
 
 def measurement_id(result: dict[str, Any]) -> str:
     """What names one measurement: its own id, or for format 1 (one measurement per job) the run_key."""
-    return result["measurement_id"] if result.get("format", 1) >= 2 else result["run_key"]
+    return result["run_key"] if result["format"] == 1 else result["measurement_id"]
 
 
 def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | None = None) -> bool:
@@ -587,10 +533,10 @@ def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | Non
 
 
 def conv_layers(variants: dict[str, Any], floors: dict[str, Any], op_time_ms: dict[str, Any]) -> list[str]:
-    """The run's conv layers: those of spec.variants in network order, then any other layer that
-    only its floors or op times name."""
+    """The run's conv layers in layer_index order: those of spec.variants in network order, then
+    any other layer that only its op times or floors name."""
     layers = list(variants)
-    for layer in [*floors, *op_time_ms]:
+    for layer in [*op_time_ms, *floors]:
         if layer not in layers:
             layers.append(layer)
     return layers
@@ -603,7 +549,7 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     timings = result.get("timings") or {}
     images = result.get("images") or {}
     op_time_ms = timings.get("op_time_ms") or {}
-    layers = list(spec["variants"]) or list(op_time_ms)
+    dataset = spec.get("dataset")
     now = datetime.now(timezone.utc)
 
     sweep_id = _get_or_create(
@@ -613,7 +559,7 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     )
     environment_id = _get_or_create(
         session, Environment,
-        {"env_hash": sha256_json(env)},
+        {"env_hash": canonical_hash(env)},
         {k: env.get(k) for k in ("hostname", "gpu", "gpu_uuid", "compute_capability", "driver", "cuda_driver",
                                  "nvrtc", "nsys", "python", "packages")},
     )
@@ -632,9 +578,6 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         for build in result.get("builds") or []
     }
 
-    def op_time(index: int) -> float | None:
-        return op_time_ms.get(layers[index]) if len(layers) > index else None
-
     run = Run(
         measurement_id=measurement_id(result),
         run_key=result["run_key"],
@@ -643,7 +586,7 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         environment_id=environment_id,
         experiment=spec["experiment"],
         network=spec["network"],
-        dataset=spec.get("dataset"),
+        dataset=dataset["name"] if isinstance(dataset, dict) else dataset,  # IDX files: their name
         variants=spec["variants"],
         params=spec.get("params"),
         variant=variant_label(spec["variants"]),
@@ -663,9 +606,6 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         tolerance=result.get("tolerance"),
         images_unique=images.get("unique"),
         cycled=images.get("cycled"),
-        op_time_1_ms=op_time(0),
-        op_time_2_ms=op_time(1),
-        op_time_ms=timings.get("op_time_ms"),
         h2d_ms=timings.get("h2d_ms"),
         d2h_ms=timings.get("d2h_ms"),
         compute_ms=timings.get("compute_ms"),
@@ -679,7 +619,7 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         started_at=_timestamp(result.get("started_at"), source, "started_at"),
         ingested_at=now,
         result_path=result_path,
-        source_hash=sha256_json(sources) if sources else None,
+        source_hash=canonical_hash(sources) if sources else None,
         sources=sources,
         git_commit=git.get("commit"),
         git_dirty=git.get("dirty"),
@@ -703,9 +643,9 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     ]
     floors = result.get("floors") or {}
     run.layer_times = [
-        LayerTime(layer=layer, variant=spec["variants"].get(layer), op_time_ms=op_time_ms.get(layer),
+        LayerTime(layer_index=index, layer=layer, variant=spec["variants"].get(layer), op_time_ms=op_time_ms.get(layer),
                   flops=(floors.get(layer) or {}).get("flops"), bytes=(floors.get(layer) or {}).get("bytes"))
-        for layer in conv_layers(spec["variants"], floors, op_time_ms)
+        for index, layer in enumerate(conv_layers(spec["variants"], floors, op_time_ms))
     ]
     run.phase_times = [Phase(name=name, seconds=seconds) for name, seconds in (result.get("phases_s") or {}).items()]
     return run

@@ -8,23 +8,19 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from .checks import TOLERANCE
 from .errors import ConfigError, ShapeError
-from .yamlio import load_yaml
 from .expr import evaluate
-from .paths import KERNELS_DIR, REGISTRY_PATH
+from .paths import REGISTRY_PATH
+from .schema import validate
+from .yamlio import read_yaml_file
 
-TOLERANCE = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2}
-_KEYS = {"source", "cpu", "precision", "description", "params", "restrictions", "constraints",
-         "fuses", "min_cc", "launches", "compile_time", "constant_weights", "dtypes", "workspace"}
-DTYPES = {"float32": 4, "float64": 8}  # element types a network may store; variants list theirs
-FUSABLE = ("relu", "maxpool")  # what a conv kernel may fuse, in the order the layers follow it
-_SHAPE_NAMES = ("C", "M", "H", "W", "K", "S", "P", "PS")  # what a build may fix; never B, which varies per chunk
+DTYPES = {"float32": 4, "float64": 8}  # element types a network may store; variants list theirs (schema enum)
 
 
 @dataclass(frozen=True)
@@ -229,48 +225,31 @@ def _fmt(shape: ConvShape) -> str:
 
 @functools.lru_cache(maxsize=4)
 def load_registry(path: Path = REGISTRY_PATH) -> dict[str, Variant]:
-    """Parse and check the registry once per process."""
-    try:
-        raw = load_yaml(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: cannot read the variant registry ({e})") from None
+    """Parse the registry once per process, check it against workflow/schemas/variants.schema.yaml
+    (which fills the defaults in), then check what a schema cannot see: the .cu files and the
+    tunables' defaults."""
+    path = Path(path)
+    raw = validate(read_yaml_file(path), "variants", path.name)
     registry = {}
-    for name, entry in (raw or {}).items():
-        where = f"{Path(path).name}: {name}"
-        unknown = set(entry) - _KEYS
-        if unknown:
-            raise ConfigError(f"{where}.{sorted(unknown)[0]}: unknown key (expected one of {sorted(_KEYS)})")
-        precision = entry.get("precision")
-        if precision not in TOLERANCE:
-            raise ConfigError(f"{where}.precision: expected one of {list(TOLERANCE)}, got {precision!r}")
+    for name, entry in raw.items():
+        where = f"{path.name}: {name}"
         source = None
-        if not entry.get("cpu"):
-            if "source" not in entry or not (Path(path).parent / entry["source"]).is_file():
-                raise ConfigError(f"{where}.source: expected an existing .cu file in kernels/, got {entry.get('source')!r}")
-            source = Path(path).parent / entry["source"]
-            if not entry.get("launches"):
-                raise ConfigError(f"{where}.launches: a GPU variant needs at least one launch")
-        dtypes = tuple(entry.get("dtypes") or ("float32",))
-        if not set(dtypes) <= set(DTYPES):
-            raise ConfigError(f"{where}.dtypes: expected names from {list(DTYPES)}, got {list(dtypes)}")
-        fuses = tuple(entry.get("fuses") or ())
-        if fuses != FUSABLE[:len(fuses)]:
-            raise ConfigError(f"{where}.fuses: expected a prefix of {list(FUSABLE)} (the layers that follow a conv), "
-                              f"got {list(fuses)}")
-        fixed = tuple(entry.get("compile_time") or ())
-        if not set(fixed) <= set(_SHAPE_NAMES):
-            raise ConfigError(f"{where}.compile_time: expected names from {list(_SHAPE_NAMES)}, got {list(fixed)}")
-        params = entry.get("params") or {}
-        for pname, pspec in params.items():
-            if not isinstance(pspec, dict) or "default" not in pspec or pspec["default"] not in pspec.get("values", []):
-                raise ConfigError(f"{where}.params.{pname}: expected {{default: v, values: [..., v, ...]}}")
+        if not entry["cpu"]:
+            source = path.parent / entry["source"]
+            if not source.is_file():
+                raise ConfigError(f"{where}.source: expected an existing .cu file in {path.parent.name}/, "
+                                  f"got {entry['source']!r}")
+        for pname, pspec in entry["params"].items():
+            if pspec["default"] not in pspec["values"]:
+                raise ConfigError(f"{where}.params.{pname}.default: expected one of {pspec['values']}, "
+                                  f"got {json.dumps(pspec['default'])}")
         registry[name] = Variant(
-            name=name, precision=precision, description=entry.get("description", ""), source=source,
-            params=params, restrictions=tuple(entry.get("restrictions") or ()),
-            constraints=tuple(entry.get("constraints") or ()), fuses=fuses, dtypes=dtypes,
-            workspace=str(entry["workspace"]) if entry.get("workspace") else None,
-            min_cc=float(entry.get("min_cc", 0.0)), launches=tuple(entry.get("launches") or ()),
-            compile_time=fixed, constant_weights=entry.get("constant_weights"))
+            name=name, precision=entry["precision"], description=entry["description"], source=source,
+            params=entry["params"], restrictions=tuple(entry["restrictions"]), constraints=tuple(entry["constraints"]),
+            fuses=tuple(entry["fuses"]), dtypes=tuple(entry["dtypes"]),
+            workspace=str(entry["workspace"]) if entry.get("workspace") else None, min_cc=float(entry["min_cc"]),
+            launches=tuple(entry.get("launches", ())), compile_time=tuple(entry["compile_time"]),
+            constant_weights=entry.get("constant_weights"))
     return registry
 
 

@@ -60,7 +60,7 @@ def row_counts(engine: Engine) -> dict[str, int]:
 
 
 def make_result(variant: str | dict[str, str] = "naive", batch: int = 100, streams: int = 1,
-                status: str = "ok", op_time_ms: tuple[float, float] = (0.74, 1.76),
+                status: str = "ok", op_time_ms: tuple[float, ...] = (0.74, 1.76),
                 experiment: str = "lenet86-baseline", host_memory: str = "pageable",
                 **overrides: Any) -> dict[str, Any]:
     """One job's result JSON (docs/result-format.md); ok, incorrect or failed."""

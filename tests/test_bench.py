@@ -4,149 +4,73 @@ plumbing between the phases runs here; the real thing is the gpu-marked test at 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from convsweep import bench
-from convsweep.config import ROOT
-from convsweep.errors import ConfigError
+from convsweep.bench import cudnn, report
+from convsweep.bench.harness import run_harness
+from convsweep.checks import check_indices, check_output, loosest_precision, normwise_error
+from convsweep.fileio import write_json_atomic
 from convsweep.gpu import DeviceArray
-from convsweep.job import write_json_atomic
-from convsweep.network import load_network
-from convsweep.runner import conv_shape
+from convsweep.network import load_network, reference_forward
+from convsweep.paths import ROOT
+from convsweep.reference import conv2d_reference, maxpool2d_reference
+from convsweep.runner import Backend, pass_chunks
+
+from bench_files import GOOD, write
 
 LENET = load_network(ROOT / "networks/lenet86.yaml")
-GOOD = """
-network: networks/lenet86.yaml
-batch: 64
-repeats: 3
-warmup: 1
-copy_mib: 1
-candidates:
-  conv1:
-    - {variant: register_tiled_gemm, params: {BLOCK_M: 4, BLOCK_N: 256, BLOCK_K: 8, THREAD_M: 4, THREAD_N: 4}}
-    - restrict_unroll
-  conv2:
-    - {variant: register_tiled_gemm}
-    - {variant: fp16}
-targets:
-  batch: 64
-  device: H100
-  ms: {conv1: 0.6, conv2: {fp32: 0.8, fp16: 0.5}, forward: 1.0, end_to_end: 8.0, harness_events: 2000}
-"""
-
-
-def write(tmp_path, text: str) -> Path:
-    path = tmp_path / "bench.yaml"
-    path.write_text(text)
-    return path
-
-
-# -- the bench file ------------------------------------------------------------------------------
-def test_default_bench_file_is_valid():
-    config = bench.load_bench_config("bench/default.yaml")
-    assert config.batch == 10000 and config.repeats == 20
-    assert [c.variant for c in config.candidates["conv1"]][:3] == ["register_tiled_gemm", "restrict_unroll", "fused_conv_relu_pool"]
-    assert [c.variant for c in config.candidates["conv2"]][:3] == ["register_tiled_gemm", "wmma_16x16x16", "fp16"]
-    first = config.candidates["conv1"][0]
-    assert first.params == {"BLOCK_M": 4, "BLOCK_N": 256, "BLOCK_K": 8, "THREAD_M": 4, "THREAD_N": 4}
-    assert first.resolved == first.params  # every tunable given
-    assert config.candidates["conv2"][0].resolved["BLOCK_M"] == 16  # registry default filled in
-    assert config.targets["ms"]["conv2"] == {"fp32": 0.8, "tf32": 0.8, "fp16": 0.5}
-    assert config.targets["batch"] == 10000 and config.end_to_end == {"streams": 4, "host_memory": "pinned", "chunk_images": 1250}
-
-
-def test_good_file_and_shorthand(tmp_path):
-    config = bench.load_bench_config(write(tmp_path, GOOD))
-    assert [c.variant for c in config.candidates["conv1"]] == ["register_tiled_gemm", "restrict_unroll"]
-    assert config.copy_mib == 1 and config.harness == {"repeats": 5, "warmup": 1}
-
-
-@pytest.mark.parametrize("edit, key, expected", [
-    (("candidates:", "candidatez: {}\ncandidates:"), "candidatez", "unknown key"),
-    (("- restrict_unroll", "- {variant: restrict_unroll, parms: {}}"), "candidates.conv1[1].parms", "unknown key"),
-    (("- restrict_unroll", "- {variant: nope}"), "candidates.conv1[1].variant", "unknown variant 'nope'"),
-    (("- restrict_unroll", "- reference"), "candidates.conv1[1].variant", "expected a GPU variant"),
-    (("- {variant: fp16}", "- {variant: fp16, params: {TILE: 8}}"), "candidates.conv2[1].params.TILE", "no tunable"),
-    (("- {variant: fp16}", "- {variant: fp16, params: {BLOCK: 3}}"), "candidates.conv2[1].params.BLOCK", "not an allowed value"),
-    (("  conv2:", "  conv3:"), "candidates.conv3", "expected a conv layer of lenet86 (conv1, conv2)"),
-    (("forward: 1.0", "forward: -1"), "targets.ms.forward", "expected a positive number"),
-    (("forward: 1.0", "fwd: 1.0"), "targets.ms.fwd", "unknown key"),
-    (("fp16: 0.5", "fp61: 0.5"), "targets.ms.conv2.fp61", "unknown key"),
-    (("repeats: 3", "repeats: 0"), "repeats", "expected an integer >= 1"),
-    (("copy_mib: 1", "copy_mib: 1\nend_to_end: {host_memory: paged}"), "end_to_end.host_memory", "expected one of"),
-    (("network: networks/lenet86.yaml", "network: networks/nope.yaml"), "network", "expected an existing network"),
-])
-def test_bad_file_is_one_line_naming_file_and_key(tmp_path, edit, key, expected):
-    old, new = edit
-    assert old in GOOD
-    path = write(tmp_path, GOOD.replace(old, new, 1))
-    with pytest.raises(ConfigError) as info:
-        bench.load_bench_config(path)
-    message = str(info.value)
-    assert "\n" not in message
-    assert message.startswith(f"{path}: {key}: "), message
-    assert expected in message
-
-
-def test_missing_and_unparsable_files(tmp_path):
-    with pytest.raises(ConfigError, match="no such file"):
-        bench.load_bench_config(tmp_path / "none.yaml")
-    with pytest.raises(ConfigError, match="not valid YAML"):
-        bench.load_bench_config(write(tmp_path, "candidates: [\n"))
-    with pytest.raises(ConfigError, match="candidates: expected a mapping"):
-        bench.load_bench_config(write(tmp_path, "batch: 3\n"))
 
 
 # -- arithmetic ----------------------------------------------------------------------------------
 def test_floor_arithmetic_matches_the_design_anchors():
-    rate = bench.copy_rate(1 << 30, (2 * (1 << 30)) / 2.99e12 * 1e3)  # a 1 GiB copy at 2.99 TB/s (read + write)
+    rate = report.copy_rate(1 << 30, (2 * (1 << 30)) / 2.99e12 * 1e3)  # a 1 GiB copy at 2.99 TB/s (read + write)
     assert rate == pytest.approx(2.99e12)
-    conv1 = conv_shape(LENET.layer("conv1"), 10000)
-    conv2 = conv_shape(LENET.layer("conv2"), 10000)
-    assert bench.floor_ms(conv1.min_bytes, rate) == pytest.approx(0.44, abs=0.005)  # DESIGN.md: 0.44 ms
-    assert bench.floor_ms(conv2.min_bytes, rate) == pytest.approx(0.33, abs=0.005)  # DESIGN.md: 0.33 ms
+    conv1 = LENET.conv_shape(LENET.layer("conv1"), 10000)
+    conv2 = LENET.conv_shape(LENET.layer("conv2"), 10000)
+    assert report.floor_ms(conv1.min_bytes, rate) == pytest.approx(0.44, abs=0.005)  # DESIGN.md: 0.44 ms
+    assert report.floor_ms(conv2.min_bytes, rate) == pytest.approx(0.33, abs=0.005)  # DESIGN.md: 0.33 ms
     assert conv2.flops / 1e9 == pytest.approx(72.5, abs=0.05)
-    assert bench.copy_rate(1000, 1.0, read_and_write=False) == 1e6
-    assert bench.floor_ms(100, None) is None
-    assert bench.throughput(2_000_000, 3_000_000, 2.0) == (1.0, 1.5)  # GB/s, GFLOP/s
-    assert bench.throughput(1, 1, 0) == (None, None)
+    assert report.copy_rate(1000, 1.0, read_and_write=False) == 1e6
+    assert report.floor_ms(100, None) is None
+    assert report.throughput(2_000_000, 3_000_000, 2.0) == (1.0, 1.5)  # GB/s, GFLOP/s
+    assert report.throughput(1, 1, 0) == (None, None)
 
 
 def test_network_traffic_counts_every_launched_step():
-    t = bench.network_traffic(LENET, 1, {})
+    t = report.network_traffic(LENET, 1, {})
     e = 4
-    conv1 = conv_shape(LENET.layer("conv1"), 1).min_bytes
-    conv2 = conv_shape(LENET.layer("conv2"), 1).min_bytes
+    conv1 = LENET.conv_shape(LENET.layer("conv1"), 1).min_bytes
+    conv2 = LENET.conv_shape(LENET.layer("conv2"), 1).min_bytes
     relu1, pool1 = 2 * e * 4 * 80 * 80, e * (4 * 80 * 80 + 4 * 40 * 40)
     relu2, pool2 = 2 * e * 16 * 34 * 34, e * (16 * 34 * 34 + 16 * 8 * 8)
     fc1, fc2 = e * (1024 + 32 * 1024 + 32 + 32), e * (32 + 10 * 32 + 10 + 10)  # relu3: fc1's epilogue
     assert t["plan_bytes"] == conv1 + relu1 + pool1 + conv2 + relu2 + pool2 + fc1 + fc2
     weights = 4 * 49 + 4 + 16 * 4 * 49 + 16 + 32 * 1024 + 32 + 10 * 32 + 10
     assert t["network_bytes"] == e * (86 * 86 + 10 + weights) and t["host_bytes"] == e * (86 * 86 + 10)
-    assert t["flops"] == conv_shape(LENET.layer("conv1"), 1).flops + conv_shape(LENET.layer("conv2"), 1).flops + 2 * (1024 * 32 + 32 * 10)
+    assert t["flops"] == LENET.conv_shape(LENET.layer("conv1"), 1).flops + LENET.conv_shape(LENET.layer("conv2"), 1).flops + 2 * (1024 * 32 + 32 * 10)
     per_image = t["plan_bytes"] - e * weights  # weights once per pass, activations per image
-    assert bench.network_traffic(LENET, 10, {})["plan_bytes"] == e * weights + 10 * per_image
+    assert report.network_traffic(LENET, 10, {})["plan_bytes"] == e * weights + 10 * per_image
 
 
 def test_conv_check_and_indices():
     ref = np.arange(1.0, 9.0).reshape(2, 1, 2, 2)
-    assert bench.conv_check(ref.astype(np.float32), ref, 1e-5)[0] == "ok"
-    assert bench.conv_check(ref.astype(np.float32) + 1, ref, 1e-5)[1].startswith("max relative error")
+    assert check_output(ref.astype(np.float32), ref, 1e-5).status == "ok"
+    assert check_output(ref.astype(np.float32) + 1, ref, 1e-5).error.startswith("max relative error")
     poisoned = ref.astype(np.float32)
     poisoned[1, 0, 1, 1] = np.nan
-    assert "NaN" in bench.conv_check(poisoned, ref, 1e-5)[1]
-    assert "NaN" in bench.conv_check(ref, ref, 1e-5, all_written=False)[1]
-    assert list(bench.check_indices(100, 3)) == [0, 1, 2, 97, 98, 99]
-    assert list(bench.check_indices(4, 8)) == [0, 1, 2, 3]
-    assert bench.loosest_precision(["fp32", "fp16", "tf32"]) == "fp16"
+    assert "NaN" in check_output(poisoned, ref, 1e-5).error
+    assert "NaN" in check_output(ref, ref, 1e-5, all_written=False).error
+    assert list(check_indices(100, 3)) == [0, 1, 2, 97, 98, 99]
+    assert list(check_indices(4, 8)) == [0, 1, 2, 3]
+    assert loosest_precision(["fp32", "fp16", "tf32"]) == "fp16"
 
 
 # -- result and table from fake numbers ----------------------------------------------------------
 def conv_rec(layer, variant, precision, ms, status="ok", params=None):
-    shape = conv_shape(LENET.layer(layer), 10000)
+    shape = LENET.conv_shape(LENET.layer(layer), 10000)
     return {"layer": layer, "variant": variant, "params": params or {}, "resolved_params": params or {},
             "precision": precision, "tolerance": 1e-5, "fused": [], "status": status,
             "error": None if status == "ok" else "max relative error 1 exceeds the 1e-05 tolerance",
@@ -154,7 +78,7 @@ def conv_rec(layer, variant, precision, ms, status="ok", params=None):
 
 
 def fake_measurements(cudnn=True, batch=10000, harness=True):
-    traffic = bench.network_traffic(LENET, batch, {})
+    traffic = report.network_traffic(LENET, batch, {})
     meas = {"config": "bench/default.yaml", "batch": batch, "repeats": 3, "warmup": 1, "seed": 0, "device": "NVIDIA H100 80GB HBM3",
             "environment": {"gpu": "NVIDIA H100 80GB HBM3"},
             "ceilings": {"copy_bytes": 1 << 30, "copy_samples_ms": [0.72, 0.7182, 0.73],
@@ -183,7 +107,7 @@ def fake_measurements(cudnn=True, batch=10000, harness=True):
 
 def test_result_rows_best_floors_ratios_and_verdicts(tmp_path):
     targets = bench.load_bench_config("bench/default.yaml").targets
-    result = bench.build_result(fake_measurements(), targets)
+    result = report.build_result(fake_measurements(), targets)
     assert result["ceilings"]["dtod_GBps"] == pytest.approx(2 * (1 << 30) / 0.72e-3 * 1e-9)
     assert result["best"]["conv1"]["variant"] == "wmma_8x32x16"  # the faster restrict_unroll is incorrect
     assert result["best"]["conv2"]["variant"] == "fp16"
@@ -216,11 +140,11 @@ def test_result_rows_best_floors_ratios_and_verdicts(tmp_path):
     write_json_atomic(out, result)  # no NaN, nothing unserializable
     assert json.loads(out.read_text())["rows"][0]["samples_ms"] == result["rows"][0]["samples_ms"]
 
-    text = bench.format_report(result)
+    text = report.format_report(result)
     lines = text.splitlines()
     assert any(line.startswith("| conv1 best") and "wmma_8x32x16" in line and "| yes" in line for line in lines)
     header = next(line for line in lines if line.startswith("| row"))
-    for column in bench.TABLE_HEADERS:
+    for column in report.TABLE_HEADERS:
         assert column in header
     assert "0.11 (fp16)" in text  # ours / cuDNN fp16 of conv1 best
     assert "harness nsys (cached job)" in text and "skipped" in text
@@ -232,10 +156,10 @@ def test_without_pytorch_and_off_target_batch_the_table_says_so():
     targets = bench.load_bench_config("bench/default.yaml").targets
     meas = fake_measurements(cudnn=False, batch=256, harness=False)
     meas["device"] = "NVIDIA H200"
-    result = bench.build_result(meas, targets)
+    result = report.build_result(meas, targets)
     assert all(r["met"] is None for r in result["rows"])
     assert all(r.get("ours_over_cudnn") is None for r in result["rows"])
-    text = bench.format_report(result)
+    text = report.format_report(result)
     assert "n/a (PyTorch not installed)" in text
     assert "targets are for batch 10000: not judged at batch 256" in text
     assert "targets are for the H100; this ran on NVIDIA H200" in text
@@ -247,9 +171,9 @@ def test_a_layer_without_a_correct_candidate_has_no_best():
     meas = fake_measurements(harness=False)
     meas["convs"] = [c if c["layer"] == "conv1" else {**c, "status": "failed", "error": "boom", "samples_ms": []}
                      for c in meas["convs"]]
-    result = bench.build_result(meas, {"batch": 10000, "ms": {}})
+    result = report.build_result(meas, {"batch": 10000, "ms": {}})
     assert result["best"]["conv2"] is None
-    assert "no correct candidate" in bench.format_report(result)
+    assert "no correct candidate" in report.format_report(result)
 
 
 # -- the whole bench over a fake GPU -------------------------------------------------------------
@@ -359,8 +283,6 @@ class FakeConvOp:
         return None
 
     def enqueue(self, stream, y, x, k, bias, shape, workspace=None):
-        from convsweep.network import conv2d_reference, maxpool2d_reference
-
         out = conv2d_reference(self.gpu.read(x), self.gpu.read(k), self.gpu.read(bias), shape.S)
         if shape.P:
             out = maxpool2d_reference(np.maximum(out, 0), shape.P, shape.PS)
@@ -380,8 +302,6 @@ class FakeGpuNetwork:
         self.capacity, self.builds = capacity, []
 
     def enqueue(self, stream, lane, x, logits, n, events=None):
-        from convsweep.network import reference_forward
-
         assert n <= self.capacity
         if events is not None:
             for layer in self.network.conv_layers:
@@ -390,21 +310,17 @@ class FakeGpuNetwork:
                                                                    dtype=np.float32)
 
 
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    import convsweep.gpu
-    import convsweep.runner
-
-    monkeypatch.setattr(convsweep.gpu, "Gpu", FakeGpu)
-    monkeypatch.setattr(convsweep.runner, "ConvOp", FakeConvOp)
-    monkeypatch.setattr(convsweep.runner, "GpuNetwork", FakeGpuNetwork)
-    monkeypatch.setattr(bench, "torch_cuda", lambda: (None, "n/a (PyTorch not installed)"))
+FAKE = Backend(gpu=FakeGpu, conv_op=FakeConvOp, network=FakeGpuNetwork)
 
 
-def test_whole_bench_over_a_fake_gpu(tmp_path, fake_gpu):
+def no_torch():
+    return None, "n/a (PyTorch not installed)"
+
+
+def test_whole_bench_over_a_fake_gpu(tmp_path):
     text = GOOD.replace("    - restrict_unroll", "    - restrict_unroll\n    - naive\n    - wmma_8x32x16")
     config = bench.load_bench_config(write(tmp_path, text))
-    result = bench.run_bench(config, batch=24, repeats=3)
+    result = bench.run_bench(config, bench.BenchOptions(batch=24, repeats=3), FAKE, load_torch=no_torch)
     convs = {r["variant"]: r for r in result["rows"] if r["label"] == "conv1"}
     assert convs["register_tiled_gemm"]["status"] == "ok" and convs["register_tiled_gemm"]["max_rel_err"] < 1e-5
     assert convs["restrict_unroll"]["status"] == "incorrect" and "tolerance" in convs["restrict_unroll"]["error"]
@@ -417,18 +333,16 @@ def test_whole_bench_over_a_fake_gpu(tmp_path, fake_gpu):
         assert row["status"] == "ok", row["error"]
         assert row["median_ms"] > 0 and row["accuracy"] > 0.8 and row["floor_ms"] > 0
     e2e = next(r for r in result["rows"] if r["kind"] == "end_to_end")
-    from convsweep.job import _chunks
-
-    assert e2e["streams"] == 4 and e2e["chunks"] == len(_chunks(24, 4)) > 4  # several chunks per stream, as jobs cut them
+    assert e2e["streams"] == 4 and e2e["chunks"] == len(pass_chunks(24, 4)) > 4  # several chunks per stream, as jobs cut them
     ceilings = result["ceilings"]
     assert ceilings["copy_bytes"] == 1 << 20 and ceilings["dtod_GBps"] > 0 and ceilings["h2d_GBps"] > 0
     assert result["cudnn"]["note"] == "n/a (PyTorch not installed)"
     write_json_atomic(tmp_path / "r.json", result)
-    assert "| conv1 best" in bench.format_report(result)
+    assert "| conv1 best" in report.format_report(result)
 
 
 @pytest.mark.parametrize("streams, memory", [(1, "pageable"), (4, "pinned")])
-def test_jobs_pipeline_over_a_fake_gpu(fake_gpu, streams, memory):
+def test_jobs_pipeline_over_a_fake_gpu(streams, memory):
     """job._measure_gpu after its pass moved to runner.pipeline_pass: the same samples as before."""
     from convsweep.config import JobSpec
     from convsweep.job import measure
@@ -436,7 +350,7 @@ def test_jobs_pipeline_over_a_fake_gpu(fake_gpu, streams, memory):
     spec = JobSpec(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
                    variants={"conv1": "naive", "conv2": "naive"}, params={"conv1": {}, "conv2": {}}, batch=40,
                    streams=streams, host_memory=memory, repeats=2, warmup=1, profiler="events")
-    result = measure(spec)
+    result = measure(spec, backend=FAKE)
     assert result["status"] == "ok", result["error"]
     metrics = sorted({s["metric"] for s in result["samples"]})
     if streams == 1:  # one chunk, one stream: copies, compute and per-layer op times are measurable
@@ -466,31 +380,31 @@ def test_harness_runs_real_jobs_through_the_cli(tmp_path):
     """The plumbing of --harness with the CPU reference variant: two fresh run-job processes."""
     config = bench.load_bench_config(write(tmp_path, GOOD))
     best = {"conv1": {"variant": "reference", "resolved_params": {}}, "conv2": {"variant": "reference", "resolved_params": {}}}
-    out = bench.run_harness(config, best, batch=40, profilers=("events",))
+    out = run_harness(config, best, batch=40, profilers=("events",))
     runs = out["events"]["runs"]
     assert len(runs) == 2 and all(r["status"] == "ok" and r["total_s"] > 0 and r["wall_s"] > 0 for r in runs), runs
-    result = bench.build_result({**fake_measurements(harness=False), "harness": out}, {"batch": 40, "ms": {}})
+    result = report.build_result({**fake_measurements(harness=False), "harness": out}, {"batch": 40, "ms": {}})
     assert next(r for r in result["rows"] if r["kind"] == "harness")["median_ms"] == pytest.approx(runs[-1]["total_s"] * 1e3)
 
 
 # -- PyTorch pieces that run on the CPU ----------------------------------------------------------
 def test_torch_network_matches_the_reference():
     torch = pytest.importorskip("torch")
-    from convsweep.network import load_weights, reference_forward
+    from convsweep.network import load_weights
 
     weights = load_weights(LENET)
     x = np.random.default_rng(0).random((3, 1, 86, 86), dtype=np.float32)
-    forward = bench.torch_network(torch, LENET, {k: torch.from_numpy(v) for k, v in weights.items()}, torch.from_numpy(x))
+    forward = cudnn.torch_network(torch, LENET, {k: torch.from_numpy(v) for k, v in weights.items()}, torch.from_numpy(x))
     ref = reference_forward(LENET, weights, x.astype(np.float64))
-    assert bench.normwise_error(forward().numpy(), ref) < 1e-5
+    assert normwise_error(forward().numpy(), ref) < 1e-5
 
 
 def test_torch_mode_sets_and_restores_the_flags():
     torch = pytest.importorskip("torch")
     before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark)
-    with bench._torch_mode(torch, "tf32", True):
+    with cudnn.torch_mode(torch, "tf32", True):
         assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.benchmark
-    with bench._torch_mode(torch, "fp32", False):
+    with cudnn.torch_mode(torch, "fp32", False):
         assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
     assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.benchmark) == before
 
@@ -499,9 +413,9 @@ def test_torch_mode_sets_and_restores_the_flags():
 @pytest.mark.gpu
 def test_bench_on_the_gpu(tmp_path):
     config = bench.load_bench_config("bench/default.yaml")
-    result = bench.run_bench(config, batch=256, repeats=3)
+    result = bench.run_bench(config, bench.BenchOptions(batch=256, repeats=3))
     write_json_atomic(tmp_path / "bench.json", result)
-    print(bench.format_report(result))
+    print(report.format_report(result))
     timed = [r for r in result["rows"] if r["kind"] in ("conv", "forward", "end_to_end")]
     assert len(timed) == sum(len(c) for c in config.candidates.values()) + 2  # + forward, end to end
     for row in timed:
@@ -525,7 +439,7 @@ def test_bench_harness_on_the_gpu():
     config = bench.load_bench_config("bench/default.yaml")
     best = {c.layer: {"variant": c.variant, "resolved_params": c.resolved}
             for c in (config.candidates["conv1"][0], config.candidates["conv2"][0])}
-    out = bench.run_harness(config, best, batch=256, profilers=("events",))
+    out = run_harness(config, best, batch=256, profilers=("events",))
     cached = out["events"]["runs"][-1]
     assert cached["status"] == "ok", cached["error"]
     assert all(cached["cache_hits"]) and cached["total_s"] > 0

@@ -84,7 +84,32 @@ def test_a_shape_fixing_variant_compiles_for_the_layers_of_a_network_or_the_give
     # A network none of whose layers it fits: say how to give the shape
     line = one_error_line(convsweep("compile", "tf32_sliding_window", "--arch", "sm_90", "--network",
                                     "networks/fp64_stride5.yaml"))
-    assert "fits no conv layer of networks/fp64_stride5.yaml" in line and "--define C_FIXED=..." in line
+    assert "does not fit any conv layer of networks/fp64_stride5.yaml" in line and "--define C_FIXED=..." in line
+    proc = convsweep("compile", "restrict_unroll", "--arch", "sm_90", "--layer", "conv2")  # one layer's shape
+    assert proc.returncode == 0 and '"C_FIXED": 4' in proc.stdout and '"C_FIXED": 1' not in proc.stdout, proc.stderr
+
+
+def test_compile_all_on_a_network_lists_what_it_could_not_build(tmp_path):
+    """`compile all` builds what it can for the network's shapes and names, with the way out, what needs a shape."""
+    out = tmp_path / "all.json"
+    proc = convsweep("compile", "all", "--arch", "sm_90", "--network", "networks/fp64_stride5.yaml", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    unbuilt = [line for line in proc.stdout.splitlines() if "not built" in line]
+    assert unbuilt and all("--define" in line for line in unbuilt)
+    assert any(line.startswith("tf32_sliding_window: not built") for line in unbuilt)
+    assert json.loads(out.read_text())["builds"]  # the variants that take any shape were built
+
+
+def test_help_lists_every_command_and_every_option_has_help():
+    from convsweep.cli import build_parser
+
+    top = convsweep("--help").stdout
+    assert "SUPPRESS" not in top and "measure" not in top  # the nsys inner half is not a user command
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    for name, sub in commands.items():
+        for action in sub._actions:
+            assert action.help, f"convsweep {name} {'/'.join(action.option_strings) or action.dest}: no help text"
 
 
 def test_compile_all_builds_every_variant(tmp_path):

@@ -6,7 +6,8 @@ import pytest
 
 from convsweep.compile import compile_source, compile_variant, parse_ptxas_log
 from convsweep.errors import CompileError, ShapeError
-from convsweep.variants import KERNELS_DIR, ConvShape, load_registry
+from convsweep.paths import KERNELS_DIR
+from convsweep.variants import ConvShape, load_registry
 
 # Variants that compile the layer shape in are built for each of these they accept (LeNet-86's two
 # convs with their pools, and a stride-2 one with an overlapping pool).
@@ -115,10 +116,9 @@ def test_shape_fixing_variants_build_per_shape_and_need_the_shape():
 def test_the_default_sweep_builds_what_its_jobs_run():
     """The Snakefile's compile rule builds each job's kernels for the shape the job runs (a fused
     max-pool included), so every build compiles and the jobs hit the compile cache."""
-    from convsweep.config import ROOT
     from convsweep.network import load_network
+    from convsweep.paths import ROOT
     from convsweep.plan import SweepPlan, build_id
-    from convsweep.runner import conv_shape
     from convsweep.variants import get_variant
     from convsweep.yamlio import load_yaml
 
@@ -130,7 +130,7 @@ def test_the_default_sweep_builds_what_its_jobs_run():
             if var.is_cpu:
                 continue
             params = var.resolve_params(job.params.get(layer.name))
-            shape = conv_shape(layer, 1, network.dtype, network.fused_layers(layer.name, var.fuses))
+            shape = network.variant_shape(layer, var.fuses)
             assert f"{plan.results_dir}/builds/{build_id(var.name, var.defines(params, shape))}.json" in \
                 plan.build_files(job.experiment, job.job_id)
             assert compile_variant(var, params, "sm_90", shape).kernels

@@ -12,7 +12,7 @@ import pytest
 
 from convsweep.config import JobSpec
 from convsweep.errors import ShapeError
-from convsweep.network import conv2d_reference, maxpool2d_reference
+from convsweep.reference import conv2d_reference, maxpool2d_reference
 from convsweep.nsys import find_nsys
 from convsweep.variants import ConvShape, load_registry
 
@@ -100,19 +100,24 @@ def test_unsupported_shape_is_refused(gpu):
     (np.float64, 3, 7000, 40, True),  # two output tiles, in past the last full pair of k slices
 ])
 def test_dense_matches_float64(gpu, dtype, B, n_in, n_out, relu):
-    from convsweep.compile import compile_source
-    from convsweep.runner import enqueue_dense
-    from convsweep.variants import KERNELS_DIR
+    from types import SimpleNamespace
 
-    build = compile_source(KERNELS_DIR / "layers.cu", "layers", {"CONV_T": "double"} if dtype == np.float64 else {},
-                           gpu.arch)
+    from convsweep.compile import LAYERS_SOURCE, compile_source
+    from convsweep.layers import LAYER_KINDS, Layer
+    from convsweep.network import Step
+
+    build = compile_source(LAYERS_SOURCE, "layers", {"CONV_T": "double"} if dtype == np.float64 else {}, gpu.arch)
     rng = np.random.default_rng()
     x, w, b = (rng.standard_normal(s).astype(dtype) for s in ((B, n_in), (n_out, n_in), n_out))
     stream = gpu.stream()
     dx, dw, db = (gpu.to_device(a, stream) for a in (x, w, b))
     dy = gpu.alloc((B, n_out), dtype)
     gpu.fill(dy, 0xFF, stream)
-    enqueue_dense(gpu, gpu.kernel(gpu.module(build), "dense"), stream, dy, dx, dw, db, B, relu=relu)
+    dense = Layer("fc", "dense", (n_in,), (n_out,), out_features=n_out)
+    step = Step(dense, (Layer("relu", "relu", (n_out,), (n_out,)),) if relu else ())
+    runner = SimpleNamespace(gpu=gpu, layer_kernels={"dense": gpu.kernel(gpu.module(build), "dense")},
+                             weights={"fc.weight": dw, "fc.bias": db})
+    LAYER_KINDS["dense"].enqueue(runner, stream, step, dx, dy, B, None)
     y = np.empty((B, n_out), dtype)
     gpu.download(dy, y, stream)
     stream.sync()

@@ -8,16 +8,9 @@ import yaml
 
 from convsweep.data import load_dataset
 from convsweep.errors import ConfigError, DataError, ShapeError
-from convsweep.network import (
-    Network,
-    conv2d_reference,
-    load_network,
-    load_weights,
-    maxpool2d_reference,
-    reference_forward,
-    reference_layer,
-    weight_shapes,
-)
+from convsweep.network import Network, load_network, load_weights, reference_forward, reference_layer, weight_shapes
+from convsweep.reference import conv2d_reference, maxpool2d_reference
+from convsweep.variants import ConvShape
 
 REPO = Path(__file__).resolve().parent.parent
 LENET = REPO / "networks" / "lenet86.yaml"
@@ -58,9 +51,9 @@ def test_lenet86_shapes(lenet):
     assert lenet.layer("pool2").stride == 4 and lenet.layer("conv2").stride == 1
     assert lenet.dtype == "float32" and lenet.input_shape == (1, 86, 86)
     assert lenet.weights_path == REPO / "data" / "lenet86-weights.npz"
-    assert lenet.layer("conv2").conv_dims(100) == {
-        "B": 100, "C": 4, "M": 16, "H": 40, "W": 40, "K": 7, "S": 1, "H_out": 34, "W_out": 34,
-    }
+    assert lenet.conv_shape(lenet.layer("conv2"), 100) == ConvShape(B=100, C=4, M=16, H=40, W=40, K=7, S=1)
+    pooled = lenet.variant_shape(lenet.layer("conv1"), ("relu", "maxpool"), 100)  # a fused pool sets P, PS
+    assert (pooled.P, pooled.PS, pooled.out_shape) == (2, 2, (100, 4, 40, 40))
 
 
 def test_unknown_layer_name(lenet):
@@ -91,6 +84,7 @@ CONV = {"name": "c", "type": "conv2d", "out_channels": 2, "kernel": 3}
         ([{"name": "p", "type": "maxpool2d", "size": 20}], {}, r"layers\[0\]\.size: expected at most"),
         ([], {}, r"layers: expected a non-empty list"),
         ([CONV], {"dtype": "int8"}, r"dtype: expected one of"),
+        ([CONV], {"dtype": "float16"}, r"dtype: expected one of float32, float64"),  # no kernel stores fp16 tensors
         ([CONV], {"colour": "red"}, r"colour: unknown key"),
         ([CONV], {"input": [1, 12]}, r"input: expected \[C, H, W\]"),
     ],
@@ -168,9 +162,9 @@ def test_conv2d_reference_chunks_and_float32(monkeypatch):
     x = rng.standard_normal((9, 2, 10, 10))
     weight, bias = rng.standard_normal((3, 2, 3, 3)), rng.standard_normal(3)
     whole = conv2d_reference(x, weight, bias)
-    monkeypatch.setattr("convsweep.network.CONV_CHUNK_ELEMENTS", 2 * 3 * 3 * 8 * 8)  # one image per chunk
+    monkeypatch.setattr("convsweep.reference.CONV_CHUNK_ELEMENTS", 2 * 3 * 3 * 8 * 8)  # one image per chunk
     np.testing.assert_allclose(conv2d_reference(x, weight, bias), whole, rtol=1e-13)
-    monkeypatch.setattr("convsweep.network.CONV_CHUNK_ELEMENTS", 1)  # too large for columns: shifted GEMMs
+    monkeypatch.setattr("convsweep.reference.CONV_CHUNK_ELEMENTS", 1)  # too large for columns: shifted GEMMs
     np.testing.assert_allclose(conv2d_reference(x, weight, bias, stride=2), naive_conv(x, weight, bias, 2), rtol=1e-12, atol=1e-12)
     single = conv2d_reference(x.astype(np.float32), weight, bias)
     assert single.dtype == np.float32

@@ -89,6 +89,16 @@ def test_best_names_the_winning_tunables(db_url):
     assert [t["conv1"]["BLOCK"] for t in tunables] == [256, 256]
 
 
+def test_best_ranks_every_conv_layer_of_a_deeper_network(db_url):
+    engine = open_store(db_url)
+    layers = ("conv1", "conv2", "conv3")
+    for variant, op_ms in (("naive", (0.9, 0.8, 0.3)), ("tiled", (0.5, 0.6, 0.7))):
+        ingest_result(engine, make_result(dict.fromkeys(layers, variant), batch=100, op_time_ms=op_ms), None)
+    engine.dispose()
+    best = [(r["layer"], r["variant"], r["op time (ms)"]) for r in rows_of(db_url, "best")]
+    assert best == [("op time 1", "tiled", 0.5), ("op time 2", "tiled", 0.6), ("op time 3", "naive", 0.3)]
+
+
 def test_streams_pivots_forward_time_and_overlap_by_stream_count(db_url):
     engine = open_store(db_url)
     for streams, forward, overlap in ((1, 29.6, 0.0), (2, 26.8, 0.5), (8, 24.4, 0.97)):

@@ -13,10 +13,18 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Connection, Engine, MetaData, delete, func, insert, inspect, select
+from jsonschema import Draft202012Validator
+from sqlalchemy import Connection, Engine, MetaData, Table, delete, func, insert, inspect, select
 from sqlalchemy.orm import Session
 
+from convsweep.cli import main as cli_main
+from convsweep.config import JobSpec
 from convsweep.errors import StoreError
+from convsweep.config import variant_label
+from convsweep.fileio import canonical_hash
+from convsweep.job import FORMAT, run_job
+from convsweep.query import run_query
+from convsweep.schema import load_schema
 from convsweep.store import (
     Base,
     StoreUnavailable,
@@ -33,9 +41,7 @@ from convsweep.store import (
     open_store,
     read_result,
     resolve_url,
-    sha256_json,
     sqlite_path,
-    variant_label,
 )
 from store_fixtures import as_format_1, make_result, row_counts, standard_results, write_results
 
@@ -98,8 +104,8 @@ def test_ingest_stores_everything(engine):
     with Session(engine) as session:
         run = session.scalars(select(Run)).one()
         assert run.variant == "conv1=naive,conv2=tiled"
-        assert (run.op_time_1_ms, run.op_time_2_ms) == (0.74, 1.2)
-        assert run.op_time_ms == {"conv1": 0.74, "conv2": 1.2}
+        # layer_time is where op times live; its first two positions are the seeds' op time 1 and 2
+        assert [(t.layer_index, t.layer, t.op_time_ms) for t in run.layer_times] == [(0, "conv1", 0.74), (1, "conv2", 1.2)]
         assert run.batch == 1000 and run.status == "ok" and run.profiler_requested == "nsys"
         assert run.result_path == "results/x/runs/a.json"
         started_at = run.started_at
@@ -115,6 +121,8 @@ def test_ingest_stores_everything(engine):
         # conv2's 4e9 flops need the BIGINT
         assert sorted((t.layer, t.op_time_ms, t.flops, t.bytes) for t in run.layer_times) == [
             ("conv1", 0.74, 2_000_000_000, 40_001_000), ("conv2", 1.2, 4_000_000_000, 80_001_000)]
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("SELECT op_time_1_ms, op_time_2_ms FROM run_summary").one() == (0.74, 1.2)
 
 
 def test_ingest_stores_phases_chunk_size_and_each_layers_variant(engine):
@@ -133,18 +141,21 @@ def test_failed_runs_keep_their_floors_in_layer_time(engine):
     ingest_result(engine, make_result("broken", 100, status="failed"), None)
     # A job that failed before it knew its shapes writes "floors": {} (convsweep/job.py)
     ingest_result(engine, make_result("broken", 200, status="failed", floors={}), None)
-    # Floors and op times may name a layer spec.variants does not: it gets a row too
+    # Floors and op times may name a layer spec.variants does not: it gets a row too, after the
+    # layers of spec.variants (op times' layers first)
     extra = make_result("naive", 300)
     extra["floors"]["conv3"] = {"bytes": 7, "flops": 9}
+    extra["timings"]["op_time_ms"]["conv4"] = 0.5
     ingest_result(engine, extra, None)
     assert layer_rows(engine) == {
-        ("broken", 100, "conv1", None, 200_000_000, 4_001_000),
-        ("broken", 100, "conv2", None, 400_000_000, 8_001_000),
-        ("broken", 200, "conv1", None, None, None),
-        ("broken", 200, "conv2", None, None, None),
-        ("naive", 300, "conv1", 0.74, 600_000_000, 12_001_000),
-        ("naive", 300, "conv2", 1.76, 1_200_000_000, 24_001_000),
-        ("naive", 300, "conv3", None, 9, 7),
+        ("broken", 100, 0, "conv1", None, 200_000_000, 4_001_000),
+        ("broken", 100, 1, "conv2", None, 400_000_000, 8_001_000),
+        ("broken", 200, 0, "conv1", None, None, None),
+        ("broken", 200, 1, "conv2", None, None, None),
+        ("naive", 300, 0, "conv1", 0.74, 600_000_000, 12_001_000),
+        ("naive", 300, 1, "conv2", 1.76, 1_200_000_000, 24_001_000),
+        ("naive", 300, 2, "conv4", 0.5, None, None),
+        ("naive", 300, 3, "conv3", None, 9, 7),
     }
     with Session(engine) as session:
         assert session.scalars(select(Run.prediction_agreement).order_by(Run.batch)).all() == [None, None, 0.9996]
@@ -159,15 +170,17 @@ def test_deleting_a_run_deletes_its_layer_times(engine):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"floors": [1]}, r"key 'floors' must be an object of layer -> \{bytes, flops\} or null"),
-    ({"floors": {"conv1": 12}}, r"key 'floors' must be an object"),
-    ({"floors": {"conv1": {"bytes": 1, "flops": 1.5}}}, r"key 'floors\.conv1\.flops' must be an integer or null"),
-    ({"floors": {"conv1": {"bytes": "many", "flops": 1}}}, r"key 'floors\.conv1\.bytes' must be an integer"),
-    ({"timings": {"op_time_ms": [0.7, 1.2]}}, r"key 'timings\.op_time_ms' must be an object"),
+    ({"floors": [1]}, "floors: expected ['object', 'null'], got [1]"),
+    ({"floors": {"conv1": 12}}, "floors.conv1: expected object, got 12"),
+    ({"floors": {"conv1": {"bytes": 1, "flops": 1.5}}}, "floors.conv1.flops: expected ['integer', 'null'], got 1.5"),
+    ({"floors": {"conv1": {"bytes": True, "flops": 1}}}, "floors.conv1.bytes: expected ['integer', 'null'], got true"),
+    ({"timings": {"op_time_ms": [0.7, 1.2]}}, "timings.op_time_ms: expected ['object', 'null'], got [0.7, 1.2]"),
+    ({"timings": {"op_time_ms": {"conv1": "fast"}}}, 'timings.op_time_ms.conv1: expected [\'number\', \'null\'], got "fast"'),
 ])
 def test_bad_floors_and_op_times_are_refused(engine, overrides, message):
-    with pytest.raises(StoreError, match=rf"^f\.json: {message}"):
+    with pytest.raises(StoreError) as caught:
         ingest_result(engine, make_result(**overrides), "f.json")
+    assert str(caught.value) == f"f.json: {message}"
     assert set(row_counts(engine).values()) == {0}
 
 
@@ -243,9 +256,10 @@ def test_failed_and_incorrect_runs_keep_their_messages(engine):
     }
 
 
-def test_failure_mid_ingest_leaves_no_row(engine):
+def test_failure_mid_ingest_leaves_no_row(engine, monkeypatch):
     result = make_result()
-    result["samples"][2]["value"] = None
+    result["samples"][2]["value"] = None  # the schema refuses it; past the schema, the database does
+    monkeypatch.setattr("convsweep.store.check_result", lambda result, source: None)
     with pytest.raises(StoreError, match=r"^cannot store results/bad\.json: .*") as caught:
         ingest_result(engine, result, "results/bad.json")
     assert "\n" not in str(caught.value)
@@ -323,7 +337,7 @@ def test_bad_files_are_reported_one_line_each_and_the_good_ones_stored(engine, t
     assert len(report.errors) == 3 and all("\n" not in e for e in report.errors)
     assert report.errors[0].startswith(f"{broken}: not valid JSON")
     assert report.errors[1].startswith(f"{missing}: cannot read")
-    assert report.errors[2].startswith(f"{no_key_path}: key 'measurement_id' must be a string (result format 2)")
+    assert report.errors[2] == f"{no_key_path}: (top level): 'measurement_id' is a required property"
     assert row_counts(engine)["run"] == 2
 
 
@@ -332,27 +346,30 @@ def test_missing_key_names_file_and_key(engine, tmp_path, section, key):
     result = make_result()
     del (result[section] if section else result)[key]
     [path] = write_results(tmp_path / "runs", [result])
-    dotted = f"{section}.{key}" if section else key
-    assert ingest_files(engine, [path]).errors == [f"{path}: missing key '{dotted}'"]
+    assert ingest_files(engine, [path]).errors == [f"{path}: {section or '(top level)'}: '{key}' is a required property"]
     assert row_counts(engine)["run"] == 0
 
 
 def test_started_at_with_z_suffix_and_bad_lists(engine):
     assert ingest_result(engine, make_result(started_at="2026-11-22T18:40:00Z"), None)
-    with pytest.raises(StoreError, match=r"d\.json: key 'started_at' is not an ISO 8601 time"):
+    with pytest.raises(StoreError, match=r"^d\.json: started_at: expected an ISO 8601 time, got 'yesterday'$"):
         ingest_result(engine, make_result(batch=7, started_at="yesterday"), "d.json")
-    with pytest.raises(StoreError, match=r"e\.json: key 'samples' must be a list of objects"):
+    with pytest.raises(StoreError, match=r"^e\.json: samples\[0\]: expected object, got 1\.0$"):
         ingest_result(engine, make_result(batch=8, samples=[1.0]), "e.json")
     assert row_counts(engine)["run"] == 1
 
 
 def test_wrong_format_and_status_are_refused(engine):
-    with pytest.raises(StoreError, match=r"a\.json: result format 3 is not supported \(expected one of 1, 2\)"):
+    with pytest.raises(StoreError, match=r"^a\.json: format: expected one of \[1, 2\], got 3$"):
         ingest_result(engine, make_result(format=3), "a.json")
-    with pytest.raises(StoreError, match=r"b\.json: key 'status' is 'great'"):
+    with pytest.raises(StoreError, match=r"^b\.json: status: expected one of \['ok', 'incorrect', 'failed'\], got \"great\"$"):
         ingest_result(engine, {**make_result(), "status": "great"}, "b.json")
-    with pytest.raises(StoreError, match=r"c\.json: expected a JSON object"):
+    with pytest.raises(StoreError, match=r"^c\.json: \(top level\): expected object, got \[1, 2\]$"):
         ingest_result(engine, [1, 2], "c.json")
+    with pytest.raises(StoreError, match=r'^d\.json: spec: expected object, got "xxx') as caught:
+        ingest_result(engine, make_result(spec="x" * 5000), "d.json")
+    assert len(str(caught.value)) < 120 and str(caught.value).endswith('x...')  # the value is cut, not the line
+    assert row_counts(engine)["run"] == 0
 
 
 def test_a_file_that_is_not_an_sqlite_database_is_named_as_such(tmp_path):
@@ -393,6 +410,33 @@ def test_bad_urls_are_one_line_store_errors():
     assert "pw@" not in str(caught.value)
 
 
+def test_the_result_schema_is_valid_and_lists_the_formats_ingest_takes_oldest_first():
+    """job.FORMAT is the newest of these (read from the schema): the list must end with it."""
+    schema = load_schema("result")
+    Draft202012Validator.check_schema(schema)
+    formats = schema["properties"]["format"]["enum"]
+    assert formats == sorted(formats) and FORMAT == formats[-1] == 2
+
+
+def test_results_a_job_writes_are_stored(engine, tmp_path):
+    """What convsweep/job.py writes matches the schema: a CPU reference job, and one that failed
+    (its dataset given as IDX files that are not there; the run keeps the dataset's name)."""
+    spec = dict(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
+                variants={"conv1": "reference", "conv2": "reference"}, params={"conv1": {}, "conv2": {}},
+                batch=8, streams=1, host_memory="pageable", repeats=1, warmup=0, profiler="events",
+                sweep={"experiment": "t", "config_hash": "h", "config_path": "x.yaml"})
+    missing = {"name": "fashion", "images": str(tmp_path / "no-images.gz"), "labels": str(tmp_path / "no-labels.gz")}
+    run_job(JobSpec(**spec), tmp_path / "ok.json")
+    run_job(JobSpec(**{**spec, "dataset": missing}), tmp_path / "failed.json")
+    report = ingest_files(engine, [tmp_path / "ok.json", tmp_path / "failed.json"])
+    assert (report.added, report.errors, report.added_by_status) == (2, [], {"ok": 1, "failed": 1})
+    with Session(engine) as session:
+        runs = {run.status: run for run in session.scalars(select(Run))}
+        assert (runs["ok"].dataset, runs["failed"].dataset) == ("mnist5k", "fashion")
+        assert [(t.layer_index, t.layer) for t in runs["ok"].layer_times] == [(0, "conv1"), (1, "conv2")]
+        assert all(t.op_time_ms > 0 for t in runs["ok"].layer_times)
+
+
 def test_result_file_round_trip_keeps_path(engine, tmp_path):
     [path] = write_results(tmp_path / "runs", [make_result()])
     ingest_files(engine, [path])
@@ -405,10 +449,11 @@ def test_result_file_round_trip_keeps_path(engine, tmp_path):
 
 
 def layer_rows(engine: Engine) -> set[tuple[Any, ...]]:
-    """Every layer_time row as (variant, batch, layer, op_time_ms, flops, bytes)."""
+    """Every layer_time row as (variant, batch, layer_index, layer, op_time_ms, flops, bytes)."""
     with engine.connect() as connection:
         return {tuple(row) for row in connection.execute(
-            select(Run.variant, Run.batch, LayerTime.layer, LayerTime.op_time_ms, LayerTime.flops, LayerTime.bytes)
+            select(Run.variant, Run.batch, LayerTime.layer_index, LayerTime.layer, LayerTime.op_time_ms,
+                   LayerTime.flops, LayerTime.bytes)
             .join(Run, Run.id == LayerTime.run_id))}
 
 
@@ -416,9 +461,9 @@ def expected_layer_rows(results: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
     rows = set()
     for result in results:
         op_time_ms = result["timings"]["op_time_ms"] or {}
-        for layer in result["spec"]["variants"]:
+        for index, layer in enumerate(result["spec"]["variants"]):
             floor = result["floors"].get(layer, {})
-            rows.add((variant_label(result["spec"]["variants"]), result["spec"]["batch"], layer,
+            rows.add((variant_label(result["spec"]["variants"]), result["spec"]["batch"], index, layer,
                       op_time_ms.get(layer), floor.get("flops"), floor.get("bytes")))
     return rows
 
@@ -435,8 +480,9 @@ def engine_at(db_url: str, revision: str) -> Engine:
     return engine
 
 
-def insert_at_0001(connection: Connection, result: dict[str, Any]) -> None:
-    """Store a result the way a 0001 database held it: the tables as they are there, no models."""
+def insert_the_old_way(connection: Connection, result: dict[str, Any]) -> None:
+    """Store a result the way a 0001 to 0003 database held it (op times in run's columns; from
+    0002, layer_time rows without a position too): the tables as they are there, no models."""
     tables = MetaData()
     tables.reflect(connection, only=["sweep", "environment", "run", "sample"])
     sweep, environment, run, sample = (tables.tables[t] for t in ("sweep", "environment", "run", "sample"))
@@ -445,13 +491,14 @@ def insert_at_0001(connection: Connection, result: dict[str, Any]) -> None:
     sweep_id = connection.scalar(select(sweep.c.id).filter_by(**keys))
     if sweep_id is None:
         sweep_id = connection.scalar(insert(sweep).values(**keys, created_at=now).returning(sweep.c.id))
-    env_hash = sha256_json(result["environment"])
+    env_hash = canonical_hash(result["environment"])
     environment_id = connection.scalar(select(environment.c.id).filter_by(env_hash=env_hash))
     if environment_id is None:
         environment_id = connection.scalar(
             insert(environment).values(env_hash=env_hash, gpu=result["environment"]["gpu"]).returning(environment.c.id))
     op_time_ms = result["timings"]["op_time_ms"]
     layers = list(spec["variants"])
+    measured = {"measurement_id": result["measurement_id"], "started_at": datetime.fromisoformat(result["started_at"])}
     run_id = connection.scalar(insert(run).values(
         run_key=result["run_key"], job_id=result["job_id"], sweep_id=sweep_id, environment_id=environment_id,
         experiment=spec["experiment"], network=spec["network"], dataset=spec["dataset"],
@@ -460,11 +507,18 @@ def insert_at_0001(connection: Connection, result: dict[str, Any]) -> None:
         status=result["status"], accuracy=result["accuracy"],
         op_time_1_ms=(op_time_ms or {}).get(layers[0]), op_time_2_ms=(op_time_ms or {}).get(layers[1]),
         op_time_ms=op_time_ms, forward_ms=result["timings"]["forward_ms"], floors=result["floors"],
-        ingested_at=now,
+        ingested_at=now, **{k: v for k, v in measured.items() if k in run.c},
     ).returning(run.c.id))
     for s in result["samples"]:
         connection.execute(insert(sample).values(run_id=run_id, metric=s["metric"], layer=s["layer"],
                                                  repeat=s["repeat"], value=s["value"]))
+    if "layer_time" in inspect(connection).get_table_names():
+        layer_time = Table("layer_time", MetaData(), autoload_with=connection)
+        floors = result["floors"] or {}
+        for layer in [*layers, *(name for name in floors if name not in layers)]:
+            connection.execute(insert(layer_time).values(
+                run_id=run_id, layer=layer, variant=spec["variants"].get(layer), op_time_ms=(op_time_ms or {}).get(layer),
+                flops=floors.get(layer, {}).get("flops"), bytes=floors.get(layer, {}).get("bytes")))
 
 
 def test_migrating_a_0001_database_backfills_layer_time(db_url):
@@ -473,7 +527,7 @@ def test_migrating_a_0001_database_backfills_layer_time(db_url):
     with _writer(old).begin() as connection:
         assert "layer_time" not in inspect(connection).get_table_names()
         for result in results:
-            insert_at_0001(connection, result)
+            insert_the_old_way(connection, result)
     old.dispose()
 
     engine = open_store(db_url)
@@ -529,3 +583,69 @@ def test_downgrade_to_0001_keeps_the_runs_and_upgrading_again_restores_layer_tim
     migrate(engine, "head")
     assert layer_rows(engine) == ingested
     assert row_counts(engine) == before
+
+
+def op_times_by_run(engine: Engine, view: str) -> dict[int, tuple[float | None, float | None]]:
+    """run id -> (op_time_1_ms, op_time_2_ms), as a table or view shows them."""
+    run_id = "id" if view == "run" else "run_id"
+    with engine.connect() as connection:
+        return {row[0]: tuple(row[1:]) for row in connection.exec_driver_sql(
+            f"SELECT {run_id}, op_time_1_ms, op_time_2_ms FROM {view}")}
+
+
+def report_text(db_url: str, tmp_path: Path) -> str:
+    """What `convsweep report` writes for the standard results' experiment."""
+    out = tmp_path / "report.md"
+    assert cli_main(["report", "--db", db_url, "--experiment", "lenet86-baseline", "--out", str(out)]) == 0
+    return out.read_text(encoding="utf-8")
+
+
+def test_migrating_a_0003_database_moves_op_times_into_layer_time_and_back(db_url, tmp_path):
+    older = make_result("naive", 100, op_time_ms=(0.9, 1.9), started_at="2026-11-21T10:00:00+00:00")
+    lost, columns_only = make_result("tiled", 10, op_time_ms=(0.3, 0.6)), make_result("naive", 20, op_time_ms=(0.4, 0.8))
+    results = standard_results() + [older, lost, columns_only]
+    old = engine_at(db_url, "0003")
+    with _writer(old).begin() as connection:
+        for result in results:
+            insert_the_old_way(connection, result)
+        # Two runs whose layer_time differs from their columns: rows lost, and times only the columns hold
+        connection.exec_driver_sql("DELETE FROM layer_time WHERE run_id IN (SELECT id FROM run WHERE batch = 10)")
+        connection.exec_driver_sql("UPDATE layer_time SET op_time_ms = NULL "
+                                   "WHERE run_id IN (SELECT id FROM run WHERE batch = 20)")
+        connection.exec_driver_sql("UPDATE run SET op_time_ms = NULL WHERE batch = 20")
+    columns, summary = op_times_by_run(old, "run"), op_times_by_run(old, "run_summary")
+    old.dispose()
+    assert columns[1] == (0.082, 0.191) and len(summary) == len(results) - 1  # the older measurement is not latest
+    report, seeds_table = report_text(db_url, tmp_path), run_query(db_url, "summary")
+
+    engine = open_store(db_url)
+    try:
+        # The same op time 1 and 2 for every measurement, now computed from layer_time
+        assert op_times_by_run(engine, "run_op_time") == columns
+        assert op_times_by_run(engine, "run_summary") == summary
+        history = json.loads(run_query(db_url, "history", fmt="json"))
+        assert {r["run_id"]: (r["op time 1 (ms)"], r["op time 2 (ms)"]) for r in history} == columns
+        assert report_text(db_url, tmp_path) == report and run_query(db_url, "summary") == seeds_table
+        migrated = layer_rows(engine)
+        assert migrated == expected_layer_rows(results)  # positions from spec.variants; lost rows rebuilt
+        assert row_counts(engine)["sample"] == sum(len(result["samples"]) for result in results) > 0
+        with engine.connect() as connection:
+            assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+            assert not {"op_time_1_ms", "op_time_2_ms", "op_time_ms"} & {c["name"] for c in inspect(connection).get_columns("run")}
+
+        migrate(engine, "0003", downgrade=True)
+        assert op_times_by_run(engine, "run") == columns
+        assert op_times_by_run(engine, "run_summary") == summary
+        with engine.connect() as connection:
+            assert "layer_index" not in {c["name"] for c in inspect(connection).get_columns("layer_time")}
+            assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+            run = Table("run", MetaData(), autoload_with=connection)
+            restored = dict(connection.execute(select(run.c.batch, run.c.op_time_ms).where(run.c.variant == "naive")).all())
+        assert restored[1000] == {"conv1": 0.74, "conv2": 1.76} and restored[20] == {"conv1": 0.4, "conv2": 0.8}
+        assert report_text(db_url, tmp_path) == report
+
+        migrate(engine, "head")
+        assert layer_rows(engine) == migrated
+        assert op_times_by_run(engine, "run_op_time") == columns
+    finally:
+        engine.dispose()

@@ -1,8 +1,13 @@
 import pytest
 
+from convsweep.checks import TOLERANCE
 from convsweep.errors import ConfigError, ShapeError
 from convsweep.expr import evaluate
-from convsweep.variants import ConvShape, load_registry
+from convsweep.layers import LAYER_KINDS
+from convsweep.paths import REGISTRY_PATH
+from convsweep.schema import load_schema
+from convsweep.variants import DTYPES, ConvShape, Variant, load_registry
+from convsweep.yamlio import read_yaml_file
 
 
 def test_expressions_are_arithmetic_only():
@@ -50,21 +55,66 @@ def test_registry_is_complete():
             assert var.source.is_file() and var.launches, name
 
 
-def test_bad_registry_entries_are_reported(tmp_path):
-    (tmp_path / "x.cu").write_text("")
-    cases = {
-        "a: {precision: fp64, source: x.cu}": "a.precision: expected one of",
-        "a: {precision: fp32, source: nope.cu}": "a.source: expected an existing .cu file",
-        "a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1], block: [1]}], colour: 1}": "a.colour: unknown key",
-        "a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1], block: [1]}], params: {T: {default: 3, values: [1, 2]}}}": "a.params.T",
-        "a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1], block: [1]}], dtypes: [int8]}": "a.dtypes: expected names from",
-        "a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1], block: [1]}], fuses: [maxpool]}": "a.fuses: expected a prefix",
-    }
-    for i, (text, expected) in enumerate(cases.items()):
-        path = tmp_path / f"reg{i}.yaml"
-        path.write_text(text)
-        with pytest.raises(ConfigError, match=expected.replace("(", r"\(")):
-            load_registry(path)
+LAUNCH = "launches: [{kernel: k, grid: [1], block: [1]}]"
+
+
+@pytest.mark.parametrize("text, expected", [
+    # checked by workflow/schemas/variants.schema.yaml
+    (f"a: {{precision: fp64, source: x.cu, {LAUNCH}}}", "a.precision: expected one of ['fp32', 'tf32', 'fp16'], got \"fp64\""),
+    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, colour: 1}}", "a: unknown key ('colour' was unexpected)"),
+    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, dtypes: [int8]}}", "a.dtypes[0]: expected one of ['float32', 'float64']"),
+    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, fuses: [maxpool]}}", "a.fuses: expected one of [[], ['relu'], ['relu', 'maxpool']]"),
+    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, compile_time: [B]}}", "a.compile_time[0]: expected one of ['C', 'M'"),
+    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, params: {{T: [1, 2]}}}}", "a.params.T: expected object, got [1, 2]"),
+    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, params: {{T: {{default: 1}}}}}}", "a.params.T: 'values' is a required property"),
+    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, min_cc: '8.0'}}", "a.min_cc: expected number, got \"8.0\""),
+    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, restrictions: 'T < 3'}}", "a.restrictions: expected array"),
+    ("a: {precision: fp32, source: x.cu}", "a: 'launches' is a required property"),
+    ("a: {precision: fp32, launches: []}", "a: 'source' is a required property"),
+    ("a: {precision: fp32, source: x.cu, launches: []}", "a.launches: must not be empty"),
+    ("a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1, 1, 1, 1], block: [1]}]}", "a.launches[0].grid: [1, 1, 1, 1] is too long"),
+    ("a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1], block: [1], shared: 4}]}", "a.launches[0]: unknown key ('shared'"),
+    ("a: {precision: fp32, source: x.cu, launches: [{grid: [1], block: [1]}]}", "a.launches[0]: 'kernel' is a required property"),
+    ("a: {cpu: true}", "a: 'precision' is a required property"),
+    ("", "(top level): expected object, got null"),
+    # checked in code: what the schema cannot see
+    (f"a: {{precision: fp32, source: nope.cu, {LAUNCH}}}", "a.source: expected an existing .cu file"),
+    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, params: {{T: {{default: 3, values: [1, 2]}}}}}}",
+     "a.params.T.default: expected one of [1, 2], got 3"),
+])
+def test_bad_registry_entries_are_one_line_naming_file_and_key(tmp_path, text, expected):
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "x.cu").write_text("")
+    path = kernels / "variants.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_registry(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"variants.yaml: {expected}"), message
+
+
+def test_a_cpu_variant_takes_the_schema_defaults(tmp_path):
+    path = tmp_path / "variants.yaml"
+    path.write_text("ref: {cpu: true, precision: fp32}\n")
+    assert load_registry(path)["ref"] == Variant(name="ref", precision="fp32", description="")
+
+
+def test_the_schema_defaults_leave_launches_and_params_as_written():
+    """A Variant's launches and params are what the registry says (its hash keys compile jobs)."""
+    raw = read_yaml_file(REGISTRY_PATH)
+    for name, var in load_registry().items():
+        assert var.launches == tuple(raw[name].get("launches", ())), name
+        assert var.params == raw[name].get("params", {}), name
+
+
+def test_schema_enums_agree_with_the_code():
+    entry = load_schema("variants")["$defs"]["variant"]["properties"]
+    assert entry["precision"]["enum"] == list(TOLERANCE)
+    assert entry["dtypes"]["items"]["enum"] == list(DTYPES)
+    fuse_names = {kind.fuse_name for kind in LAYER_KINDS.values()} - {None}
+    assert {name for fuses in entry["fuses"]["enum"] for name in fuses} == fuse_names
 
 
 def test_fused_pool_and_dtype_shape_names():

@@ -308,3 +308,18 @@ def test_a_sweep_killed_halfway_resumes_with_every_job_stored_once(tmp_path):
     assert not [p for p in work.rglob("*") if p.name.endswith(".tmp")]
     for path in (work / "results").rglob("*.json"):
         json.loads(path.read_text())  # every file whole
+
+
+def test_planning_a_sweep_does_not_import_the_gpu_runtime():
+    """The Snakefile's parse plans every job (builds, sources) from the network's structure alone."""
+    code = ("import sys\n"
+            "from convsweep.plan import SweepPlan\n"
+            "from convsweep.paths import ROOT\n"
+            "from convsweep.yamlio import load_yaml\n"
+            "plan = SweepPlan(load_yaml((ROOT / 'experiments.yaml').read_text()), ROOT / 'experiments.yaml')\n"
+            "for job in plan.jobs:\n"
+            "    plan.build_files(job.experiment, job.job_id), plan.job_sources(job.experiment, job.job_id)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('cuda', 'convsweep.gpu', 'convsweep.runner'))))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

@@ -1,22 +1,15 @@
 -- Which variant and tunable setting is fastest for each conv layer and batch size (ok runs only; incorrect and failed runs never count)?
-WITH layer_time AS (
-    SELECT id AS run_id, experiment, variant, params, batch, streams, host_memory,
-           'op time 1' AS layer, op_time_1_ms AS op_time_ms
-    FROM latest_run
-    WHERE status = 'ok' AND op_time_1_ms IS NOT NULL
-    UNION ALL
-    SELECT id AS run_id, experiment, variant, params, batch, streams, host_memory,
-           'op time 2' AS layer, op_time_2_ms AS op_time_ms
-    FROM latest_run
-    WHERE status = 'ok' AND op_time_2_ms IS NOT NULL
-),
-ranked AS (
-    SELECT layer_time.*,
-           ROW_NUMBER() OVER (PARTITION BY experiment, layer, batch ORDER BY op_time_ms, run_id) AS place
-    FROM layer_time
+WITH ranked AS (
+    SELECT r.experiment, r.variant, r.params, r.batch, r.streams, r.host_memory, r.id AS run_id,
+           lt.layer_index, lt.op_time_ms,
+           ROW_NUMBER() OVER (PARTITION BY r.experiment, lt.layer_index, r.batch
+                              ORDER BY lt.op_time_ms, r.id) AS place
+    FROM layer_time lt
+    JOIN latest_run r ON r.id = lt.run_id
+    WHERE r.status = 'ok' AND lt.op_time_ms IS NOT NULL
 )
 SELECT experiment,
-       layer,
+       'op time ' || CAST(layer_index + 1 AS VARCHAR) AS layer,
        batch,
        variant,
        params AS "tunables (per layer)",
@@ -26,4 +19,4 @@ SELECT experiment,
        run_id
 FROM ranked
 WHERE place = 1
-ORDER BY experiment, layer, batch
+ORDER BY experiment, layer_index, batch

@@ -4,8 +4,8 @@ SELECT r.experiment,
        r.started_at AS measured,
        CASE WHEN l.id IS NULL THEN '' ELSE 'latest' END AS latest,
        r.status,
-       r.op_time_1_ms AS "op time 1 (ms)",
-       r.op_time_2_ms AS "op time 2 (ms)",
+       o.op_time_1_ms AS "op time 1 (ms)",
+       o.op_time_2_ms AS "op time 2 (ms)",
        r.forward_ms AS "forward (ms)",
        substr(r.source_hash, 1, 12) AS source_hash,
        substr(r.git_commit, 1, 10) AS git_commit,
@@ -18,5 +18,6 @@ SELECT r.experiment,
        r.id AS run_id
 FROM run r
 JOIN environment e ON e.id = r.environment_id
+JOIN run_op_time o ON o.run_id = r.id
 LEFT JOIN latest_run l ON l.id = r.id
 ORDER BY r.experiment, r.job_id, r.started_at DESC, r.id DESC

@@ -1,0 +1,169 @@
+"""cuDNN through PyTorch, on the same problems as ours: each conv layer and the whole network in
+fp32 (TF32 off), TF32 and fp16 channels_last, plus matmul rates as the compute ceilings.
+
+PyTorch is optional: `torch_cuda` imports it only when asked and says why it is unavailable in
+the words the table prints; every PyTorch call happens after our own measurements finished.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..checks import normwise_error
+from ..errors import failure_message
+from ..network import Network
+from ..numbers import finite, median
+from .config import BenchConfig
+from .measure import NetworkInputs, Timing
+from .report import CUDNN_MODES
+
+
+def torch_cuda() -> tuple[Any, str | None]:
+    """(torch, None) when PyTorch can run on a GPU here, else (None, why) in the words the table prints."""
+    try:
+        import torch
+    except ImportError:
+        return None, "n/a (PyTorch not installed)"
+    except Exception as e:  # a broken install must not stop the bench
+        return None, f"n/a (PyTorch failed to import: {type(e).__name__})"
+    try:
+        if not torch.cuda.is_available():
+            return None, "n/a (PyTorch has no CUDA device)"
+    except Exception as e:
+        return None, f"n/a (PyTorch CUDA: {type(e).__name__})"
+    return torch, None
+
+
+@contextlib.contextmanager
+def torch_mode(torch, mode: str, benchmark: bool):
+    """fp32: TF32 off; tf32: TF32 on (convolutions and matmuls); fp16: TF32 off (inputs are half)."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = (cudnn.allow_tf32, matmul.allow_tf32, cudnn.benchmark)
+    cudnn.allow_tf32 = matmul.allow_tf32 = mode == "tf32"
+    cudnn.benchmark = benchmark
+    try:
+        yield
+    finally:
+        cudnn.allow_tf32, matmul.allow_tf32, cudnn.benchmark = saved
+
+
+def torch_samples(torch, stream, fn, timing: Timing) -> list[float]:
+    """Like measure.event_samples, with torch.cuda.Event on a torch stream."""
+    with torch.cuda.stream(stream):
+        for _ in range(timing.warmup):
+            fn()
+        pairs = []
+        for _ in range(timing.repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            fn()
+            end.record(stream)
+            pairs.append((start, end))
+    stream.synchronize()
+    return [start.elapsed_time(end) for start, end in pairs]
+
+
+def torch_inputs(torch, mode: str, tensors: list):
+    """The tensors as `mode` runs them: fp16 in half, 4-d ones channels_last."""
+    if mode != "fp16":
+        return tensors
+    out = []
+    for t in tensors:
+        t = t.half()
+        out.append(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t)
+    return out
+
+
+def torch_network(torch, network: Network, weights: dict, x) -> Callable[[], Any]:
+    """The network as PyTorch calls on tensors `weights` (by key) and input `x`: a no-argument forward."""
+
+    def forward():
+        h = x
+        for layer in network.layers:
+            h = layer.kind.torch(torch, layer, weights, h)
+        return h
+
+    return forward
+
+
+def measure_cudnn(torch, timing: Timing, config: BenchConfig, layer_inputs: dict, network_inputs: NetworkInputs) -> dict:
+    """cuDNN on the same conv problems and the whole network, every mode, on a stream of its own
+    (the timing's batch, warm-up and repeats; its stream is ours, not PyTorch's)."""
+    F = torch.nn.functional
+    stream = torch.cuda.Stream()
+    out = {"available": True, "note": None, "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+           "benchmark": config.cudnn_benchmark, "layers": {}, "forward": {}}
+    for layer in config.network.conv_layers:
+        li = layer_inputs.get(layer.name)
+        if li is None:
+            continue
+        base = [torch.from_numpy(a).cuda() for a in (li.x, li.w, li.b)]
+        for mode in CUDNN_MODES:
+            try:
+                with torch_mode(torch, mode, config.cudnn_benchmark):
+                    x, w, b = torch_inputs(torch, mode, base)
+                    torch.cuda.synchronize()
+                    fn = lambda: F.conv2d(x, w, b, stride=layer.stride)
+                    samples = torch_samples(torch, stream, fn, timing)
+                    with torch.cuda.stream(stream):
+                        y = fn()[torch.from_numpy(li.check_idx).cuda()].float().cpu().numpy()
+                out["layers"].setdefault(layer.name, {})[mode] = {"samples_ms": samples,
+                                                                  "max_rel_err": finite(normwise_error(y, li.ref))}
+            except Exception as e:
+                out["layers"].setdefault(layer.name, {})[mode] = {"samples_ms": [], "error": failure_message(e)}
+            torch.cuda.synchronize()
+        del base
+        torch.cuda.empty_cache()
+
+    weights, images, ref = network_inputs.weights, network_inputs.images, network_inputs.ref
+    net = config.network
+    base_w = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).cuda() for k, v in weights.items()}
+    base_x = torch.from_numpy(images).cuda()
+    for mode in CUDNN_MODES:
+        try:
+            with torch_mode(torch, mode, config.cudnn_benchmark):
+                keys = list(base_w)
+                cast = dict(zip(keys, torch_inputs(torch, mode, [base_w[k] for k in keys])))
+                (x,) = torch_inputs(torch, mode, [base_x])
+                torch.cuda.synchronize()
+
+                forward = torch_network(torch, net, cast, x)
+                samples = torch_samples(torch, stream, forward, timing)
+                with torch.cuda.stream(stream):
+                    logits = forward().float().cpu().numpy()
+            out["forward"][mode] = {"samples_ms": samples, "max_rel_err": finite(normwise_error(logits, ref))}
+        except Exception as e:
+            out["forward"][mode] = {"samples_ms": [], "error": failure_message(e)}
+        torch.cuda.synchronize()
+    del base_w, base_x
+    torch.cuda.empty_cache()
+    return out
+
+
+def _matmul_rate(torch, stream, mode: str, n: int, timing: Timing) -> float:
+    dtype = torch.float16 if mode == "fp16" else torch.float32
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    torch.cuda.synchronize()
+    with torch_mode(torch, mode, True):
+        samples = torch_samples(torch, stream, lambda: a @ b,
+                                dataclasses.replace(timing, warmup=max(timing.warmup, 1), repeats=min(timing.repeats, 10)))
+    return 2 * n ** 3 / (median(samples) * 1e-3) / 1e12
+
+
+def measure_matmul(torch, timing: Timing, n: int = 8192) -> dict:
+    """TFLOP/s of an n x n x n matmul per mode: the compute ceilings beside the copy's memory ceiling."""
+    stream = torch.cuda.Stream()
+    rates = {}
+    for mode in CUDNN_MODES:
+        try:
+            rates[mode] = _matmul_rate(torch, stream, mode, n, timing)
+        except Exception:
+            rates[mode] = None
+        torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return rates

@@ -1,0 +1,238 @@
+"""The bench's numbers, derived: medians, memory floors, throughput, ratios to cuDNN, verdicts
+against the targets, and the printed table. Pure functions of what was measured, so the tests
+feed them fake numbers.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tabulate import tabulate
+
+from ..network import Network, weight_shapes
+from ..numbers import finite, median
+
+BENCH_FORMAT = 1  # the version of the bench JSON (`convsweep bench --json`)
+CUDNN_MODES = ("fp32", "tf32", "fp16")  # cuDNN columns; a variant is compared with the mode of its precision class
+
+
+def copy_rate(nbytes: int, ms: float, read_and_write: bool = True) -> float:
+    """Bytes per second of a copy of `nbytes` that took `ms`; a device-to-device copy moves each
+    byte twice through memory (read + written), a host-to-device copy once over the link."""
+    return (2 if read_and_write else 1) * nbytes / (ms * 1e-3)
+
+
+def floor_ms(nbytes: int, rate: float | None) -> float | None:
+    """The least time moving `nbytes` at `rate` bytes/s can take."""
+    return nbytes / rate * 1e3 if rate else None
+
+
+def throughput(nbytes: int | None, flops: int | None, ms: float | None) -> tuple[float | None, float | None]:
+    """(GB/s, GFLOP/s) achieved when `ms` moved `nbytes` and did `flops`."""
+    if not ms or ms <= 0:
+        return None, None
+    return (nbytes / ms * 1e-6 if nbytes else None), (flops / ms * 1e-6 if flops else None)
+
+
+def pick_best(records: list[dict]) -> dict | None:
+    """The correct record with the lowest median (the first on a tie); None when none is correct."""
+    ok = [r for r in records if r.get("status") == "ok" and median(r.get("samples_ms")) is not None]
+    return min(ok, key=lambda r: median(r["samples_ms"])) if ok else None
+
+
+def network_traffic(network: Network, batch: int, fuses: dict[str, tuple]) -> dict:
+    """Bytes and FLOPs of one pass as the runner executes it, conv layers fusing `fuses[name]`.
+
+    `plan_bytes`: each launched step reads its inputs (and weights) and writes its output once
+    (each layer kind says what that is); `network_bytes`: the input, every weight and the logits
+    once, the floor of a network fused into one kernel.
+    """
+    e = np.dtype(network.dtype).itemsize
+    weights = sum(math.prod(shape) for shape in weight_shapes(network).values())
+    plan_bytes = flops = 0
+    for step in network.steps(fuses):
+        step_bytes, step_flops = step.layer.kind.traffic(network, step, batch, e)
+        plan_bytes += step_bytes
+        flops += step_flops
+    io = batch * (math.prod(network.input_shape) + math.prod(network.layers[-1].out_shape))
+    return {"plan_bytes": plan_bytes, "network_bytes": e * (io + weights), "flops": flops, "host_bytes": e * io}
+
+
+def target_for(targets: dict, key: str, precision: str | None = None) -> float | None:
+    value = targets.get("ms", {}).get(key)
+    return value.get(precision) if isinstance(value, dict) else value
+
+
+def build_result(meas: dict, targets: dict) -> dict:
+    """Rows with derived numbers (GB/s, GFLOP/s, floor, ratios, verdicts) from raw measurements.
+
+    `meas` holds only what was measured (samples, bytes, flops, statuses); every derived number
+    is computed here, so a test can feed it fake numbers.
+    """
+    c = meas["ceilings"]
+    copy_ms, h2d_ms = median(c.get("copy_samples_ms")), median(c.get("h2d_samples_ms"))
+    dtod = copy_rate(c["copy_bytes"], copy_ms) if copy_ms else None
+    h2d = copy_rate(c["h2d_bytes"], h2d_ms, read_and_write=False) if h2d_ms else None
+    ceilings = {**c, "copy_median_ms": copy_ms, "dtod_GBps": dtod * 1e-9 if dtod else None,
+                "h2d_median_ms": h2d_ms, "h2d_GBps": h2d * 1e-9 if h2d else None}
+    batch = meas["batch"]
+    judged = targets.get("batch") == batch
+    device_note = None
+    if targets.get("device") and targets["device"].lower() not in (meas.get("device") or "").lower():
+        device_note = f"targets are for the {targets['device']}; this ran on {meas.get('device')}"
+    cudnn = meas.get("cudnn") or {"available": False, "note": "n/a (not measured)"}
+
+    def derived(row: dict, nbytes, flops, floor, target, cudnn_samples=None):
+        med = median(row.get("samples_ms"))
+        gbps, gflops = throughput(nbytes, flops, med)
+        row.update(median_ms=finite(med), min_ms=finite(min(row["samples_ms"])) if row.get("samples_ms") else None,
+                   GBps=finite(gbps), GFLOPps=finite(gflops), floor_ms=finite(floor),
+                   x_floor=finite(med / floor) if med and floor else None, target_ms=target,
+                   met=None if not (judged and target) or row.get("status") == "skipped"
+                   else (row.get("status") == "ok" and med is not None and med <= target))
+        if cudnn_samples is not None:
+            cd = {mode: finite(median(cudnn_samples.get(mode, {}).get("samples_ms"))) for mode in CUDNN_MODES}
+            row["cudnn_ms"] = cd
+            mode = row.get("precision")
+            row["cudnn_mode"] = mode
+            row["ours_over_cudnn"] = finite(med / cd[mode]) if med and cd.get(mode) else None
+        return row
+
+    rows = []
+    best = {}
+    layers = list(dict.fromkeys(r["layer"] for r in meas.get("convs", [])))
+    for layer in layers:
+        recs = [r for r in meas["convs"] if r["layer"] == layer]
+        chosen = pick_best(recs)
+        best[layer] = chosen
+        for rec in recs:
+            row = {"kind": "conv", "label": layer, **{k: v for k, v in rec.items()}, "best": rec is chosen}
+            row["max_rel_err"] = finite(row.get("max_rel_err"))
+            derived(row, rec.get("bytes"), rec.get("flops"), floor_ms(rec["bytes"], dtod) if rec.get("bytes") else None,
+                    target_for(targets, layer, rec.get("precision")),
+                    cudnn.get("layers", {}).get(layer, {}) if cudnn.get("available") else {})
+            rows.append(row)
+
+    for kind, key in (("forward", "forward"), ("end_to_end", "end_to_end")):
+        rec = meas.get(kind)
+        if rec is None:
+            continue
+        row = {"kind": kind, "label": key, **rec}
+        row["max_rel_err"] = finite(row.get("max_rel_err"))
+        if kind == "forward":
+            floor = floor_ms(rec["plan_bytes"], dtod) if rec.get("plan_bytes") else None
+            row["network_floor_ms"] = finite(floor_ms(rec["network_bytes"], dtod)) if rec.get("network_bytes") else None
+            derived(row, rec.get("plan_bytes"), rec.get("flops"), floor, target_for(targets, key, rec.get("precision")),
+                    cudnn.get("forward", {}) if cudnn.get("available") else {})
+        else:
+            floor = floor_ms(rec["host_bytes"], h2d) if rec.get("host_bytes") else None
+            derived(row, rec.get("host_bytes"), rec.get("flops"), floor, target_for(targets, key, rec.get("precision")))
+        rows.append(row)
+
+    for profiler, run in (meas.get("harness") or {}).items():
+        key = f"harness_{profiler}"
+        cached = run.get("runs", [])[-1] if run.get("runs") else None
+        row = {"kind": "harness", "label": key, "profiler": profiler, "variant": run.get("variant"),
+               "status": cached.get("status") if cached else run.get("status", "skipped"),
+               "error": cached.get("error") if cached else run.get("note"),
+               "samples_ms": [cached["total_s"] * 1e3] if cached and cached.get("total_s") is not None else [],
+               "runs": run.get("runs", []), "job_id": run.get("job_id")}
+        derived(row, None, None, None, target_for(targets, key))
+        rows.append(row)
+
+    return {"format": BENCH_FORMAT, "config": meas.get("config"), "device": meas.get("device"), "batch": batch,
+            "repeats": meas.get("repeats"), "warmup": meas.get("warmup"), "seed": meas.get("seed"),
+            "environment": meas.get("environment"), "ceilings": ceilings,
+            "best": {layer: ({"variant": b["variant"], "params": b["resolved_params"], "median_ms": finite(median(b["samples_ms"]))}
+                             if b else None) for layer, b in best.items()},
+            "cudnn": {k: v for k, v in cudnn.items()}, "targets": {**targets, "judged": judged, "device_note": device_note},
+            "rows": rows}
+
+
+def _ms(v, digits: int = 3) -> str:
+    return "" if v is None else f"{v:.{digits}f}"
+
+
+def params_text(params: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in params.items())
+
+
+def table_rows(result: dict) -> list[list[str]]:
+    """The printed table, best row of each conv layer first, then its other candidates."""
+    cudnn = result.get("cudnn") or {}
+    na = cudnn.get("note") or "n/a"
+    out = []
+
+    def line(label: str, row: dict) -> list[str]:
+        variant = row.get("variant") or ""
+        if row.get("params"):
+            variant += f" {params_text(row['params'])}"
+        if row["kind"] in ("conv", "forward"):
+            if cudnn.get("available"):
+                cd = row.get("cudnn_ms") or {}
+                cells = [_ms(cd.get(m)) or "failed" for m in CUDNN_MODES]
+                ratio = f"{row['ours_over_cudnn']:.2f} ({row['cudnn_mode']})" if row.get("ours_over_cudnn") else ""
+            else:
+                cells, ratio = [na, "n/a", "n/a"], "n/a"
+        else:
+            cells, ratio = ["", "", ""], ""
+        status = row.get("status") or ""
+        if row.get("error"):
+            status += f": {row['error']}"[:60]
+        met = "" if row.get("target_ms") is None else ("n/a" if row.get("met") is None else ("yes" if row["met"] else "no"))
+        return [label, variant, status, _ms(row.get("median_ms")), _ms(row.get("min_ms")), _ms(row.get("GBps"), 0),
+                _ms(row.get("GFLOPps"), 0), _ms(row.get("floor_ms")), _ms(row.get("x_floor"), 2), *cells, ratio,
+                _ms(row.get("target_ms"), 2), met]
+
+    rows = result["rows"]
+    for layer in dict.fromkeys(r["label"] for r in rows if r["kind"] == "conv"):
+        recs = [r for r in rows if r["kind"] == "conv" and r["label"] == layer]
+        best = [r for r in recs if r.get("best")]
+        if best:
+            out.append(line(f"{layer} best", best[0]))
+        else:
+            out.append([f"{layer} best", "", "no correct candidate"] + [""] * (len(TABLE_HEADERS) - 3))
+        out += [line(layer, r) for r in recs if not r.get("best")]
+    for r in rows:
+        if r["kind"] == "forward":
+            out.append(line("forward (on device)", r))
+        elif r["kind"] == "end_to_end":
+            out.append(line(f"end to end ({r.get('streams')} streams)", r))
+        elif r["kind"] == "harness":
+            out.append(line(f"harness {r['profiler']} (cached job)", r))
+    return out
+
+
+TABLE_HEADERS = ["row", "variant", "status", "ms", "min ms", "GB/s", "GFLOP/s", "floor ms", "×floor", "cuDNN fp32",
+                 "cuDNN tf32", "cuDNN fp16", "ours/cuDNN", "target ms", "met?"]
+
+
+def format_report(result: dict) -> str:
+    c = result["ceilings"]
+    head = [f"convsweep bench: {result.get('device')}, batch {result['batch']}, {result.get('repeats')} repeats "
+            f"(median of events, after {result.get('warmup')} warm-up passes)",
+            f"memory floor rate: device copy {_ms(c.get('dtod_GBps'), 0)} GB/s (read + write); "
+            f"pinned H2D {_ms(c.get('h2d_GBps'), 1)} GB/s"]
+    matmul = c.get("matmul_TFLOPps")
+    if matmul:
+        head.append("matmul ceilings (PyTorch): " + ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in matmul.items() if v))
+    table = tabulate(table_rows(result), headers=TABLE_HEADERS, tablefmt="github", disable_numparse=True)
+    notes = ["floor: the row's least bytes (inputs, weights, output once each) at the device copy rate; "
+             "forward: every launched layer's traffic (the whole network fused into one kernel: "
+             + (_ms(next((r.get("network_floor_ms") for r in result["rows"] if r["kind"] == "forward"), None)) or "?")
+             + " ms); end to end: input and logits at the pinned H2D rate",
+             "ours/cuDNN: against the cuDNN mode of the variant's precision class (fp32, tf32, fp16)"]
+    if matmul and matmul.get("fp32"):
+        for r in result["rows"]:
+            if r["kind"] == "conv" and r.get("best") and r.get("flops"):
+                notes.append(f"{r['label']}: {r['flops'] / 1e9:.1f} GFLOP = {r['flops'] / (matmul['fp32'] * 1e12) * 1e3:.3f} ms "
+                             f"at the fp32 matmul rate" + (f", {r['flops'] / (matmul['fp16'] * 1e12) * 1e3:.3f} ms at fp16"
+                                                          if matmul.get("fp16") else ""))
+    t = result["targets"]
+    if not t.get("judged"):
+        notes.append(f"targets are for batch {t.get('batch')}: not judged at batch {result['batch']}")
+    if t.get("device_note"):
+        notes.append(t["device_note"])
+    if not (result.get("cudnn") or {}).get("available"):
+        notes.append(f"cuDNN: {(result.get('cudnn') or {}).get('note')}")
+    return "\n".join(head) + "\n\n" + table + "\n\n" + "\n".join(f"- {n}" for n in notes)

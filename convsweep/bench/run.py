@@ -1,0 +1,83 @@
+"""`run_bench`: every phase of the bench in order, on one GPU, in one process (see the package
+docstring), and the result dict that bench.report shapes."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import failure_message
+from ..numbers import median
+from ..provenance import environment
+from ..runner import Backend
+from .config import BenchConfig
+from .cudnn import measure_cudnn, measure_matmul, torch_cuda
+from .harness import run_harness
+from .measure import (NetworkInputs, NetworkPlan, Timing, best_variants, layer_inputs, measure_candidate,
+                      measure_ceilings, measure_end_to_end, measure_forward)
+from .report import build_result, params_text
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What the command line may change: the batch and repeats (None: the bench file's), and the
+    profilers of the harness jobs (none: no harness)."""
+
+    batch: int | None = None
+    repeats: int | None = None
+    harness_profilers: tuple[str, ...] = ()
+
+
+def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backend: Backend = Backend(),
+              load_torch: Callable = torch_cuda, log: Callable[[str], None] = lambda m: None) -> dict:
+    """Measure everything and return build_result's dict. `backend` runs our kernels and
+    `load_torch` finds PyTorch: tests pass numpy stand-ins for both."""
+    network = config.network
+    batch, repeats = options.batch or config.batch, options.repeats or config.repeats
+    meas = {"config": str(config.path), "batch": batch, "repeats": repeats, "warmup": config.warmup, "seed": config.seed}
+    torch, torch_note = load_torch()  # imported before any timing, so the import is never inside a phase
+    with backend.gpu() as gpu:
+        meas["device"] = gpu.name
+        meas["environment"] = environment(gpu)
+        timing = Timing(batch, config.warmup, repeats, gpu.stream())
+        log(f"ceilings: {config.copy_mib} MiB device copy, pinned H2D")
+        meas["ceilings"] = measure_ceilings(gpu, timing, config.copy_mib << 20)
+        meas["convs"] = []
+        inputs_by_layer = {}
+        for i, layer in enumerate(network.conv_layers):
+            if layer.name not in config.candidates:
+                continue
+            inputs = inputs_by_layer[layer.name] = layer_inputs(gpu, timing, layer, [config.seed, i], config.check_images)
+            for cand in config.candidates[layer.name]:
+                log(f"{layer.name}: {cand.variant} {params_text(cand.params)}")
+                rec = measure_candidate(gpu, timing, network, cand, inputs, backend)
+                log(f"  {rec['status']}" + (f" {median(rec['samples_ms']):.4f} ms" if rec["samples_ms"] else "")
+                    + (f" - {rec['error']}" if rec["error"] else ""))
+                meas["convs"].append(rec)
+        missing = [layer.name for layer in network.conv_layers if layer.name not in config.candidates]
+        best = None if missing else best_variants(meas["convs"])
+        net_inputs = NetworkInputs.load(config, batch)
+        if best is None:
+            why = (f"the bench file has no candidates for {', '.join(missing)}" if missing
+                   else "a conv layer has no correct candidate")
+            meas["forward"] = {"status": "skipped", "error": why, "samples_ms": []}
+            meas["end_to_end"] = {"status": "skipped", "error": why, "samples_ms": [], "streams": config.end_to_end["streams"]}
+        else:
+            plan = NetworkPlan.from_best(config, best)
+            log("forward on the device")
+            meas["forward"] = measure_forward(gpu, timing, config, plan, net_inputs, backend)
+            log(f"end to end, {config.end_to_end['streams']} streams")
+            meas["end_to_end"] = measure_end_to_end(gpu, timing, config, plan, net_inputs, backend)
+        gpu.device.sync()
+        if torch is None:
+            meas["cudnn"] = {"available": False, "note": torch_note}
+        else:
+            log("cuDNN (PyTorch)")
+            try:
+                meas["cudnn"] = measure_cudnn(torch, timing, config, inputs_by_layer, net_inputs)
+                meas["ceilings"]["matmul_TFLOPps"] = measure_matmul(torch, timing)
+            except Exception as e:
+                meas["cudnn"] = {"available": False, "note": f"n/a (PyTorch failed: {failure_message(e)})"}
+            torch.cuda.synchronize()
+    if options.harness_profilers:
+        meas["harness"] = run_harness(config, best, batch, options.harness_profilers, log=log)
+    return build_result(meas, config.targets)

@@ -1,0 +1,60 @@
+"""Files written whole or not at all, and the canonical JSON that names specs, builds and environments."""
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def canonical_hash(obj: Any) -> str:
+    """sha256 of obj's canonical JSON (sorted keys, no whitespace): two equal values, one name."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write to a uniquely named temporary file beside `path`, then rename: readers never see half
+    a file, two writers never share a temporary name, and a failed write leaves nothing behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Indented JSON, atomically; NaN is refused (JSON has none: store non-finite numbers as null)."""
+    write_atomic(path, json.dumps(obj, indent=1, default=_json_default, allow_nan=False) + "\n")
+
+
+def write_npy_atomic(path: str | os.PathLike, array: np.ndarray) -> None:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    write_atomic(path, buffer.getvalue())
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> None:
+    """Delete the temporary files a killed writer of `path` left beside it (write_atomic's names)."""
+    for stale in Path(path).parent.glob(f".{glob.escape(Path(path).name)}.*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON-serializable: {type(value).__name__}")

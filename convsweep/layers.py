@@ -1,0 +1,203 @@
+"""The layer types a network may hold, as one table: adding a type touches this file (and, for
+the GPU, kernels/layers.cu) only.
+
+Each `LayerKind` says everything convsweep does with its type: the keys a network file gives it
+and the shape it infers, its weights, its float64 reference, the bytes and FLOPs one launch
+moves, how the GPU runner enqueues it, and its PyTorch form (for the cuDNN comparison). The GPU
+and PyTorch entries receive the runner or torch as arguments, so this module imports neither.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+from .reference import conv2d_reference, maxpool2d_reference
+
+THREADS = 256  # threads per block of layers.cu's elementwise kernels (relu, max-pool)
+DENSE_TILE = 32  # kernels/layers.cu DENSE_TILE_B and DENSE_TILE_N: images x outputs per block
+DENSE_THREADS = 256  # kernels/layers.cu DENSE_THREADS: two halves of 128 threads splitting k
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer with its inferred shapes (per image, without the batch axis)."""
+
+    name: str
+    type: str
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    out_channels: int | None = None
+    kernel: int | None = None
+    stride: int | None = None
+    size: int | None = None
+    out_features: int | None = None
+
+    @property
+    def kind(self) -> "LayerKind":
+        return LAYER_KINDS[self.type]
+
+    @property
+    def is_conv(self) -> bool:
+        """Conv layers are what variants implement and what op times are measured for."""
+        return self.type == "conv2d"
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    required: frozenset[str]  # keys a network file must give a layer of this type (besides name, type)
+    optional: frozenset[str]
+    infer: Callable[[str, str, tuple, dict, str], Layer]  # (name, type, in_shape, keys, where) -> Layer
+    weights: Callable[[Layer], dict[str, tuple[int, ...]]]  # {"weight": shape, "bias": shape} or {}
+    reference: Callable[[Layer, dict, np.ndarray], np.ndarray]  # (layer, weights by key, x) -> y in x's dtype
+    traffic: Callable[[Any, Any, int, int], tuple[int, int]]  # (network, step, batch, itemsize) -> (bytes, flops)
+    enqueue: Callable[..., Any]  # (runner, stream, step, x, out, n, lane) -> the step's output on the device
+    torch: Callable[[Any, Layer, dict, Any], Any]  # (torch, layer, weights by key, h) -> h
+    kernels: tuple[str, ...] = ()  # the kernels/layers.cu functions its enqueue launches
+    owns_output: bool = True  # needs an output buffer per lane (relu works in place, flatten is a view)
+    fuse_name: str | None = None  # what a conv variant's `fuses` calls this layer when it computes it
+    absorbs_relu: bool = False  # its GPU kernel applies a relu that follows it in the epilogue
+
+
+def _spatial(in_shape: tuple[int, ...], where: str, kind: str) -> tuple[int, int, int]:
+    if len(in_shape) != 3:
+        raise ConfigError(f"{where}: {kind} expected a [C, H, W] input, got shape {list(in_shape)}")
+    return in_shape  # type: ignore[return-value]
+
+
+def _size(shape) -> int:
+    return math.prod(shape)
+
+
+# -- conv2d ---------------------------------------------------------------------------------------
+def _conv_infer(name, kind, in_shape, values, where) -> Layer:
+    _, h, w = _spatial(in_shape, where, kind)
+    k, s = values["kernel"], values.get("stride", 1)
+    if k > h or k > w:
+        raise ConfigError(f"{where}.kernel: expected at most the input size {h}x{w}, got {k}")
+    out = (values["out_channels"], (h - k) // s + 1, (w - k) // s + 1)
+    return Layer(name, kind, in_shape, out, out_channels=values["out_channels"], kernel=k, stride=s)
+
+
+def _conv_traffic(network, step, batch, itemsize):
+    shape = network.conv_shape(step.layer, batch, step.fused)
+    return shape.min_bytes, shape.flops
+
+
+def _conv_enqueue(runner, stream, step, x, out, n, lane):
+    name = step.layer.name
+    runner.convs[name].enqueue(stream, out, x, runner.weights[f"{name}.weight"], runner.weights[f"{name}.bias"],
+                               runner.shape(step, n), lane.workspaces[name])
+    return out
+
+
+CONV2D = LayerKind(
+    required=frozenset({"out_channels", "kernel"}), optional=frozenset({"stride"}), infer=_conv_infer,
+    weights=lambda layer: {"weight": (layer.out_channels, layer.in_shape[0], layer.kernel, layer.kernel),
+                           "bias": (layer.out_channels,)},
+    reference=lambda layer, weights, x: conv2d_reference(x, weights[f"{layer.name}.weight"],
+                                                         weights[f"{layer.name}.bias"], layer.stride),
+    traffic=_conv_traffic, enqueue=_conv_enqueue,
+    torch=lambda torch, layer, weights, h: torch.nn.functional.conv2d(
+        h, weights[f"{layer.name}.weight"], weights[f"{layer.name}.bias"], stride=layer.stride))
+
+
+# -- relu -----------------------------------------------------------------------------------------
+def _relu_enqueue(runner, stream, step, x, out, n, lane):
+    count = _size(x.shape)
+    runner.gpu.launch(stream, runner.layer_kernels["relu_inplace"], (count + THREADS - 1) // THREADS, THREADS, 0,
+                      x.arg, np.int64(count))
+    return x
+
+
+RELU = LayerKind(
+    required=frozenset(), optional=frozenset(),
+    infer=lambda name, kind, in_shape, values, where: Layer(name, kind, in_shape, in_shape),
+    weights=lambda layer: {}, reference=lambda layer, weights, x: np.maximum(x, x.dtype.type(0)),
+    traffic=lambda network, step, batch, e: (2 * e * batch * _size(step.layer.in_shape), 0),
+    enqueue=_relu_enqueue, torch=lambda torch, layer, weights, h: torch.nn.functional.relu(h),
+    kernels=("relu_inplace",), owns_output=False, fuse_name="relu")
+
+
+# -- maxpool2d ------------------------------------------------------------------------------------
+def _pool_infer(name, kind, in_shape, values, where) -> Layer:
+    c, h, w = _spatial(in_shape, where, kind)
+    size, s = values["size"], values.get("stride", values["size"])
+    if size > h or size > w:
+        raise ConfigError(f"{where}.size: expected at most the input size {h}x{w}, got {size}")
+    return Layer(name, kind, in_shape, (c, (h - size) // s + 1, (w - size) // s + 1), size=size, stride=s)
+
+
+def _pool_enqueue(runner, stream, step, x, out, n, lane):
+    layer = step.layer
+    c, h, w = layer.in_shape
+    count = _size(out.shape)
+    runner.gpu.launch(stream, runner.layer_kernels["maxpool2d"], (count + THREADS - 1) // THREADS, THREADS, 0,
+                      out.arg, x.arg, np.int32(n * c), np.int32(h), np.int32(w), np.int32(layer.size),
+                      np.int32(layer.stride))
+    return out
+
+
+MAXPOOL2D = LayerKind(
+    required=frozenset({"size"}), optional=frozenset({"stride"}), infer=_pool_infer, weights=lambda layer: {},
+    reference=lambda layer, weights, x: maxpool2d_reference(x, layer.size, layer.stride),
+    traffic=lambda network, step, batch, e: (e * batch * (_size(step.layer.in_shape) + _size(step.layer.out_shape)), 0),
+    enqueue=_pool_enqueue,
+    torch=lambda torch, layer, weights, h: torch.nn.functional.max_pool2d(h, layer.size, layer.stride),
+    kernels=("maxpool2d",), fuse_name="maxpool")
+
+
+# -- flatten --------------------------------------------------------------------------------------
+FLATTEN = LayerKind(
+    required=frozenset(), optional=frozenset(),
+    infer=lambda name, kind, in_shape, values, where: Layer(name, kind, in_shape, (_size(in_shape),)),
+    weights=lambda layer: {}, reference=lambda layer, weights, x: x.reshape(len(x), _size(x.shape[1:])),
+    traffic=lambda network, step, batch, e: (0, 0),
+    enqueue=lambda runner, stream, step, x, out, n, lane: x.reshaped((n, _size(x.shape[1:]))),
+    torch=lambda torch, layer, weights, h: torch.flatten(h, 1), owns_output=False)
+
+
+# -- dense ----------------------------------------------------------------------------------------
+def _dense_infer(name, kind, in_shape, values, where) -> Layer:
+    if len(in_shape) != 1:
+        raise ConfigError(f"{where}: dense expected a flat input, got shape {list(in_shape)}; "
+                          "add a flatten layer before it")
+    return Layer(name, kind, in_shape, (values["out_features"],), out_features=values["out_features"])
+
+
+def _dense_reference(layer, weights, x):
+    kernel = weights[f"{layer.name}.weight"].astype(x.dtype, copy=False)
+    return x @ kernel.T + weights[f"{layer.name}.bias"].astype(x.dtype, copy=False)
+
+
+def _dense_traffic(network, step, batch, e):  # with the relu after it, if any: applied in the epilogue
+    n_in, n_out = step.layer.in_shape[0], step.layer.out_features
+    return e * (batch * n_in + n_out * n_in + n_out + batch * n_out), 2 * batch * n_in * n_out
+
+
+def _dense_enqueue(runner, stream, step, x, out, n, lane):
+    """out[:n] = x[:n] @ w.T + bias (ReLU'd when a relu is fused) with layers.cu's `dense`, a block
+    per tile of DENSE_TILE images x DENSE_TILE outputs."""
+    w, bias = runner.weights[f"{step.layer.name}.weight"], runner.weights[f"{step.layer.name}.bias"]
+    out_features, in_features = w.shape
+    grid = ((n + DENSE_TILE - 1) // DENSE_TILE, (out_features + DENSE_TILE - 1) // DENSE_TILE)
+    runner.gpu.launch(stream, runner.layer_kernels["dense"], grid, DENSE_THREADS, 0, out.arg, x.arg, w.arg, bias.arg,
+                      np.int32(n), np.int32(in_features), np.int32(out_features), np.int32(bool(step.fused)))
+    return out
+
+
+DENSE = LayerKind(
+    required=frozenset({"out_features"}), optional=frozenset(), infer=_dense_infer,
+    weights=lambda layer: {"weight": (layer.out_features, layer.in_shape[0]), "bias": (layer.out_features,)},
+    reference=_dense_reference, traffic=_dense_traffic, enqueue=_dense_enqueue,
+    torch=lambda torch, layer, weights, h: torch.nn.functional.linear(
+        h, weights[f"{layer.name}.weight"], weights[f"{layer.name}.bias"]),
+    kernels=("dense",), absorbs_relu=True)
+
+
+LAYER_KINDS: dict[str, LayerKind] = {"conv2d": CONV2D, "relu": RELU, "maxpool2d": MAXPOOL2D, "flatten": FLATTEN,
+                                     "dense": DENSE}

@@ -1,0 +1,44 @@
+"""convsweep.numbers: medians skip what was not measured; what JSON cannot hold becomes null."""
+import math
+
+import numpy as np
+import pytest
+
+from convsweep.numbers import finite, median
+
+
+def test_median_skips_none():
+    assert median([3.0, None, 1.0, None, 2.0]) == 2.0
+    assert median([None, 4.0, 1.0]) == 2.5  # even count: the mean of the middle two, None not counted
+    assert median([7]) == 7
+
+
+@pytest.mark.parametrize("values", [[], None, [None], [None, None], ()])
+def test_median_of_nothing_is_none(values):
+    assert median(values) is None
+
+
+def test_median_of_random_values_with_gaps():
+    rng = np.random.default_rng()
+    for count in (1, 2, 7, 10):
+        values = rng.standard_normal(count)
+        with_gaps = [float(v) for v in values]
+        for position in rng.integers(0, count + 1, size=3):
+            with_gaps.insert(int(position), None)
+        assert median(with_gaps) == pytest.approx(float(np.median(values.astype(np.float64))), rel=1e-15, abs=1e-15)
+    assert median(iter([2.0, None, 1.0])) == 1.5  # any iterable, consumed once
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), np.float32("nan"),
+                                   np.float64("inf"), np.float16("-inf"), None])
+def test_finite_maps_non_finite_and_none_to_none(value):
+    assert finite(value) is None
+
+
+def test_finite_makes_numpy_numbers_python_floats():
+    rng = np.random.default_rng()
+    for value in (np.float32(rng.standard_normal()), np.float64(rng.standard_normal()),
+                  np.float16(rng.standard_normal()), np.int64(rng.integers(-100, 100)), 3, 2.5):
+        result = finite(value)
+        assert type(result) is float and result == float(np.float64(value))
+    assert finite(np.float64(1e308)) == 1e308 and finite(-0.0) == 0.0 and math.copysign(1, finite(-0.0)) == -1
