@@ -27,12 +27,9 @@ from convsweep.query import run_query
 from convsweep.schema import load_schema
 from convsweep.store import (
     Base,
-    StoreUnavailable,
     Build,
     LayerTime,
     Run,
-    _run_row,
-    _writer,
     alembic_config,
     ingest_files,
     ingest_result,
@@ -43,6 +40,9 @@ from convsweep.store import (
     resolve_url,
     sqlite_path,
 )
+from convsweep.errors import StoreUnavailable
+from convsweep.store.engine import _writer
+from convsweep.store.ingest import _run_row
 from store_fixtures import as_format_1, make_result, row_counts, standard_results, write_results
 
 RUN_SUMMARY_0001_COLUMNS = [
@@ -259,7 +259,7 @@ def test_failed_and_incorrect_runs_keep_their_messages(engine):
 def test_failure_mid_ingest_leaves_no_row(engine, monkeypatch):
     result = make_result()
     result["samples"][2]["value"] = None  # the schema refuses it; past the schema, the database does
-    monkeypatch.setattr("convsweep.store.check_result", lambda result, source: None)
+    monkeypatch.setattr("convsweep.store.ingest.check_result", lambda result, source: None)
     with pytest.raises(StoreError, match=r"^cannot store results/bad\.json: .*") as caught:
         ingest_result(engine, result, "results/bad.json")
     assert "\n" not in str(caught.value)

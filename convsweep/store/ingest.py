@@ -1,0 +1,265 @@
+"""Idempotent ingest of per-job result JSON files (workflow/schemas/result.schema.yaml, explained
+in docs/result-format.md): one transaction per measurement, nothing half-stored."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, insert, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.orm import Session
+
+from convsweep.config import variant_label
+from convsweep.errors import ConfigError, StoreError, StoreUnavailable
+from convsweep.fileio import canonical_hash
+from convsweep.schema import validate
+
+from .engine import _writer, one_line
+from .models import Base, Build, Environment, KernelStat, LayerTime, Memcpy, Phase, Run, Sample, Sweep
+
+
+@dataclass
+class IngestReport:
+    """What one ingest_files call did: measurements already stored count as unchanged, and each
+    file that could not be stored is one line in `errors` (file: what is wrong)."""
+
+    added: int = 0
+    unchanged: int = 0
+    added_by_status: Counter[str] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+
+
+
+
+def build_key(build: dict[str, Any]) -> str:
+    return canonical_hash({k: build.get(k) for k in ("variant", "params", "arch", "options_hash", "source_hash")})
+
+
+def check_result(result: Any, source: str) -> None:
+    """Raise StoreError naming the file and key when a result does not match the result schema."""
+    try:
+        validate(result, "result", source, fill_defaults=False)
+    except ConfigError as exc:
+        message = str(exc)  # ends with the offending value, which may be a whole section
+        raise StoreError(message) from None
+
+
+def _timestamp(value: str | None, source: str, key: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        # Python 3.10's fromisoformat does not take the "Z" suffix.
+        stamp = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+    except (TypeError, ValueError):
+        raise StoreError(f"{source}: {key}: expected an ISO 8601 time, got {value!r}") from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=timezone.utc)
+    return stamp.astimezone(timezone.utc)
+
+
+def _get_or_create(session: Session, model: type[Base], keys: dict[str, Any], values: dict[str, Any]) -> int:
+    """The id of the row with these key columns, inserted if missing; safe against concurrent inserts."""
+    dialect = session.get_bind().dialect.name
+    row = {**values, **keys}
+    if dialect in ("postgresql", "sqlite"):
+        insert_fn = pg_insert if dialect == "postgresql" else sqlite_insert
+        session.execute(insert_fn(model).values(row).on_conflict_do_nothing(index_elements=list(keys)))
+    else:
+        found = session.scalar(select(model.id).filter_by(**keys))
+        if found is not None:
+            return found
+        session.execute(insert(model).values(row))
+    return session.scalar(select(model.id).filter_by(**keys))
+
+
+class _AlreadyStored(Exception):
+    """Internal: the measurement is in the database already; roll back and report unchanged."""
+
+
+def measurement_id(result: dict[str, Any]) -> str:
+    """What names one measurement: its own id, or for format 1 (one measurement per job) the run_key."""
+    return result["run_key"] if result["format"] == 1 else result["measurement_id"]
+
+
+def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | None = None) -> bool:
+    """Store one result in one transaction; False (and nothing written) when that measurement is
+    stored already. A new measurement of a stored job is a new row beside the old ones."""
+    source = result_path or f"result {result.get('job_id', '?') if isinstance(result, dict) else '?'}"
+    check_result(result, source)
+    key = measurement_id(result)
+    try:
+        with Session(_writer(engine)) as session, session.begin():
+            if session.scalar(select(Run.id).where(Run.measurement_id == key)) is not None:
+                raise _AlreadyStored
+            session.add(_run_row(session, result, result_path, source))
+        return True
+    except _AlreadyStored:
+        return False
+    except IntegrityError as exc:
+        # Another process may have stored the same measurement between our check and our insert.
+        with Session(engine) as session:
+            if session.scalar(select(Run.id).where(Run.measurement_id == key)) is not None:
+                return False
+        raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
+    except OperationalError as exc:  # the server went away, a lock timed out: not this file's fault
+        raise StoreUnavailable(f"cannot store {source}: {one_line(exc)}") from None
+    except DBAPIError as exc:
+        raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
+
+
+def conv_layers(variants: dict[str, Any], floors: dict[str, Any], op_time_ms: dict[str, Any]) -> list[str]:
+    """The run's conv layers in layer_index order: those of spec.variants in network order, then
+    any other layer that only its op times or floors name."""
+    layers = list(variants)
+    for layer in [*op_time_ms, *floors]:
+        if layer not in layers:
+            layers.append(layer)
+    return layers
+
+
+def _run_row(session: Session, result: dict[str, Any], result_path: str | None, source: str) -> Run:
+    spec = result["spec"]
+    sweep = result["sweep"]
+    env = result["environment"]
+    timings = result.get("timings") or {}
+    images = result.get("images") or {}
+    op_time_ms = timings.get("op_time_ms") or {}
+    dataset = spec.get("dataset")
+    now = datetime.now(timezone.utc)
+
+    sweep_id = _get_or_create(
+        session, Sweep,
+        {"experiment": sweep["experiment"], "config_hash": sweep["config_hash"]},
+        {"config_path": sweep.get("config_path"), "created_at": now},
+    )
+    environment_id = _get_or_create(
+        session, Environment,
+        {"env_hash": canonical_hash(env)},
+        {k: env.get(k) for k in ("hostname", "gpu", "gpu_uuid", "compute_capability", "driver", "cuda_driver",
+                                 "nvrtc", "nsys", "python", "packages")},
+    )
+    git = result.get("git") or {"commit": env.get("git_commit"), "dirty": None}  # format 1 kept it there
+    clocks = result.get("clocks") or {}
+    sources = result.get("sources") or None
+    # A build keeps the compile_ms and cache_hit of the run that first stored it; each run's own
+    # compile time is run.compile_ms.
+    build_ids = {
+        _get_or_create(
+            session, Build,
+            {"build_key": build_key(build)},
+            {k: build.get(k) for k in ("variant", "params", "arch", "options_hash", "source_hash",
+                                       "compile_ms", "cache_hit", "log", "kernels")},
+        )
+        for build in result.get("builds") or []
+    }
+
+    run = Run(
+        measurement_id=measurement_id(result),
+        run_key=result["run_key"],
+        job_id=result["job_id"],
+        sweep_id=sweep_id,
+        environment_id=environment_id,
+        experiment=spec["experiment"],
+        network=spec["network"],
+        dataset=dataset["name"] if isinstance(dataset, dict) else dataset,  # IDX files: their name
+        variants=spec["variants"],
+        params=spec.get("params"),
+        variant=variant_label(spec["variants"]),
+        batch=spec["batch"],
+        streams=spec["streams"],
+        host_memory=spec["host_memory"],
+        chunk_images=spec.get("chunk_images"),
+        repeats=spec.get("repeats"),
+        warmup=spec.get("warmup"),
+        profiler_requested=spec.get("profiler"),
+        profiler=result.get("profiler"),
+        status=result["status"],
+        error=result.get("error"),
+        accuracy=result.get("accuracy"),
+        prediction_agreement=result.get("prediction_agreement"),
+        max_rel_err=result.get("max_rel_err"),
+        tolerance=result.get("tolerance"),
+        images_unique=images.get("unique"),
+        cycled=images.get("cycled"),
+        h2d_ms=timings.get("h2d_ms"),
+        d2h_ms=timings.get("d2h_ms"),
+        compute_ms=timings.get("compute_ms"),
+        forward_ms=timings.get("forward_ms"),
+        overlap=timings.get("overlap"),
+        total_s=timings.get("total_s"),
+        compile_ms=timings.get("compile_ms"),
+        phases=result.get("phases_s"),
+        floors=result.get("floors"),
+        files=result.get("files"),
+        started_at=_timestamp(result.get("started_at"), source, "started_at"),
+        ingested_at=now,
+        result_path=result_path,
+        source_hash=canonical_hash(sources) if sources else None,
+        sources=sources,
+        git_commit=git.get("commit"),
+        git_dirty=git.get("dirty"),
+        sm_clock_mhz=clocks.get("sm_mhz"),
+        memory_clock_mhz=clocks.get("memory_mhz"),
+    )
+    run.builds = [session.get(Build, build_id) for build_id in sorted(build_ids)]
+    run.samples = [
+        Sample(metric=s.get("metric"), layer=s.get("layer"), repeat=s.get("repeat"), value=s.get("value"))
+        for s in result.get("samples") or []
+    ]
+    run.kernels = [
+        KernelStat(**{k: kernel.get(k) for k in (
+            "layer", "name", "launches", "total_ms", "median_ms", "grid", "block", "registers",
+            "static_shared_bytes", "dynamic_shared_bytes", "local_bytes")})
+        for kernel in result.get("kernels") or []
+    ]
+    run.memcpys = [
+        Memcpy(kind=m.get("kind"), count=m.get("count"), bytes=m.get("bytes"), total_ms=m.get("total_ms"))
+        for m in result.get("memcpys") or []
+    ]
+    floors = result.get("floors") or {}
+    run.layer_times = [
+        LayerTime(layer_index=index, layer=layer, variant=spec["variants"].get(layer), op_time_ms=op_time_ms.get(layer),
+                  flops=(floors.get(layer) or {}).get("flops"), bytes=(floors.get(layer) or {}).get("bytes"))
+        for index, layer in enumerate(conv_layers(spec["variants"], floors, op_time_ms))
+    ]
+    run.phase_times = [Phase(name=name, seconds=seconds) for name, seconds in (result.get("phases_s") or {}).items()]
+    return run
+
+
+def read_result(path: str | Path) -> dict[str, Any]:
+    """One result file, parsed; unreadable or non-JSON files raise StoreError naming the file."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{path}: not valid JSON: {exc}") from None
+
+
+def ingest_files(engine: Engine, paths: Iterable[str | Path]) -> IngestReport:
+    """Ingest result files one transaction each. A file that cannot be read or stored becomes one
+    line of the report's errors and the others go on; a lost database connection stops it all."""
+    report = IngestReport()
+    for path in paths:
+        try:
+            result = read_result(path)
+            stored = ingest_result(engine, result, str(path))
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
+            report.errors.append(str(exc))
+            continue
+        if stored:
+            report.added += 1
+            report.added_by_status[result["status"]] += 1
+        else:
+            report.unchanged += 1
+    return report

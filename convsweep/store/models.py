@@ -1,0 +1,226 @@
+"""The result store's tables as SQLAlchemy 2.x typed models: runs and their builds, samples,
+kernels, copies, per-layer times and phases, one environment row per machine setup."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+# Deterministic constraint names, so the hand-written migration and the models agree.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+run_build = Table(
+    "run_build",
+    Base.metadata,
+    Column("run_id", ForeignKey("run.id", ondelete="CASCADE"), primary_key=True),
+    Column("build_id", ForeignKey("build.id", ondelete="CASCADE"), primary_key=True, index=True),
+)
+
+
+class Sweep(Base):
+    __tablename__ = "sweep"
+    __table_args__ = (UniqueConstraint("experiment", "config_hash"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment: Mapped[str] = mapped_column(String)
+    config_hash: Mapped[str] = mapped_column(String)
+    config_path: Mapped[str | None] = mapped_column(String)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Environment(Base):
+    __tablename__ = "environment"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    env_hash: Mapped[str] = mapped_column(String, unique=True)
+    hostname: Mapped[str | None] = mapped_column(String)
+    gpu: Mapped[str | None] = mapped_column(String)
+    gpu_uuid: Mapped[str | None] = mapped_column(String)  # NVML's GPU-... name of the device
+    compute_capability: Mapped[str | None] = mapped_column(String)
+    driver: Mapped[str | None] = mapped_column(String)  # the display driver (NVML), e.g. 580.95.05
+    cuda_driver: Mapped[str | None] = mapped_column(String)  # the CUDA version the driver supports
+    nvrtc: Mapped[str | None] = mapped_column(String)
+    nsys: Mapped[str | None] = mapped_column(String)
+    python: Mapped[str | None] = mapped_column(String)
+    packages: Mapped[dict[str, Any] | None]
+
+
+class Build(Base):
+    __tablename__ = "build"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    build_key: Mapped[str] = mapped_column(String, unique=True)
+    variant: Mapped[str] = mapped_column(String)
+    params: Mapped[dict[str, Any] | None]
+    arch: Mapped[str | None] = mapped_column(String)
+    options_hash: Mapped[str | None] = mapped_column(String)
+    source_hash: Mapped[str | None] = mapped_column(String)
+    compile_ms: Mapped[float | None] = mapped_column(Float)
+    cache_hit: Mapped[bool | None] = mapped_column(Boolean)
+    log: Mapped[str | None] = mapped_column(Text)
+    kernels: Mapped[list[Any] | None]
+
+
+class Run(Base):
+    """One measurement of one job. A job (run_key: the hash of its settings) measured again, say
+    after its kernel changed, gets a new row; the latest_run view keeps the newest per job."""
+
+    __tablename__ = "run"
+    __table_args__ = (Index(None, "experiment", "variant", "batch", "streams"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    measurement_id: Mapped[str] = mapped_column(String, unique=True)
+    run_key: Mapped[str] = mapped_column(String, index=True)
+    job_id: Mapped[str] = mapped_column(String)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweep.id"), index=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("environment.id"), index=True)
+    experiment: Mapped[str] = mapped_column(String)
+    network: Mapped[str] = mapped_column(String)
+    dataset: Mapped[str | None] = mapped_column(String)
+    variants: Mapped[dict[str, Any]]
+    params: Mapped[dict[str, Any] | None]
+    variant: Mapped[str] = mapped_column(String)
+    batch: Mapped[int] = mapped_column(Integer)
+    streams: Mapped[int] = mapped_column(Integer)
+    host_memory: Mapped[str] = mapped_column(String)
+    repeats: Mapped[int | None] = mapped_column(Integer)
+    warmup: Mapped[int | None] = mapped_column(Integer)
+    profiler_requested: Mapped[str | None] = mapped_column(String)
+    profiler: Mapped[str | None] = mapped_column(String)
+    status: Mapped[str] = mapped_column(String)
+    error: Mapped[str | None] = mapped_column(Text)
+    accuracy: Mapped[float | None] = mapped_column(Float)
+    prediction_agreement: Mapped[float | None] = mapped_column(Float)
+    chunk_images: Mapped[int | None] = mapped_column(Integer)  # null: the automatic chunking
+    max_rel_err: Mapped[float | None] = mapped_column(Float)
+    tolerance: Mapped[float | None] = mapped_column(Float)
+    images_unique: Mapped[int | None] = mapped_column(Integer)
+    cycled: Mapped[bool | None] = mapped_column(Boolean)
+    h2d_ms: Mapped[float | None] = mapped_column(Float)
+    d2h_ms: Mapped[float | None] = mapped_column(Float)
+    compute_ms: Mapped[float | None] = mapped_column(Float)
+    forward_ms: Mapped[float | None] = mapped_column(Float)
+    overlap: Mapped[float | None] = mapped_column(Float)
+    total_s: Mapped[float | None] = mapped_column(Float)
+    compile_ms: Mapped[float | None] = mapped_column(Float)
+    phases: Mapped[dict[str, Any] | None]
+    floors: Mapped[dict[str, Any] | None]
+    files: Mapped[dict[str, Any] | None]
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    result_path: Mapped[str | None] = mapped_column(String)
+    # What the measurement was taken from (docs/result-format.md).
+    source_hash: Mapped[str | None] = mapped_column(String)  # of all its kernel files together
+    sources: Mapped[dict[str, Any] | None]  # kernel file -> its source hash
+    git_commit: Mapped[str | None] = mapped_column(String)
+    git_dirty: Mapped[bool | None] = mapped_column(Boolean)
+    sm_clock_mhz: Mapped[int | None] = mapped_column(Integer)  # at the start of the timed part
+    memory_clock_mhz: Mapped[int | None] = mapped_column(Integer)
+
+    sweep: Mapped[Sweep] = relationship()
+    environment: Mapped[Environment] = relationship()
+    builds: Mapped[list[Build]] = relationship(secondary=run_build)
+    samples: Mapped[list[Sample]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
+    kernels: Mapped[list[KernelStat]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
+    memcpys: Mapped[list[Memcpy]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
+    layer_times: Mapped[list[LayerTime]] = relationship(cascade="all, delete-orphan", passive_deletes=True,
+                                                        order_by="LayerTime.layer_index")
+    phase_times: Mapped[list[Phase]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
+
+
+class Sample(Base):
+    __tablename__ = "sample"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), index=True)
+    metric: Mapped[str] = mapped_column(String)
+    layer: Mapped[str | None] = mapped_column(String)
+    repeat: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+
+
+class KernelStat(Base):
+    __tablename__ = "kernel"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), index=True)
+    layer: Mapped[str | None] = mapped_column(String)
+    name: Mapped[str] = mapped_column(String)
+    launches: Mapped[int | None] = mapped_column(Integer)
+    total_ms: Mapped[float | None] = mapped_column(Float)
+    median_ms: Mapped[float | None] = mapped_column(Float)
+    grid: Mapped[list[Any] | None]
+    block: Mapped[list[Any] | None]
+    registers: Mapped[int | None] = mapped_column(Integer)
+    static_shared_bytes: Mapped[int | None] = mapped_column(Integer)
+    dynamic_shared_bytes: Mapped[int | None] = mapped_column(Integer)
+    local_bytes: Mapped[int | None] = mapped_column(Integer)
+
+
+class Memcpy(Base):
+    __tablename__ = "memcpy"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String)
+    count: Mapped[int | None] = mapped_column(Integer)
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
+    total_ms: Mapped[float | None] = mapped_column(Float)
+
+
+class LayerTime(Base):
+    """One conv layer of one run: its median op time and its floors (docs/result-format.md), so
+    GFLOP/s and floor-based GB/s are plain arithmetic in SQL. Failed runs have no op time. The
+    only place op times are stored: the seeds' op time 1 and 2 are layer_index 0 and 1."""
+
+    __tablename__ = "layer_time"
+    __table_args__ = (UniqueConstraint("run_id", "layer_index"),)
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
+    layer: Mapped[str] = mapped_column(String, primary_key=True)
+    layer_index: Mapped[int] = mapped_column(Integer)  # 0-based position among the run's conv layers
+    variant: Mapped[str | None] = mapped_column(String)  # this layer's variant (runs may mix them)
+    op_time_ms: Mapped[float | None] = mapped_column(Float)
+    flops: Mapped[int | None] = mapped_column(BigInteger)
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class Phase(Base):
+    """Where one run's wall time went (total_s split: process start, load, compile, allocate,
+    warm-up, timed repeats, check, nsys profile/export), from the result's phases_s."""
+
+    __tablename__ = "phase"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    seconds: Mapped[float | None] = mapped_column(Float)
