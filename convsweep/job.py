@@ -14,6 +14,7 @@ import tempfile
 import time
 import uuid
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +27,12 @@ from .errors import CompileError, ConvsweepError, failure_message
 from .fileio import remove_stale_temporaries, write_json_atomic
 from .gpulock import gpu_lock
 from .inputs import load_batch, reference_logits
-from .network import load_network, reference_layer
+from .network import Network, load_network, reference_layer
 from .numbers import finite, median
 from .paths import relative_to_root, resolve_network_path
 from .provenance import GpuMonitor, environment, git_state
 from .schema import load_schema
-from .runner import Backend, nvtx_range, pass_chunks, pipeline_buffers, pipeline_pass
+from .runner import Backend, ConvPlan, nvtx_range, pass_chunks, pipeline_buffers, pipeline_pass
 from .variants import get_variant
 
 # The newest result format the schema (workflow/schemas/result.schema.yaml) describes is the one written.
@@ -45,6 +46,15 @@ def kernel_sources_of(variants: dict) -> dict[str, str]:
     if files:
         files.append(LAYERS_SOURCE)
     return {relative_to_root(f): source_hash(f) for f in dict.fromkeys(files)}
+
+
+@dataclass(frozen=True)
+class JobInputs:
+    """What a job computes on: its network, the weights and the batch's images."""
+
+    network: Network
+    weights: dict
+    images: np.ndarray
 
 
 def _load_network(spec: JobSpec):
@@ -64,12 +74,14 @@ def measure(spec: JobSpec, keep_logits: bool = False, backend: Backend = Backend
     dataset, weights, idx = load_batch(network, spec.dataset, spec.batch)
     phases["load"] = time.perf_counter() - t
     variants = {layer: get_variant(name) for layer, name in spec.variants.items()}
-    params = {layer: variants[layer].resolve_params(spec.params.get(layer), f"params.{layer}") for layer in variants}
+    plan = ConvPlan(variants, {layer: var.resolve_params(spec.params.get(layer), f"params.{layer}")
+                               for layer, var in variants.items()})
+    inputs = JobInputs(network, weights, dataset.images[idx])
     cpu = {v.is_cpu for v in variants.values()}
     if cpu == {True}:
-        result = _measure_cpu(spec, network, weights, dataset.images[idx], phases)
+        result = _measure_cpu(spec, inputs, phases)
     elif cpu == {False}:
-        result = _measure_gpu(spec, network, weights, dataset.images[idx], variants, params, phases, backend)
+        result = _measure_gpu(spec, inputs, plan, phases, backend)
     else:
         raise ConvsweepError("a job cannot mix the CPU 'reference' variant with GPU variants")
     t = time.perf_counter()
@@ -84,8 +96,9 @@ def measure(spec: JobSpec, keep_logits: bool = False, backend: Backend = Backend
     return result
 
 
-def _measure_cpu(spec, network, weights, images, phases) -> dict:
+def _measure_cpu(spec: JobSpec, inputs: JobInputs, phases: dict) -> dict:
     """The CPU reference: synchronous numpy, so a host clock around each layer is an honest timer."""
+    network, weights, images = inputs.network, inputs.weights, inputs.images
     conv_names = [layer.name for layer in network.conv_layers]
     dtype = np.dtype(network.dtype)
     cast = {k: v.astype(dtype) for k, v in weights.items()}
@@ -124,7 +137,8 @@ def _timings_from_samples(samples, conv_names) -> dict:
             "forward_ms": med("forward_ms"), "overlap": med("overlap"), "streams_used": med("streams_used")}
 
 
-def _measure_gpu(spec, network, weights, images, variants, params, phases, backend: Backend) -> dict:
+def _measure_gpu(spec: JobSpec, inputs: JobInputs, plan: ConvPlan, phases: dict, backend: Backend) -> dict:
+    network = inputs.network
     conv_names = [layer.name for layer in network.conv_layers]
     chunks = pass_chunks(spec.batch, spec.streams, spec.chunk_images)
     capacity = max(hi - lo for lo, hi in chunks)
@@ -137,21 +151,20 @@ def _measure_gpu(spec, network, weights, images, variants, params, phases, backe
         stack.enter_context(gpu_lock(gpu.uuid, f"job {spec.job_id} ({spec.experiment})"))
         phases["gpu_wait"] = time.perf_counter() - waiting
         monitor = stack.enter_context(GpuMonitor(gpu.uuid, gpu.pci_bus_id))
-        for layer, var in variants.items():
+        for var in plan.variants.values():
             if gpu.compute_capability < var.min_cc:
                 raise ConvsweepError(f"variant '{var.name}' needs compute capability {var.min_cc}, {gpu.name} has {gpu.compute_capability}")
         streams = [gpu.stream() for _ in range(spec.streams)]
-        net = backend.network(gpu, network, weights, variants, params, len(streams), capacity, streams[0])
+        net = backend.network(gpu, network, inputs.weights, plan, len(streams), capacity)
         phases["compile"] = time.perf_counter() - t - phases["gpu_wait"]  # context, compile or cache hit, load
         t = time.perf_counter()
-        x_host, x_dev, logits_host, logits_dev = pipeline_buffers(gpu, network, images, spec.host_memory, streams[0])
+        buffers = pipeline_buffers(gpu, network, inputs.images, spec.host_memory, streams[0])
         phases["allocate"] = time.perf_counter() - t
 
         def forward(tag: str, repeat: int | None):
             with nvtx_range(tag):
                 marks = {}
-                start, h2d_end, d2h_start, end = pipeline_pass(gpu, net, streams, chunks, x_host, x_dev,
-                                                               logits_host, logits_dev, marks)
+                start, h2d_end, d2h_start, end = pipeline_pass(gpu, net, streams, chunks, buffers, marks)
                 end.sync()
                 if repeat is None:
                     return
@@ -174,7 +187,7 @@ def _measure_gpu(spec, network, weights, images, variants, params, phases, backe
         for r in range(spec.repeats):
             forward(f"repeat {r}", r)
         phases["timed"] = time.perf_counter() - t
-        logits = np.array(logits_host, copy=True)
+        logits = np.array(buffers.logits_host, copy=True)
         builds = [b.record() for b in net.builds]
         env = environment(gpu)
     return {"profiler": "events", "logits": logits, "samples": samples, "builds": builds, "kernels": [], "memcpys": [],

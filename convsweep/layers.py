@@ -55,7 +55,7 @@ class LayerKind:
     weights: Callable[[Layer], dict[str, tuple[int, ...]]]  # {"weight": shape, "bias": shape} or {}
     reference: Callable[[Layer, dict, np.ndarray], np.ndarray]  # (layer, weights by key, x) -> y in x's dtype
     traffic: Callable[[Any, Any, int, int], tuple[int, int]]  # (network, step, batch, itemsize) -> (bytes, flops)
-    enqueue: Callable[..., Any]  # (runner, stream, step, x, out, n, lane) -> the step's output on the device
+    enqueue: Callable[..., Any]  # (runner, stream, step, x, out, lane) -> the step's output; x holds the chunk's images
     torch: Callable[[Any, Layer, dict, Any], Any]  # (torch, layer, weights by key, h) -> h
     kernels: tuple[str, ...] = ()  # the kernels/layers.cu functions its enqueue launches
     owns_output: bool = True  # needs an output buffer per lane (relu works in place, flatten is a view)
@@ -88,10 +88,9 @@ def _conv_traffic(network, step, batch, itemsize):
     return shape.min_bytes, shape.flops
 
 
-def _conv_enqueue(runner, stream, step, x, out, n, lane):
+def _conv_enqueue(runner, stream, step, x, out, lane):
     name = step.layer.name
-    runner.convs[name].enqueue(stream, out, x, runner.weights[f"{name}.weight"], runner.weights[f"{name}.bias"],
-                               runner.shape(step, n), lane.workspaces[name])
+    runner.convs[name].enqueue(stream, out, x, runner.shape(step, x.shape[0]), lane.workspaces[name])
     return out
 
 
@@ -107,7 +106,7 @@ CONV2D = LayerKind(
 
 
 # -- relu -----------------------------------------------------------------------------------------
-def _relu_enqueue(runner, stream, step, x, out, n, lane):
+def _relu_enqueue(runner, stream, step, x, out, lane):
     count = _size(x.shape)
     runner.gpu.launch(stream, runner.layer_kernels["relu_inplace"], (count + THREADS - 1) // THREADS, THREADS, 0,
                       x.arg, np.int64(count))
@@ -132,8 +131,8 @@ def _pool_infer(name, kind, in_shape, values, where) -> Layer:
     return Layer(name, kind, in_shape, (c, (h - size) // s + 1, (w - size) // s + 1), size=size, stride=s)
 
 
-def _pool_enqueue(runner, stream, step, x, out, n, lane):
-    layer = step.layer
+def _pool_enqueue(runner, stream, step, x, out, lane):
+    layer, n = step.layer, x.shape[0]
     c, h, w = layer.in_shape
     count = _size(out.shape)
     runner.gpu.launch(stream, runner.layer_kernels["maxpool2d"], (count + THREADS - 1) // THREADS, THREADS, 0,
@@ -157,7 +156,7 @@ FLATTEN = LayerKind(
     infer=lambda name, kind, in_shape, values, where: Layer(name, kind, in_shape, (_size(in_shape),)),
     weights=lambda layer: {}, reference=lambda layer, weights, x: x.reshape(len(x), _size(x.shape[1:])),
     traffic=lambda network, step, batch, e: (0, 0),
-    enqueue=lambda runner, stream, step, x, out, n, lane: x.reshaped((n, _size(x.shape[1:]))),
+    enqueue=lambda runner, stream, step, x, out, lane: x.reshaped((x.shape[0], _size(x.shape[1:]))),
     torch=lambda torch, layer, weights, h: torch.flatten(h, 1), owns_output=False)
 
 
@@ -179,9 +178,10 @@ def _dense_traffic(network, step, batch, e):  # with the relu after it, if any: 
     return e * (batch * n_in + n_out * n_in + n_out + batch * n_out), 2 * batch * n_in * n_out
 
 
-def _dense_enqueue(runner, stream, step, x, out, n, lane):
-    """out[:n] = x[:n] @ w.T + bias (ReLU'd when a relu is fused) with layers.cu's `dense`, a block
-    per tile of DENSE_TILE images x DENSE_TILE outputs."""
+def _dense_enqueue(runner, stream, step, x, out, lane):
+    """out = x @ w.T + bias (ReLU'd when a relu is fused) with layers.cu's `dense`, a block per
+    tile of DENSE_TILE images x DENSE_TILE outputs."""
+    n = x.shape[0]
     w, bias = runner.weights[f"{step.layer.name}.weight"], runner.weights[f"{step.layer.name}.bias"]
     out_features, in_features = w.shape
     grid = ((n + DENSE_TILE - 1) // DENSE_TILE, (out_features + DENSE_TILE - 1) // DENSE_TILE)

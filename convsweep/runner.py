@@ -51,8 +51,10 @@ class ConvOp:
                                   self.variant.workspace_bytes(shape, self.params))
         return self._plans[shape]
 
-    def bind_weights(self, k: DeviceArray, stream) -> None:
-        """Once per layer, before any launch: variants that keep k in __constant__ get it there."""
+    def bind_weights(self, k: DeviceArray, bias: DeviceArray, stream) -> None:
+        """Once per layer, before any launch: the weights every launch reads (variants that keep k
+        in __constant__ get it copied there)."""
+        self.k, self.bias = k, bias
         if self.variant.constant_weights:
             symbol = self.gpu.global_array(self.module, self.variant.constant_weights)
             if k.nbytes > symbol.nbytes:
@@ -65,10 +67,10 @@ class ConvOp:
         nbytes = self._plan(shape)[1]
         return self.gpu.alloc((nbytes,), np.uint8) if nbytes else None
 
-    def enqueue(self, stream, y: DeviceArray, x: DeviceArray, k: DeviceArray, bias: DeviceArray, shape: ConvShape,
-                workspace: DeviceArray | None = None):
-        """Launch the variant's kernels: CONV_ARGS, then the workspace and pool arguments it declares."""
-        args = [y.arg, x.arg, k.arg, bias.arg, *(np.int32(v) for v in (shape.B, shape.C, shape.M, shape.H, shape.W,
+    def enqueue(self, stream, y: DeviceArray, x: DeviceArray, shape: ConvShape, workspace: DeviceArray | None = None):
+        """Launch the variant's kernels on the bound weights: CONV_ARGS, then the workspace and pool
+        arguments it declares."""
+        args = [y.arg, x.arg, self.k.arg, self.bias.arg, *(np.int32(v) for v in (shape.B, shape.C, shape.M, shape.H, shape.W,
                                                                        shape.K, shape.S))]
         launches, need = self._plan(shape)
         if self.variant.workspace:
@@ -112,10 +114,10 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1, variant
         stream = gpu.stream()
         op = ConvOp(gpu, var, resolved, shape)
         dx, dw, db = (gpu.to_device(a, stream) for a in (x, w, b))
-        op.bind_weights(dw, stream)
+        op.bind_weights(dw, db, stream)
         dy = gpu.alloc(shape.out_shape, dtype)
         gpu.fill(dy, 0xFF, stream)
-        op.enqueue(stream, dy, dx, dw, db, shape, op.workspace(shape))
+        op.enqueue(stream, dy, dx, shape, op.workspace(shape))
         y = np.empty(dy.shape, dtype)
         gpu.download(dy, y, stream)
         stream.sync()
@@ -135,12 +137,22 @@ class Lane:
     workspaces: dict[str, DeviceArray | None] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ConvPlan:
+    """What a network run is built from: each conv layer's variant and its resolved tunables."""
+
+    variants: dict[str, Variant]
+    params: dict[str, dict]
+
+
 class GpuNetwork:
     """A network compiled, loaded and given its weights on one GPU, with `lanes` sets of buffers
-    for up to `capacity` images each."""
+    for up to `capacity` images each. Setting up is synchronous: it ends with the weights on the GPU."""
 
-    def __init__(self, gpu: Gpu, network: Network, weights: dict[str, np.ndarray], variants: dict[str, Variant],
-                 params: dict[str, dict], lanes: int, capacity: int, stream):
+    def __init__(self, gpu: Gpu, network: Network, weights: dict[str, np.ndarray], plan: ConvPlan, lanes: int,
+                 capacity: int):
+        variants, params = plan.variants, plan.params
+        stream = gpu.stream()
         self.gpu, self.network = gpu, network
         self.dtype = np.dtype(network.dtype)
         self.layers_build = compile_source(LAYERS_SOURCE, "layers",
@@ -161,8 +173,9 @@ class GpuNetwork:
             self.convs[step.layer.name] = op
         self.weights = {name: gpu.to_device(array.astype(self.dtype), stream) for name, array in weights.items()}
         for name, op in self.convs.items():
-            op.bind_weights(self.weights[f"{name}.weight"], stream)
+            op.bind_weights(self.weights[f"{name}.weight"], self.weights[f"{name}.bias"], stream)
         self.lanes = [self._lane(capacity) for _ in range(lanes)]
+        stream.sync()
 
     def shape(self, step: Step, batch: int) -> ConvShape:
         return self.network.conv_shape(step.layer, batch, step.fused)
@@ -190,7 +203,7 @@ class GpuNetwork:
                     out = logits.rows(0, n) if step is last else lane.outputs[name].rows(0, n)
                 timed = events is not None and step.layer.is_conv
                 start = self.gpu.event(stream) if timed else None
-                cur = step.layer.kind.enqueue(self, stream, step, cur, out, n, lane)
+                cur = step.layer.kind.enqueue(self, stream, step, cur, out, lane)
                 if timed:
                     events.setdefault(name, []).append((start, self.gpu.event(stream)))
         if cur.ptr != logits.ptr:  # a network that ends in a layer without an output of its own
@@ -214,10 +227,19 @@ def pass_chunks(batch: int, streams: int, chunk_images: int | None = None) -> li
     return [(lo, min(lo + size, batch)) for lo in range(0, batch, size)]
 
 
-def pipeline_buffers(gpu: Gpu, network, images: np.ndarray, host_memory: str, stream):
+@dataclass(frozen=True)
+class PipelineBuffers:
+    """A pipelined pass's images and logits, on the host and on the device."""
+
+    x_host: np.ndarray
+    x_dev: DeviceArray
+    logits_host: np.ndarray
+    logits_dev: DeviceArray
+
+
+def pipeline_buffers(gpu: Gpu, network, images: np.ndarray, host_memory: str, stream) -> PipelineBuffers:
     """Host and device buffers of a pipeline pass: the images copied into host memory of the given
-    kind, logits poisoned (NaN on the host, 0xFF bytes on the device) so an unwritten one shows.
-    Returns (x_host, x_dev, logits_host, logits_dev)."""
+    kind, logits poisoned (NaN on the host, 0xFF bytes on the device) so an unwritten one shows."""
     dtype = np.dtype(network.dtype)
     x_host = gpu.host_array(images.shape, dtype, host_memory)
     x_host[...] = images
@@ -227,11 +249,11 @@ def pipeline_buffers(gpu: Gpu, network, images: np.ndarray, host_memory: str, st
     logits_dev = gpu.alloc(logits_host.shape, dtype)
     gpu.fill(logits_dev, 0xFF, stream)
     stream.sync()
-    return x_host, x_dev, logits_host, logits_dev
+    return PipelineBuffers(x_host, x_dev, logits_host, logits_dev)
 
 
-def pipeline_pass(gpu: Gpu, net: GpuNetwork, streams: list, chunks: list[tuple[int, int]], x_host: np.ndarray,
-                  x_dev: DeviceArray, logits_host: np.ndarray, logits_dev: DeviceArray, marks: dict | None = None):
+def pipeline_pass(gpu: Gpu, net: GpuNetwork, streams: list, chunks: list[tuple[int, int]], buffers: PipelineBuffers,
+                  marks: dict | None = None):
     """Enqueue one pass of a batch, host to host: chunk i goes H2D -> every layer -> D2H on
     streams[i % len(streams)] with lane i % len(streams) of `net`.
 
@@ -244,6 +266,7 @@ def pipeline_pass(gpu: Gpu, net: GpuNetwork, streams: list, chunks: list[tuple[i
     for s in streams[1:]:
         s.wait(start)
     h2d_end = d2h_start = None
+    x_host, x_dev, logits_host, logits_dev = buffers.x_host, buffers.x_dev, buffers.logits_host, buffers.logits_dev
     for i, (lo, hi) in enumerate(chunks):
         lane = i % len(streams)
         s = streams[lane]

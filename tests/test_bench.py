@@ -276,14 +276,14 @@ class FakeConvOp:
         self.gpu, self.variant = gpu, variant
         self.build = type("Build", (), {"record": lambda self: {"variant": variant.name, "cache_hit": True}})()
 
-    def bind_weights(self, k, stream):
-        pass
+    def bind_weights(self, k, bias, stream):
+        self.k, self.bias = k, bias
 
     def workspace(self, shape):
         return None
 
-    def enqueue(self, stream, y, x, k, bias, shape, workspace=None):
-        out = conv2d_reference(self.gpu.read(x), self.gpu.read(k), self.gpu.read(bias), shape.S)
+    def enqueue(self, stream, y, x, shape, workspace=None):
+        out = conv2d_reference(self.gpu.read(x), self.gpu.read(self.k), self.gpu.read(self.bias), shape.S)
         if shape.P:
             out = maxpool2d_reference(np.maximum(out, 0), shape.P, shape.PS)
         if self.variant.name == "restrict_unroll":
@@ -296,7 +296,7 @@ class FakeConvOp:
 
 
 class FakeGpuNetwork:
-    def __init__(self, gpu, network, weights, variants, params, lanes, capacity, stream):
+    def __init__(self, gpu, network, weights, plan, lanes, capacity):
         self.gpu, self.network, self.weights = gpu, network, weights
         self.lanes = [object() for _ in range(lanes)]
         self.capacity, self.builds = capacity, []

@@ -117,7 +117,7 @@ def test_dense_matches_float64(gpu, dtype, B, n_in, n_out, relu):
     step = Step(dense, (Layer("relu", "relu", (n_out,), (n_out,)),) if relu else ())
     runner = SimpleNamespace(gpu=gpu, layer_kernels={"dense": gpu.kernel(gpu.module(build), "dense")},
                              weights={"fc.weight": dw, "fc.bias": db})
-    LAYER_KINDS["dense"].enqueue(runner, stream, step, dx, dy, B, None)
+    LAYER_KINDS["dense"].enqueue(runner, stream, step, dx, dy, None)
     y = np.empty((B, n_out), dtype)
     gpu.download(dy, y, stream)
     stream.sync()

@@ -236,7 +236,7 @@ def test_flatten_enqueue_is_a_reshaped_view():
     lenet = load_network(ROOT / "networks/lenet86.yaml")
     layer = lenet.layer("flatten")
     x = DeviceArray(0x7F00_0000_1000, (6, 16, 8, 8), np.dtype(np.float32))
-    y = FLATTEN.enqueue(None, None, Step(layer), x, None, 6, None)  # no runner, stream, buffer or lane needed
+    y = FLATTEN.enqueue(None, None, Step(layer), x, None, None)  # no runner, stream, buffer or lane needed
     assert isinstance(y, DeviceArray)
     assert y.shape == (6, 1024) and y.ptr == x.ptr and y.dtype == x.dtype and y.nbytes == x.nbytes
     assert x.shape == (6, 16, 8, 8)  # the input view is unchanged

@@ -20,7 +20,7 @@ from ..gpu import DeviceArray
 from ..inputs import load_batch, reference_logits
 from ..network import Layer
 from ..reference import conv2d_reference, maxpool2d_reference
-from ..runner import Backend, pass_chunks, pipeline_buffers, pipeline_pass
+from ..runner import Backend, ConvPlan, pass_chunks, pipeline_buffers, pipeline_pass
 from ..config import variant_label
 from ..variants import ConvShape, get_variant
 from .config import BenchConfig, Candidate
@@ -117,12 +117,12 @@ def measure_candidate(gpu, timing: Timing, network, cand: Candidate, inputs: Lay
         var.check_shape(shape, cand.resolved)
         op = backend.conv_op(gpu, var, cand.resolved, shape)
         rec["build"] = op.build.record()
-        op.bind_weights(inputs.w_dev, stream)
+        op.bind_weights(inputs.w_dev, inputs.b_dev, stream)
         y = DeviceArray(inputs.y_dev.ptr, shape.out_shape, np.dtype(np.float32))  # fused outputs are smaller
         workspace = op.workspace(shape)
 
         def run():
-            op.enqueue(stream, y, inputs.x_dev, inputs.w_dev, inputs.b_dev, shape, workspace)
+            op.enqueue(stream, y, inputs.x_dev, shape, workspace)
 
         ref = _fused_reference(inputs.ref, shape)
         gpu.fill(y, 0xFF, stream)  # NaN: an element the kernel never writes fails the check
@@ -179,34 +179,28 @@ class NetworkInputs:
         return cls(dataset, weights, idx, np.ascontiguousarray(dataset.images[idx], dtype=network.dtype), ref)
 
 
-@dataclass(frozen=True)
-class NetworkPlan:
+def plan_from_best(config: BenchConfig, best: dict[str, dict]) -> ConvPlan:
     """The best variant per conv layer, as a network run takes them."""
-
-    variants: dict
-    params: dict
-
-    @classmethod
-    def from_best(cls, config: BenchConfig, best: dict[str, dict]) -> "NetworkPlan":
-        names = [layer.name for layer in config.network.conv_layers]
-        return cls({n: get_variant(best[n]["variant"]) for n in names}, {n: best[n]["resolved_params"] for n in names})
-
-    def record(self, network, batch: int) -> dict:
-        """A forward or end-to-end row before it is measured: the plan, its precision class and traffic."""
-        return {"variant": variant_label({n: v.name for n, v in self.variants.items()}),
-                "variants": {n: v.name for n, v in self.variants.items()}, "params_by_layer": self.params,
-                "precision": loosest_precision(v.precision for v in self.variants.values()),
-                "status": "failed", "error": None, "samples_ms": [],
-                **network_traffic(network, batch, {n: v.fuses for n, v in self.variants.items()})}
+    names = [layer.name for layer in config.network.conv_layers]
+    return ConvPlan({n: get_variant(best[n]["variant"]) for n in names}, {n: best[n]["resolved_params"] for n in names})
 
 
-def measure_forward(gpu, timing: Timing, config: BenchConfig, plan: NetworkPlan, inputs: NetworkInputs,
+def _network_record(plan: ConvPlan, network, batch: int) -> dict:
+    """A forward or end-to-end row before it is measured: the plan, its precision class and traffic."""
+    names = {n: v.name for n, v in plan.variants.items()}
+    return {"variant": variant_label(names), "variants": names, "params_by_layer": plan.params,
+            "precision": loosest_precision(v.precision for v in plan.variants.values()),
+            "status": "failed", "error": None, "samples_ms": [],
+            **network_traffic(network, batch, {n: v.fuses for n, v in plan.variants.items()})}
+
+
+def measure_forward(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan, inputs: NetworkInputs,
                     backend: Backend) -> dict:
     """The whole network with the plan's variants, images already on the device, one lane and stream."""
     network, stream, batch = config.network, timing.stream, timing.batch
-    rec = plan.record(network, batch)
+    rec = _network_record(plan, network, batch)
     try:
-        net = backend.network(gpu, network, inputs.weights, plan.variants, plan.params, 1, batch, stream)
+        net = backend.network(gpu, network, inputs.weights, plan, 1, batch)
         x_dev = gpu.to_device(inputs.images, stream)
         logits_dev = gpu.alloc((batch, *network.layers[-1].out_shape), network.dtype)
         gpu.fill(logits_dev, 0xFF, stream)
@@ -221,30 +215,28 @@ def measure_forward(gpu, timing: Timing, config: BenchConfig, plan: NetworkPlan,
     return rec
 
 
-def measure_end_to_end(gpu, timing: Timing, config: BenchConfig, plan: NetworkPlan, inputs: NetworkInputs,
+def measure_end_to_end(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan, inputs: NetworkInputs,
                        backend: Backend) -> dict:
     """Host images -> host logits on the bench file's streams, chunked as jobs chunk; events around
     the whole pass (the timing's stream is not used: the pass brings its own)."""
     network, e2e, batch = config.network, config.end_to_end, timing.batch
     chunks = pass_chunks(batch, e2e["streams"], e2e["chunk_images"])
-    rec = {**plan.record(network, batch), "streams": e2e["streams"], "host_memory": e2e["host_memory"],
+    rec = {**_network_record(plan, network, batch), "streams": e2e["streams"], "host_memory": e2e["host_memory"],
            "chunks": len(chunks), "chunk_images": max(hi - lo for lo, hi in chunks)}
     try:
         streams = [gpu.stream() for _ in range(e2e["streams"])]
-        net = backend.network(gpu, network, inputs.weights, plan.variants, plan.params, len(streams),
-                              rec["chunk_images"], streams[0])
-        x_host, x_dev, logits_host, logits_dev = pipeline_buffers(gpu, network, inputs.images, e2e["host_memory"],
-                                                                  streams[0])
+        net = backend.network(gpu, network, inputs.weights, plan, len(streams), rec["chunk_images"])
+        buffers = pipeline_buffers(gpu, network, inputs.images, e2e["host_memory"], streams[0])
 
         def one_pass() -> float:
-            start, _, _, end = pipeline_pass(gpu, net, streams, chunks, x_host, x_dev, logits_host, logits_dev)
+            start, _, _, end = pipeline_pass(gpu, net, streams, chunks, buffers)
             end.sync()  # the logits are on the host only now; the next pass reuses the buffers
             return end - start
 
         for _ in range(timing.warmup):
             one_pass()
         rec["samples_ms"] = [one_pass() for _ in range(timing.repeats)]
-        rec.update(check_logits(np.array(logits_host), inputs.ref, inputs.dataset.labels, inputs.idx,
+        rec.update(check_logits(np.array(buffers.logits_host), inputs.ref, inputs.dataset.labels, inputs.idx,
                                 plan.variants.values()).record())
     except Exception as e:
         rec.update(status="failed", error=failure_message(e))

@@ -12,8 +12,8 @@ from ..runner import Backend
 from .config import BenchConfig
 from .cudnn import measure_cudnn, measure_matmul, torch_cuda
 from .harness import run_harness
-from .measure import (NetworkInputs, NetworkPlan, Timing, best_variants, layer_inputs, measure_candidate,
-                      measure_ceilings, measure_end_to_end, measure_forward)
+from .measure import (NetworkInputs, Timing, best_variants, layer_inputs, measure_candidate,
+                      measure_ceilings, measure_end_to_end, measure_forward, plan_from_best)
 from .report import build_result, params_text
 
 
@@ -62,7 +62,7 @@ def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backe
             meas["forward"] = {"status": "skipped", "error": why, "samples_ms": []}
             meas["end_to_end"] = {"status": "skipped", "error": why, "samples_ms": [], "streams": config.end_to_end["streams"]}
         else:
-            plan = NetworkPlan.from_best(config, best)
+            plan = plan_from_best(config, best)
             log("forward on the device")
             meas["forward"] = measure_forward(gpu, timing, config, plan, net_inputs, backend)
             log(f"end to end, {config.end_to_end['streams']} streams")
