@@ -3,6 +3,8 @@ network's weights, and the float64 reference logits of every image, cached on di
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +15,28 @@ from .network import Network, load_weights, reference_forward
 from .paths import cache_dir
 
 
-def load_batch(network: Network, dataset_spec: str | dict, batch: int) -> tuple[Dataset, dict, np.ndarray]:
-    """(dataset, weights, indices of the batch's images): a named or IDX-file dataset, or `random`
-    (exactly the batch: those workloads are large per image)."""
+@dataclass(frozen=True)
+class Batch:
+    """What a run computes on: `idx` picks the batch's images (and labels) from the dataset, which
+    the network runs with `weights`; `reference` is the float64 truth for exactly those images."""
+
+    network: Network
+    dataset: Dataset
+    weights: dict[str, np.ndarray]
+    idx: np.ndarray
+
+    @cached_property
+    def images(self) -> np.ndarray:
+        return np.ascontiguousarray(self.dataset.images[self.idx], dtype=self.network.dtype)
+
+    @cached_property
+    def reference(self) -> np.ndarray:
+        return reference_logits(self.network, self.dataset, self.weights)[self.idx]
+
+
+def load_batch(network: Network, dataset_spec: str | dict, batch: int) -> Batch:
+    """`batch` images of a named or IDX-file dataset (cycled when it has fewer), or of `random`
+    (exactly the batch: those workloads are large per image), with the network's weights."""
     size = network.input_shape[-1]
     if dataset_spec == "random":
         dataset = random_dataset(network.input_shape, batch)
@@ -24,7 +45,7 @@ def load_batch(network: Network, dataset_spec: str | dict, batch: int) -> tuple[
                                image_size=size)
     else:
         dataset = load_dataset(dataset_spec, image_size=size)
-    return dataset, load_weights(network), batch_indices(len(dataset.images), batch)
+    return Batch(network, dataset, load_weights(network), batch_indices(len(dataset.images), batch))
 
 
 def reference_logits(network: Network, dataset: Dataset, weights: dict[str, np.ndarray]) -> np.ndarray:

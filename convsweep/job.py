@@ -14,7 +14,6 @@ import tempfile
 import time
 import uuid
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,17 +25,17 @@ from .config import JobSpec
 from .errors import CompileError, ConvsweepError, failure_message
 from .fileio import remove_stale_temporaries, write_json_atomic
 from .gpulock import gpu_lock
-from .inputs import load_batch, reference_logits
-from .network import Network, load_network, reference_layer
+from .inputs import Batch, load_batch
+from .network import load_network, reference_layer
 from .numbers import finite, median
 from .paths import relative_to_root, resolve_network_path
 from .provenance import GpuMonitor, environment, git_state
-from .schema import load_schema
 from .runner import Backend, ConvPlan, nvtx_range, pass_chunks, pipeline_buffers, pipeline_pass
 from .variants import get_variant
 
-# The newest result format the schema (workflow/schemas/result.schema.yaml) describes is the one written.
-FORMAT = max(load_schema("result")["properties"]["format"]["enum"])
+# The result format written: the newest of workflow/schemas/result.schema.yaml (a store test ties
+# the two; reading the schema here would cost every job process its parse).
+FORMAT = 2
 
 
 def kernel_sources_of(variants: dict) -> dict[str, str]:
@@ -46,15 +45,6 @@ def kernel_sources_of(variants: dict) -> dict[str, str]:
     if files:
         files.append(LAYERS_SOURCE)
     return {relative_to_root(f): source_hash(f) for f in dict.fromkeys(files)}
-
-
-@dataclass(frozen=True)
-class JobInputs:
-    """What a job computes on: its network, the weights and the batch's images."""
-
-    network: Network
-    weights: dict
-    images: np.ndarray
 
 
 def _load_network(spec: JobSpec):
@@ -71,34 +61,34 @@ def measure(spec: JobSpec, keep_logits: bool = False, backend: Backend = Backend
     phases = {}
     t = time.perf_counter()
     network = _load_network(spec)
-    dataset, weights, idx = load_batch(network, spec.dataset, spec.batch)
+    batch = load_batch(network, spec.dataset, spec.batch)
     phases["load"] = time.perf_counter() - t
     variants = {layer: get_variant(name) for layer, name in spec.variants.items()}
     plan = ConvPlan(variants, {layer: var.resolve_params(spec.params.get(layer), f"params.{layer}")
                                for layer, var in variants.items()})
-    inputs = JobInputs(network, weights, dataset.images[idx])
     cpu = {v.is_cpu for v in variants.values()}
     if cpu == {True}:
-        result = _measure_cpu(spec, inputs, phases)
+        result = _measure_cpu(spec, batch, phases)
     elif cpu == {False}:
-        result = _measure_gpu(spec, inputs, plan, phases, backend)
+        result = _measure_gpu(spec, batch, plan, phases, backend)
     else:
         raise ConvsweepError("a job cannot mix the CPU 'reference' variant with GPU variants")
     t = time.perf_counter()
-    ref = reference_logits(network, dataset, weights)[idx]
+    ref = batch.reference
     phases["check"] = time.perf_counter() - t
     logits = result["logits"] if keep_logits else result.pop("logits")
-    check = check_logits(logits, ref, dataset.labels, idx, variants.values())
+    check = check_logits(logits, ref, batch.dataset.labels, batch.idx, variants.values())
     shapes = {layer.name: network.conv_shape(layer, spec.batch) for layer in network.conv_layers}
     result.update(**check.record(), tolerance=max(v.tolerance for v in variants.values()),
-                  images={"batch": spec.batch, "unique": len(dataset.images), "cycled": spec.batch > len(dataset.images)},
+                  images={"batch": spec.batch, "unique": len(batch.dataset.images),
+                          "cycled": spec.batch > len(batch.dataset.images)},
                   phases_s=phases, floors={name: {"bytes": s.min_bytes, "flops": s.flops} for name, s in shapes.items()})
     return result
 
 
-def _measure_cpu(spec: JobSpec, inputs: JobInputs, phases: dict) -> dict:
+def _measure_cpu(spec: JobSpec, batch: Batch, phases: dict) -> dict:
     """The CPU reference: synchronous numpy, so a host clock around each layer is an honest timer."""
-    network, weights, images = inputs.network, inputs.weights, inputs.images
+    network, weights, images = batch.network, batch.weights, batch.images
     conv_names = [layer.name for layer in network.conv_layers]
     dtype = np.dtype(network.dtype)
     cast = {k: v.astype(dtype) for k, v in weights.items()}
@@ -137,8 +127,8 @@ def _timings_from_samples(samples, conv_names) -> dict:
             "forward_ms": med("forward_ms"), "overlap": med("overlap"), "streams_used": med("streams_used")}
 
 
-def _measure_gpu(spec: JobSpec, inputs: JobInputs, plan: ConvPlan, phases: dict, backend: Backend) -> dict:
-    network = inputs.network
+def _measure_gpu(spec: JobSpec, batch: Batch, plan: ConvPlan, phases: dict, backend: Backend) -> dict:
+    network = batch.network
     conv_names = [layer.name for layer in network.conv_layers]
     chunks = pass_chunks(spec.batch, spec.streams, spec.chunk_images)
     capacity = max(hi - lo for lo, hi in chunks)
@@ -151,14 +141,11 @@ def _measure_gpu(spec: JobSpec, inputs: JobInputs, plan: ConvPlan, phases: dict,
         stack.enter_context(gpu_lock(gpu.uuid, f"job {spec.job_id} ({spec.experiment})"))
         phases["gpu_wait"] = time.perf_counter() - waiting
         monitor = stack.enter_context(GpuMonitor(gpu.uuid, gpu.pci_bus_id))
-        for var in plan.variants.values():
-            if gpu.compute_capability < var.min_cc:
-                raise ConvsweepError(f"variant '{var.name}' needs compute capability {var.min_cc}, {gpu.name} has {gpu.compute_capability}")
         streams = [gpu.stream() for _ in range(spec.streams)]
-        net = backend.network(gpu, network, inputs.weights, plan, len(streams), capacity)
+        net = backend.network(gpu, network, batch.weights, plan, len(streams), capacity)
         phases["compile"] = time.perf_counter() - t - phases["gpu_wait"]  # context, compile or cache hit, load
         t = time.perf_counter()
-        buffers = pipeline_buffers(gpu, network, inputs.images, spec.host_memory, streams[0])
+        buffers = pipeline_buffers(gpu, network, batch.images, spec.host_memory, streams[0])
         phases["allocate"] = time.perf_counter() - t
 
         def forward(tag: str, repeat: int | None):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .compile import LAYERS_SOURCE, CompiledModule, compile_source, compile_variant
-from .errors import ShapeError
+from .errors import DeviceError, ShapeError
 from .gpu import DeviceArray, Gpu
 from .layers import LAYER_KINDS
 from .network import Network, Step
@@ -37,6 +37,9 @@ class ConvOp:
     """One conv layer bound to a variant, its parameters and its compiled module."""
 
     def __init__(self, gpu: Gpu, variant: Variant, params: dict, layer_shape: ConvShape):
+        if gpu.compute_capability < variant.min_cc:  # before compiling: NVRTC would fail less clearly
+            raise DeviceError(f"variant '{variant.name}' needs compute capability {variant.min_cc}, {gpu.name} has "
+                              f"{gpu.compute_capability}")
         self.gpu, self.variant, self.params = gpu, variant, params
         self.build = compile_variant(variant, params, gpu.arch, layer_shape)
         self.module = gpu.module(self.build, private=variant.constant_weights is not None)

@@ -411,7 +411,7 @@ def test_bad_urls_are_one_line_store_errors():
 
 
 def test_the_result_schema_is_valid_and_lists_the_formats_ingest_takes_oldest_first():
-    """job.FORMAT is the newest of these (read from the schema): the list must end with it."""
+    """job.FORMAT, what jobs write, is the newest of these: the list must end with it."""
     schema = load_schema("result")
     Draft202012Validator.check_schema(schema)
     formats = schema["properties"]["format"]["enum"]

@@ -18,7 +18,8 @@ from ..errors import failure_message
 from ..network import Network
 from ..numbers import finite, median
 from .config import BenchConfig
-from .measure import NetworkInputs, Timing
+from ..inputs import Batch
+from .measure import Timing
 from .report import CUDNN_MODES
 
 
@@ -90,7 +91,7 @@ def torch_network(torch, network: Network, weights: dict, x) -> Callable[[], Any
     return forward
 
 
-def measure_cudnn(torch, timing: Timing, config: BenchConfig, layer_inputs: dict, network_inputs: NetworkInputs) -> dict:
+def measure_cudnn(torch, timing: Timing, config: BenchConfig, layer_inputs: dict, network_inputs: Batch) -> dict:
     """cuDNN on the same conv problems and the whole network, every mode, on a stream of its own
     (the timing's batch, warm-up and repeats; its stream is ours, not PyTorch's)."""
     F = torch.nn.functional
@@ -119,7 +120,7 @@ def measure_cudnn(torch, timing: Timing, config: BenchConfig, layer_inputs: dict
         del base
         torch.cuda.empty_cache()
 
-    weights, images, ref = network_inputs.weights, network_inputs.images, network_inputs.ref
+    weights, images, ref = network_inputs.weights, network_inputs.images, network_inputs.reference
     net = config.network
     base_w = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).cuda() for k, v in weights.items()}
     base_x = torch.from_numpy(images).cuda()

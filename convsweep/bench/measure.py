@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from ..checks import check_indices, check_logits, check_output, loosest_precision
-from ..errors import ConvsweepError, failure_message
+from ..errors import failure_message
 from ..gpu import DeviceArray
-from ..inputs import load_batch, reference_logits
+from ..inputs import Batch
 from ..network import Layer
 from ..reference import conv2d_reference, maxpool2d_reference
 from ..runner import Backend, ConvPlan, pass_chunks, pipeline_buffers, pipeline_pass
@@ -111,9 +111,6 @@ def measure_candidate(gpu, timing: Timing, network, cand: Candidate, inputs: Lay
     try:
         shape = network.variant_shape(network.layer(cand.layer), var.fuses, timing.batch)
         rec.update(shape=dataclasses.asdict(shape), bytes=shape.min_bytes, flops=shape.flops)
-        if gpu.compute_capability < var.min_cc:
-            raise ConvsweepError(f"variant '{var.name}' needs compute capability {var.min_cc}, {gpu.name} has "
-                                 f"{gpu.compute_capability}")
         var.check_shape(shape, cand.resolved)
         op = backend.conv_op(gpu, var, cand.resolved, shape)
         rec["build"] = op.build.record()
@@ -161,24 +158,6 @@ def best_variants(convs: list[dict]) -> dict[str, dict] | None:
 
 
 # -- the whole network ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class NetworkInputs:
-    """Real images, the network's weights and the float64 reference logits, loaded as jobs load them."""
-
-    dataset: Any
-    weights: dict
-    idx: np.ndarray
-    images: np.ndarray
-    ref: np.ndarray
-
-    @classmethod
-    def load(cls, config: BenchConfig, batch: int) -> "NetworkInputs":
-        network = config.network
-        dataset, weights, idx = load_batch(network, config.dataset, batch)
-        ref = reference_logits(network, dataset, weights)[idx]
-        return cls(dataset, weights, idx, np.ascontiguousarray(dataset.images[idx], dtype=network.dtype), ref)
-
-
 def plan_from_best(config: BenchConfig, best: dict[str, dict]) -> ConvPlan:
     """The best variant per conv layer, as a network run takes them."""
     names = [layer.name for layer in config.network.conv_layers]
@@ -194,7 +173,7 @@ def _network_record(plan: ConvPlan, network, batch: int) -> dict:
             **network_traffic(network, batch, {n: v.fuses for n, v in plan.variants.items()})}
 
 
-def measure_forward(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan, inputs: NetworkInputs,
+def measure_forward(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan, inputs: Batch,
                     backend: Backend) -> dict:
     """The whole network with the plan's variants, images already on the device, one lane and stream."""
     network, stream, batch = config.network, timing.stream, timing.batch
@@ -208,14 +187,14 @@ def measure_forward(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan, in
         logits = np.empty(logits_dev.shape, logits_dev.dtype)
         gpu.download(logits_dev, logits, stream)
         stream.sync()
-        rec.update(check_logits(logits, inputs.ref, inputs.dataset.labels, inputs.idx,
+        rec.update(check_logits(logits, inputs.reference, inputs.dataset.labels, inputs.idx,
                                 plan.variants.values()).record())
     except Exception as e:
         rec.update(status="failed", error=failure_message(e))
     return rec
 
 
-def measure_end_to_end(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan, inputs: NetworkInputs,
+def measure_end_to_end(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan, inputs: Batch,
                        backend: Backend) -> dict:
     """Host images -> host logits on the bench file's streams, chunked as jobs chunk; events around
     the whole pass (the timing's stream is not used: the pass brings its own)."""
@@ -236,7 +215,7 @@ def measure_end_to_end(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan,
         for _ in range(timing.warmup):
             one_pass()
         rec["samples_ms"] = [one_pass() for _ in range(timing.repeats)]
-        rec.update(check_logits(np.array(buffers.logits_host), inputs.ref, inputs.dataset.labels, inputs.idx,
+        rec.update(check_logits(np.array(buffers.logits_host), inputs.reference, inputs.dataset.labels, inputs.idx,
                                 plan.variants.values()).record())
     except Exception as e:
         rec.update(status="failed", error=failure_message(e))

@@ -6,13 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import failure_message
+from ..inputs import load_batch
 from ..numbers import median
 from ..provenance import environment
 from ..runner import Backend
 from .config import BenchConfig
 from .cudnn import measure_cudnn, measure_matmul, torch_cuda
 from .harness import run_harness
-from .measure import (NetworkInputs, Timing, best_variants, layer_inputs, measure_candidate,
+from .measure import (Timing, best_variants, layer_inputs, measure_candidate,
                       measure_ceilings, measure_end_to_end, measure_forward, plan_from_best)
 from .report import build_result, params_text
 
@@ -55,7 +56,7 @@ def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backe
                 meas["convs"].append(rec)
         missing = [layer.name for layer in network.conv_layers if layer.name not in config.candidates]
         best = None if missing else best_variants(meas["convs"])
-        net_inputs = NetworkInputs.load(config, batch)
+        net_inputs = load_batch(network, config.dataset, batch)
         if best is None:
             why = (f"the bench file has no candidates for {', '.join(missing)}" if missing
                    else "a conv layer has no correct candidate")

@@ -48,8 +48,7 @@ def check_result(result: Any, source: str) -> None:
     try:
         validate(result, "result", source, fill_defaults=False)
     except ConfigError as exc:
-        message = str(exc)  # ends with the offending value, which may be a whole section
-        raise StoreError(message) from None
+        raise StoreError(str(exc)) from None
 
 
 def _timestamp(value: str | None, source: str, key: str) -> datetime | None:
