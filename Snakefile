@@ -1,4 +1,5 @@
-# convsweep: variant x tunables x batch x streams x host memory, one job each.
+# convsweep: variant x batch x streams x host memory (x chunk size), one job each; a job measures
+# the tunable settings of its cell in one process.
 # Wiring only: the jobs, their specs, inputs and file names come from convsweep.plan.
 import sys
 
@@ -30,7 +31,6 @@ shell.prefix(plan.shell_prefix(workflow.deployment_settings.deployment_method))
 wildcard_constraints:
     experiment=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     job=r"[A-Za-z0-9][A-Za-z0-9_.+=-]*",
-    build=r"[A-Za-z0-9][A-Za-z0-9_-]*",
 
 
 # A database that cannot take the results stops the sweep before any job runs.
@@ -38,7 +38,6 @@ onstart:
     plan.check_store()
 
 
-include: "workflow/rules/compile.smk"
 include: "workflow/rules/infer.smk"
 include: "workflow/rules/store.smk"
 include: "workflow/rules/report.smk"

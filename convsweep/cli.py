@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from .errors import ConvsweepError
@@ -73,43 +74,58 @@ def cmd_jobs(args) -> None:
     from .config import expand_config, load_config
 
     for job in expand_config(load_config(args.config)):
-        print(json.dumps({**job.to_dict(), "job_id": job.job_id}) if args.json else f"{job.experiment}\t{job.job_id}")
+        settings = job.settings()
+        if args.json:
+            print(json.dumps({**job.to_dict(), "job_id": job.job_id, "settings": settings.chosen}))
+        else:
+            print(f"{job.experiment}\t{job.job_id}\t{len(settings.chosen)} of {settings.valid} settings")
 
 
-def _spec_from_args(args):
-    from .config import JobSpec
-
+def _read_spec(args) -> dict:
     text = Path(args.spec_file).read_text() if args.spec_file else args.spec
     try:
-        return JobSpec.from_dict(json.loads(text))
-    except (json.JSONDecodeError, TypeError) as e:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConvsweepError(f"--spec: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConvsweepError("--spec: expected a JSON object")
+    return data
+
+
+def _job_spec(data: dict):
+    from .config import JobSpec
+
+    try:
+        return JobSpec.from_dict(data)
+    except TypeError as e:
         raise ConvsweepError(f"--spec: not a job spec ({e})") from None
 
 
 def cmd_run_job(args) -> None:
     from .job import run_job
 
-    compile_errors = [error for path in args.builds or [] for error in _build_errors(Path(path))]
-    result = run_job(_spec_from_args(args), Path(args.out), process_age=process_age(), compile_errors=compile_errors)
-    t = result["timings"]
-    ops = ", ".join(f"{k} {v:.3f} ms" for k, v in t["op_time_ms"].items() if v is not None)
-    print(f"{result['job_id']}: {result['status']} ({result['profiler']}) {ops}"
-          + (f" accuracy {result['accuracy']:.4f}" if result["accuracy"] is not None else "")
-          + (f" - {result['error']}" if result["error"] else ""))
+    result = run_job(_job_spec(_read_spec(args)), Path(args.out), process_age=process_age())
+    statuses = Counter(m["status"] for m in result["measurements"])
+    fastest = min((m for m in result["measurements"] if m["status"] == "ok"),
+                  key=lambda m: sum(v or 0 for v in m["timings"]["op_time_ms"].values()), default=None)
+    best = ""
+    if fastest is not None:
+        ops = ", ".join(f"{k} {v:.3f} ms" for k, v in fastest["timings"]["op_time_ms"].items() if v is not None)
+        best = f"; fastest: {ops}" + (f" ({_tunables(fastest)})" if len(result["measurements"]) > 1 else "")
+    print(f"{result['job_id']}: {len(result['measurements'])} settings in {result['total_s']:.1f} s: "
+          + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items())) + best)
 
 
-def _build_errors(path: Path) -> list[str]:
-    """The compile errors a build file (`convsweep compile --record-errors --out`) recorded."""
-    try:
-        return list(json.loads(path.read_text()).get("errors") or [])
-    except (OSError, ValueError, AttributeError) as e:
-        raise ConvsweepError(f"{path}: not a build file ({e})") from None
+def _tunables(measurement: dict) -> str:
+    return "; ".join(f"{layer} " + ",".join(f"{k}={v}" for k, v in p.items())
+                     for layer, p in measurement["spec"]["params"].items() if p) or "defaults"
 
 
 def cmd_measure(args) -> None:
     from .job import measure_to_file
 
-    measure_to_file(_spec_from_args(args), Path(args.out))
+    data = _read_spec(args)
+    measure_to_file(_job_spec(data.get("job", {})), list(data.get("settings", [])), Path(args.out))
 
 
 def cmd_compile(args) -> None:
@@ -275,17 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_jobs)
 
     # `measure` is run-job's inner half under nsys: a command for convsweep itself, so it has no help line.
-    for name, func, helptext in (("run-job", cmd_run_job, "run one job and write its result JSON"),
+    for name, func, helptext in (("run-job", cmd_run_job, "run one job (every tunable setting of one cell of "
+                                                          "the sweep) and write its result JSON"),
                                  ("measure", cmd_measure, None)):
         p = sub.add_parser(name, **({"help": helptext} if helptext else {}))
         src = p.add_mutually_exclusive_group(required=True)
-        src.add_argument("--spec", help="the job spec as JSON")
+        src.add_argument("--spec", help="the job spec as JSON (`convsweep jobs --json` prints them)")
         src.add_argument("--spec-file", help="a file holding the job spec")
         p.add_argument("--out", required=True, help="the result JSON to write")
-        if name == "run-job":
-            p.add_argument("--builds", nargs="*", metavar="FILE",
-                           help="the job's build files: a compile error recorded there fails the job before it "
-                                "touches the GPU")
         p.set_defaults(func=func)
 
     p = sub.add_parser("compile", help="compile a variant with NVRTC and show its resource usage")

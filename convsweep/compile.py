@@ -6,13 +6,18 @@ version. A hit skips NVRTC entirely, which is what keeps a cached job fast.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import io
 import json
+import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .fileio import canonical_hash, write_atomic
 from .errors import CompileError
@@ -127,6 +132,11 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Compiled
     from cuda.core import Program, ProgramOptions
 
     source = Path(source)
+    prebuilt = _PREBUILT.get()
+    if prebuilt is not None and (found := prebuilt.get(BuildRequest.of(source, name, params).key(arch))) is not None:
+        if isinstance(found, CompileError):
+            raise found
+        return found
     defines = [(k, str(v)) for k, v in sorted(params.items())]
     include_dirs = _cuda_include_dirs()
     option_record = {"arch": arch, "defines": defines, "std": "c++17", "lineinfo": True,
@@ -160,6 +170,83 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Compiled
     _store_cached(key, cubin, {"compile_ms": compile_ms, "log": text, "kernels": [asdict(k) for k in kernels]})
     return CompiledModule(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
                  compile_ms, False, text, kernels)
+
+
+# The builds of the job being measured, by cache key (compile_all fills it): a CompiledModule, or
+# the CompileError a source gave, so a setting whose build failed fails at once without recompiling.
+_PREBUILT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("prebuilt", default=None)
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """One module to build: a .cu file, the name its records use, and its macros (sorted pairs)."""
+
+    source: Path
+    name: str
+    macros: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, source: Path, name: str, params: dict) -> "BuildRequest":
+        return cls(Path(source).resolve(), name, tuple(sorted(params.items())))
+
+    def key(self, arch: str) -> tuple:
+        return (self.source, self.name, tuple((k, str(v)) for k, v in self.macros), arch)
+
+
+def build_workers() -> int:
+    """The CPU cores this process may use (its affinity: what SLURM or taskset gave it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class PendingBuilds:
+    """A job's builds compiling on worker threads (compile_all yields one)."""
+
+    def __init__(self, futures: dict, arch: str):
+        self._futures, self._arch, self._token = futures, arch, None
+
+    def wait(self) -> dict[BuildRequest, "CompiledModule | CompileError"]:
+        """Every build's result; from now until the compile_all block ends, compile_source returns
+        these builds (or raises their error) without NVRTC or the disk."""
+        results = {request: future.result() for request, future in self._futures.items()}
+        if self._token is None:
+            by_key = {request.key(self._arch): result for request, result in results.items()}
+            self._token = _PREBUILT.set({**(_PREBUILT.get() or {}), **by_key})
+        return results
+
+    def _release(self) -> None:
+        if self._token is not None:
+            _PREBUILT.reset(self._token)
+            self._token = None
+
+
+@contextlib.contextmanager
+def compile_all(requests: list[BuildRequest], arch: str, workers: int | None = None):
+    """Start compiling every request on `workers` threads (NVRTC works outside the GIL), through
+    the disk cache as ever, and yield at once, so the caller can open its GPU meanwhile; the
+    PendingBuilds yielded waits for them."""
+
+    def build(request: BuildRequest):
+        try:
+            return compile_source(request.source, request.name, dict(request.macros), arch)
+        except CompileError as e:
+            return e
+
+    # cuda.core loads its modules lazily, and two threads importing them at once can each see a
+    # half-made module: load what the workers and the caller (opening its GPU) use, first, here.
+    import cuda.core
+
+    _ = cuda.core.Device, cuda.core.Program, cuda.core.ProgramOptions, nvrtc_version(), _cuda_include_dirs()
+    requests = list(dict.fromkeys(requests))
+    pool = ThreadPoolExecutor(max_workers=min(workers or build_workers(), max(1, len(requests))))
+    pending = PendingBuilds({request: pool.submit(build, request) for request in requests}, arch)
+    try:
+        yield pending
+    finally:
+        pool.shutdown(cancel_futures=True)
+        pending._release()
 
 
 def compile_variant(variant: Variant, params: dict, arch: str, shape: ConvShape | None = None) -> CompiledModule:

@@ -1,12 +1,15 @@
 """experiments.yaml: validation against the workflow's JSON Schema and expansion into jobs.
 
-A job is a pure function of its `JobSpec`; the spec's hash names the job, so a resumed sweep
-finds the results it already has and an edited one reruns exactly what changed.
+A job (`JobSpec`) is one cell of the matrix and measures the tunable settings of that cell in one
+process; each setting (`RunSpec`) is a run of its own. The job's hash names its file, so a resumed
+sweep finds the results it already has and an edited one reruns exactly what changed; a setting's
+hash (run_key) names its measurements in the store.
 """
 from __future__ import annotations
 
 import itertools
 import os
+import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +22,9 @@ from .yamlio import read_yaml_file
 
 
 @dataclass(frozen=True)
-class JobSpec:
-    """Everything that defines one job; two equal specs are the same job."""
+class RunSpec:
+    """One tunable setting of one job: what a run row is a measurement of. Its hash (run_key) names
+    the setting across measurements, whichever grid or sample it was measured in."""
 
     experiment: str
     network: str
@@ -34,11 +38,9 @@ class JobSpec:
     warmup: int
     profiler: str
     chunk_images: int | None = None  # images per pipeline chunk; None: several chunks per stream
-    sweep: dict = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.pop("sweep")
         if d["chunk_images"] is None:  # the automatic chunking keeps the run keys it always had
             d.pop("chunk_images")
         return d
@@ -49,17 +51,144 @@ class JobSpec:
 
     @property
     def label(self) -> str:
-        names = sorted(set(self.variants.values()))
-        return names[0] if len(names) == 1 else "mixed"
+        return _label(self.variants)
+
+
+GRID_SEARCH = {"strategy": "grid"}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One cell of the sweep matrix (conv layer -> variant, batch, streams, host memory, chunk size)
+    and the tunable grid of its variants: one process measures every setting the search picks
+    from the grid, each setting a run of its own (`runs`).
+
+    `grid` is a list of {"layers": [...], "values": {tunable: [values]}}: each entry's setting
+    applies to all its layers (a variant's grid in experiments.yaml ties every layer it runs),
+    so the settings are the product of the entries' combinations, less those the registry's
+    restrictions or a layer's shape rule out. `search` is {"strategy": "grid"} (all of them) or
+    {"strategy": "random", "max_settings": N, "seed": S} (a seeded sample).
+    """
+
+    experiment: str
+    network: str
+    dataset: str | dict
+    variants: dict[str, str]
+    grid: list[dict]
+    batch: int
+    streams: int
+    host_memory: str
+    repeats: int
+    warmup: int
+    profiler: str
+    chunk_images: int | None = None
+    search: dict = field(default_factory=lambda: dict(GRID_SEARCH))
+    arch: str = "auto"  # NVRTC's target: auto is the GPU's own (sm_90a, say, for arch-specific features)
+    sweep: dict = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("sweep")
+        for key, default in (("chunk_images", None), ("arch", "auto")):
+            if d[key] == default:
+                d.pop(key)
+        return d
+
+    @property
+    def job_key(self) -> str:
+        return canonical_hash(self.to_dict())
+
+    @property
+    def label(self) -> str:
+        return _label(self.variants)
 
     @property
     def job_id(self) -> str:
         chunk = f"-c{self.chunk_images}" if self.chunk_images else ""
-        return f"{self.label}-b{self.batch}-s{self.streams}{chunk}-{self.host_memory}-{self.run_key[:10]}"
+        return f"{self.label}-b{self.batch}-s{self.streams}{chunk}-{self.host_memory}-{self.job_key[:10]}"
 
     @classmethod
     def from_dict(cls, d: dict, sweep: dict | None = None) -> "JobSpec":
         return cls(**{k: v for k, v in d.items() if k != "sweep"}, sweep=sweep or d.get("sweep", {}))
+
+    @classmethod
+    def for_run(cls, run: RunSpec, sweep: dict | None = None) -> "JobSpec":
+        """The job that measures exactly one setting (a lone job: the bench harness, tests)."""
+        grid = [{"layers": [layer], "values": {k: [v] for k, v in (run.params.get(layer) or {}).items()}}
+                for layer in run.variants]
+        fields = {k: v for k, v in run.to_dict().items() if k != "params"}
+        return cls(**fields, grid=grid, sweep=sweep or {})
+
+    def settings(self) -> "Settings":
+        """The settings this job measures (grid order) and how many the grid holds: computed from
+        the registry and the network, the same in the planner and in the job."""
+        return choose_settings(self.network, self.variants, self.grid, self.search, f"job {self.job_id}")
+
+    def runs(self) -> list[RunSpec]:
+        common = {k: v for k, v in self.to_dict().items() if k not in ("grid", "search", "arch")}
+        return [RunSpec(**common, params=params) for params in self.settings().chosen]
+
+
+def _label(variants: dict[str, str]) -> str:
+    names = sorted(set(variants.values()))
+    return names[0] if len(names) == 1 else "mixed"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a job's search picked from its grid: `chosen` (conv layer -> tunables, in grid order)
+    out of `valid` settings that the restrictions and the layers' shapes allow."""
+
+    chosen: list[dict[str, dict]]
+    valid: int
+
+
+_SETTINGS: dict[str, Settings] = {}  # by the hash of choose_settings' arguments: the planner asks once per cell
+
+
+def choose_settings(network_path: str, variants: dict[str, str], grid: list[dict], search: dict, where: str) -> Settings:
+    """The valid settings of `grid` for this network (product of each entry's allowed combinations,
+    those that fit every layer's shape), then the search's pick: all, or `max_settings` of them
+    drawn with `seed` (the same draw for every batch and stream count of the cell).
+    One ConfigError line when nothing is left."""
+    from .network import load_network
+    from .variants import load_registry
+
+    key = canonical_hash([network_path, variants, grid, search])
+    if key in _SETTINGS:
+        return _SETTINGS[key]
+    registry = load_registry()
+    net = load_network(resolve_network_path(network_path))
+    per_entry = []
+    for i, entry in enumerate(grid):
+        names = {variants[layer] for layer in entry["layers"]}
+        if len(names) != 1:
+            raise ConfigError(f"{where}: grid[{i}] ties layers {entry['layers']} that run different variants")
+        variant = registry[names.pop()]
+        per_entry.append([(entry["layers"], combo) for combo in
+                          variant.param_combinations(entry["values"], f"{where}: params.{variant.name}")])
+    valid, first_misfit, combos = [], None, 0
+    for combo in itertools.product(*per_entry):
+        combos += 1
+        params = {layer: {} for layer in variants}
+        for layers, values in combo:
+            for layer in layers:
+                params[layer] = dict(values)
+        try:
+            _check_shapes(net, variants, params, registry)
+        except ShapeError as e:
+            first_misfit = first_misfit or str(e)
+            continue
+        valid.append(params)
+    if not valid:
+        raise ConfigError(f"{where}: {first_misfit}" if combos == 1 else
+                          f"{where}: none of the {combos} settings of the grid fits; the first: {first_misfit}")
+    chosen = valid
+    if search["strategy"] == "random" and search["max_settings"] < len(valid):
+        picked = random.Random(search["seed"]).sample(range(len(valid)), search["max_settings"])
+        chosen = [valid[i] for i in sorted(picked)]
+    _SETTINGS[key] = Settings(chosen, len(valid))
+    return _SETTINGS[key]
 
 
 def variant_label(variants: dict[str, str]) -> str:
@@ -116,8 +245,14 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
         where = f"{config.path}: experiments.{name}"
         resolved = resolve_network_path(exp["network"], base_dir)
         net = network_mod.load_network(resolved)
+        network = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
         conv_names = [layer.name for layer in net.conv_layers]
+        search = _search(exp, f"{where}.search")
         sweep = {"experiment": name, "config_hash": canonical_hash(exp), "config_path": str(config.path)}
+        for grid_name, values in exp.get("params", {}).items():
+            if grid_name not in registry:
+                raise ConfigError(f"{where}.params.{grid_name}: unknown variant '{grid_name}'")
+            registry[grid_name].param_combinations(values, f"{where}.params.{grid_name}")  # names the bad key
         for v, entry in enumerate(exp["variants"]):
             layer_map = _layer_map(entry, conv_names, f"{where}.variants[{v}]")
             for var in set(layer_map.values()):
@@ -125,24 +260,32 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
                     raise ConfigError(f"{where}.variants[{v}]: unknown variant '{var}' (known: {', '.join(sorted(registry))})")
             for layer in net.conv_layers:
                 _check_fits(net, layer.name, registry[layer_map[layer.name]], f"{where}.variants[{v}]")
-            for grid_name in exp.get("params", {}):
-                if grid_name not in registry:
-                    raise ConfigError(f"{where}.params.{grid_name}: unknown variant '{grid_name}'")
-            for params in _param_grid(layer_map, exp.get("params", {}), registry, f"{where}.params"):
-                _check_shapes(net, layer_map, params, registry, f"{where}.variants[{v}]")
-                for batch, streams, memory, chunk in itertools.product(exp["batches"], exp["streams"], exp["host_memory"],
-                                                                       exp["chunk_images"]):
-                    jobs.append(JobSpec(
-                        experiment=name, network=str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved),
-                        dataset=exp["dataset"], variants=layer_map, params=params, batch=batch,
-                        streams=streams, host_memory=memory, repeats=exp["repeats"], warmup=exp["warmup"],
-                        profiler=exp["profiler"], chunk_images=None if chunk == "auto" else chunk, sweep=sweep))
+            grid = [{"layers": [layer for layer in conv_names if layer_map[layer] == var],
+                     "values": exp.get("params", {}).get(var, {})} for var in dict.fromkeys(layer_map.values())]
+            # Checked here, once per cell shape, so a bad grid stops the sweep while it is planned.
+            choose_settings(network, layer_map, grid, search, f"{where}.variants[{v}]")
+            for batch, streams, memory, chunk in itertools.product(exp["batches"], exp["streams"], exp["host_memory"],
+                                                                   exp["chunk_images"]):
+                jobs.append(JobSpec(
+                    experiment=name, network=network, dataset=exp["dataset"], variants=layer_map, grid=grid,
+                    batch=batch, streams=streams, host_memory=memory, repeats=exp["repeats"], warmup=exp["warmup"],
+                    profiler=exp["profiler"], chunk_images=None if chunk == "auto" else chunk, search=search,
+                    arch=config.data["arch"], sweep=sweep))
     if not jobs:
         raise ConfigError(f"{config.path}: the sweep matrix is empty")
     seen: dict[str, JobSpec] = {}
     for job in jobs:
         seen.setdefault(job.job_id, job)
     return list(seen.values())
+
+
+def _search(exp: dict, where: str) -> dict:
+    """The experiment's search; the schema has checked its keys and types."""
+    search = dict(exp["search"])
+    if search["strategy"] == "grid" and set(search) != {"strategy"}:
+        extra = sorted(set(search) - {"strategy"})[0]
+        raise ConfigError(f"{where}.{extra}: only the random strategy takes it (grid measures every setting)")
+    return search
 
 
 def _check_fits(net, layer_name: str, variant, where: str) -> None:
@@ -158,9 +301,9 @@ def _check_fits(net, layer_name: str, variant, where: str) -> None:
         raise ConfigError(f"{where}: {e}") from None
 
 
-def _check_shapes(net, layer_map: dict[str, str], params: dict[str, dict], registry, where: str) -> None:
+def _check_shapes(net, layer_map: dict[str, str], params: dict[str, dict], registry) -> None:
     """Each layer's shape (one image; batch-dependent limits are the job's to find) must meet its
-    variant's registry constraints: refused here with the constraint, not after a compile."""
+    variant's registry constraints with these tunables; ShapeError names the layer and the rule."""
     for layer in net.conv_layers:
         variant = registry[layer_map[layer.name]]
         if variant.is_cpu:
@@ -169,7 +312,7 @@ def _check_shapes(net, layer_map: dict[str, str], params: dict[str, dict], regis
         try:
             variant.check_shape(shape, params[layer.name])
         except ShapeError as e:
-            raise ConfigError(f"{where}: layer {layer.name} of {net.path.name}: {e}") from None
+            raise ShapeError(f"layer {layer.name} of {net.path.name}: {e}") from None
 
 
 def _layer_map(entry: str | dict, conv_names: list[str], where: str) -> dict[str, str]:
@@ -182,16 +325,3 @@ def _layer_map(entry: str | dict, conv_names: list[str], where: str) -> dict[str
     if missing:
         raise ConfigError(f"{where}: no variant for layer '{missing[0]}'")
     return {name: entry[name] for name in conv_names}
-
-
-def _param_grid(layer_map: dict[str, str], grids: dict, registry, where: str) -> list[dict[str, dict]]:
-    """The product of each used variant's grid; combinations its restrictions forbid are left out."""
-    per_variant: dict[str, list[dict]] = {}
-    for var in sorted(set(layer_map.values())):
-        per_variant[var] = registry[var].param_combinations(grids.get(var, {}), f"{where}.{var}")
-    out = []
-    names = list(per_variant)
-    for combo in itertools.product(*(per_variant[n] for n in names)):
-        chosen = dict(zip(names, combo))
-        out.append({layer: dict(chosen[var]) for layer, var in layer_map.items()})
-    return out

@@ -7,6 +7,7 @@ pointers: a numpy array, a pinned buffer or a registered array alike.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from dataclasses import dataclass
 
@@ -247,19 +248,34 @@ class Gpu:
         except Exception as e:
             raise DeviceError(f"launch of grid {grid} block {block} failed: {e}") from None
 
-    def close(self) -> None:
+    @contextlib.contextmanager
+    def scope(self):
+        """Resources created inside the block are released when it ends (after the device is idle):
+        a job measures one tunable setting after another this way in one context."""
+        owned, registered = len(self._owned), len(self._registered)
+        try:
+            yield self
+        finally:
+            self._release(owned, registered)
+
+    def _release(self, owned: int = 0, registered: int = 0) -> None:
         from cuda.bindings import driver
 
         try:
             self.device.sync()
         finally:
-            for ptr in reversed(self._registered):
+            for ptr in reversed(self._registered[registered:]):
                 driver.cuMemHostUnregister(ptr)
-            self._registered.clear()
-            for obj in reversed(self._owned):
+            del self._registered[registered:]
+            for obj in reversed(self._owned[owned:]):
                 if hasattr(obj, "close"):
                     obj.close()
-            self._owned.clear()
+            del self._owned[owned:]
+
+    def close(self) -> None:
+        try:
+            self._release()
+        finally:
             self._modules.clear()
 
     def __enter__(self) -> "Gpu":

@@ -1,9 +1,9 @@
 """Nsight Systems: run a command under `nsys profile`, read its SQLite export.
 
-Kernels and copies are attributed to a repeat and a layer through the NVTX ranges the job
-pushes ("repeat 3" > "chunk 0" > "conv1"): a GPU activity belongs to the ranges that were
-open on the launching thread when its API call was made (matched by correlation id), which
-is how nsys itself projects NVTX ranges onto the GPU.
+Kernels and copies are attributed to a tunable setting, a repeat and a layer through the NVTX
+ranges the job pushes ("setting 2" > "repeat 3" > "chunk 0" > "conv1"): a GPU activity belongs
+to the ranges that were open on the launching thread when its API call was made (matched by
+correlation id), which is how nsys itself projects NVTX ranges onto the GPU.
 """
 from __future__ import annotations
 
@@ -19,9 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConvsweepError
+from .fileio import canonical_hash, write_atomic
 from .numbers import median
+from .paths import cache_dir
 
 _REPEAT = re.compile(r"^repeat (\d+)$")
+_SETTING = re.compile(r"^setting (\d+)$")
 _CUPTI_COPY_KIND = {1: "H2D", 2: "D2H", 8: "D2D", 10: "P2P"}
 
 
@@ -30,12 +33,24 @@ def find_nsys() -> str | None:
 
 
 def nsys_version(nsys: str) -> str | None:
+    """`nsys --version`, remembered on disk per nsys binary: asking costs a job a few tenths of a second."""
+    try:
+        stat = os.stat(nsys)
+    except OSError:
+        return None
+    memo = cache_dir() / "nsys-version" / canonical_hash([os.path.realpath(nsys), stat.st_mtime_ns, stat.st_size])
+    try:
+        return memo.read_text() or None
+    except OSError:
+        pass
     try:
         out = subprocess.run([nsys, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     match = re.search(r"(\d+\.\d+[\w.\-]*)", out)
-    return match.group(1) if match else out.strip() or None
+    version = match.group(1) if match else out.strip() or None
+    write_atomic(memo, version or "")
+    return version
 
 
 def profile(command: list[str], report_base: Path, nsys: str, log) -> Path:
@@ -69,6 +84,7 @@ class Activity:
     stream: int
     repeat: int | None  # None: warm-up or outside the timed loop
     layer: str | None
+    setting: int | None = None  # the job's setting (its index among those the process measured)
     bytes: int = 0
     grid: tuple = ()
     block: tuple = ()
@@ -103,9 +119,9 @@ def read_activities(sqlite_path: Path, layer_names: set[str]) -> list[Activity]:
                     "SELECT start, end, streamId, correlationId, shortName, gridX, gridY, gridZ, blockX, blockY, blockZ,"
                     " registersPerThread, staticSharedMemory, dynamicSharedMemory, localMemoryPerThread"
                     " FROM CUPTI_ACTIVITY_KIND_KERNEL"):
-                repeat, layer = _context(calls.get(row[3]), ranges, layer_names)
+                setting, repeat, layer = _context(calls.get(row[3]), ranges, layer_names)
                 out.append(Activity("kernel", strings.get(row[4], str(row[4])), row[0], row[1], row[2], repeat, layer,
-                                    grid=tuple(row[5:8]), block=tuple(row[8:11]), registers=row[11],
+                                    setting=setting, grid=tuple(row[5:8]), block=tuple(row[8:11]), registers=row[11],
                                     static_shared_bytes=row[12], dynamic_shared_bytes=row[13], local_bytes=row[14]))
         if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
             kinds = dict(_CUPTI_COPY_KIND)
@@ -115,9 +131,10 @@ def read_activities(sqlite_path: Path, layer_names: set[str]) -> list[Activity]:
                                   "CUDA_MEMCPY_OPER_DTOD": "D2D"}.get(name, kinds.get(id_, name))
             for start, end, stream, corr, nbytes, kind in db.execute(
                     "SELECT start, end, streamId, correlationId, bytes, copyKind FROM CUPTI_ACTIVITY_KIND_MEMCPY"):
-                repeat, layer = _context(calls.get(corr), ranges, layer_names)
+                setting, repeat, layer = _context(calls.get(corr), ranges, layer_names)
                 copy_kind = kinds.get(kind, str(kind))
-                out.append(Activity(copy_kind, copy_kind, start, end, stream, repeat, layer, bytes=nbytes))
+                out.append(Activity(copy_kind, copy_kind, start, end, stream, repeat, layer, setting=setting,
+                                    bytes=nbytes))
         return sorted(out, key=lambda a: a.start_ns)
     finally:
         db.close()
@@ -136,20 +153,23 @@ def _nvtx_ranges(db, tables, strings) -> dict[int, list[tuple[int, int, str]]]:
     return per_thread
 
 
-def _context(call, ranges, layer_names) -> tuple[int | None, str | None]:
+def _context(call, ranges, layer_names) -> tuple[int | None, int | None, str | None]:
+    """(setting, repeat, layer) of the ranges open around an API call."""
     if call is None:
-        return None, None
+        return None, None, None
     start, tid = call
     thread_ranges = ranges.get(tid, [])
-    repeat = layer = None
+    setting = repeat = layer = None
     upto = bisect.bisect_right(thread_ranges, (start, float("inf"), ""))
     for r_start, r_end, text in thread_ranges[:upto]:
         if r_start <= start <= r_end:
             if (m := _REPEAT.match(text)):
                 repeat = int(m.group(1))
+            elif (m := _SETTING.match(text)):
+                setting = int(m.group(1))
             elif text in layer_names:
                 layer = text
-    return repeat, layer
+    return setting, repeat, layer
 
 
 def _union_ns(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -185,6 +205,14 @@ def _max_concurrency(intervals: list[tuple[int, int, int]]) -> int:
         busy[stream] += delta
         best = max(best, sum(1 for v in busy.values() if v > 0))
     return best
+
+
+def summarize_settings(activities: list[Activity], conv_layers: list[str]) -> dict[int, dict]:
+    """summarize() of each setting's activities, by setting index (None: outside any setting)."""
+    by_setting: dict[int | None, list[Activity]] = defaultdict(list)
+    for a in activities:
+        by_setting[a.setting].append(a)
+    return {setting: summarize(acts, conv_layers) for setting, acts in by_setting.items()}
 
 
 def summarize(activities: list[Activity], conv_layers: list[str]) -> dict:

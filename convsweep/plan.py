@@ -6,7 +6,6 @@ translation in one place so the rule files hold wiring only.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
 import sys
@@ -15,23 +14,9 @@ from pathlib import Path
 
 from .compile import LAYERS_SOURCE, kernel_sources
 from .config import Config, JobSpec, expand_config, validate
-from .fileio import canonical_hash
 from .errors import ConvsweepError
 from .paths import ROOT, check_same_checkout, resolve_network_path
 from .variants import get_variant
-
-
-def build_id(variant: str, params: dict) -> str:
-    return f"{variant}-{canonical_hash(params)[:10]}"
-
-
-def registry_entry_hash(variant_name: str) -> str:
-    """What a variant's registry entry says about its builds and launches (not its description):
-    a compile job's parameter, so editing the entry rebuilds and re-measures that variant alone."""
-    entry = dataclasses.asdict(get_variant(variant_name))
-    entry.pop("description")
-    entry["source"] = None if entry["source"] is None else Path(entry["source"]).name
-    return canonical_hash(entry)[:16]
 
 
 class SweepPlan:
@@ -95,54 +80,27 @@ class SweepPlan:
             self._networks[job.network] = load_network(resolve_network_path(job.network))
         return self._networks[job.network]
 
-    def _builds(self, job: JobSpec) -> dict[str, tuple[str, dict]]:
-        """build id -> (variant, macros): a variant that fixes shape values builds once per layer shape."""
-        network = self._network(job)
-        builds = {}
-        for layer in network.conv_layers:
-            var = get_variant(job.variants[layer.name])
-            if not var.is_cpu:
-                params = var.resolve_params(job.params.get(layer.name), f"params.{layer.name}")
-                macros = var.defines(params, network.variant_shape(layer, var.fuses))
-                builds[build_id(var.name, macros)] = (var.name, macros)
-        return builds
-
-    @cached_property
-    def _all_builds(self) -> dict[str, tuple[str, dict]]:
-        out = {}
-        for job in self.jobs:
-            out.update(self._builds(job))
-        return out
-
-    def build_files(self, experiment: str, job_id: str) -> list[str]:
-        return [f"{self.results_dir}/builds/{b}.json" for b in sorted(self._builds(self.job(experiment, job_id)))]
-
-    def build_sources(self, build: str) -> list[str]:
-        """What a build is compiled from: the variant's .cu and every header it includes."""
-        variant, _ = self._all_builds[build]
-        return [str(p) for p in kernel_sources(get_variant(variant).source)]
-
-    def build_entry(self, build: str) -> str:
-        return registry_entry_hash(self._all_builds[build][0])
-
     def job_sources(self, experiment: str, job_id: str) -> list[str]:
-        """What a job's numbers depend on besides its spec and builds: the network file and weights,
-        and for GPU jobs the kernels of the other layers (layers.cu and its headers)."""
+        """What a job's numbers depend on besides its spec: the network file and weights, and for GPU
+        jobs every kernel file it compiles (its variants' .cu files, layers.cu, the headers they
+        include). Editing any of them re-measures exactly the jobs that use it."""
         job = self.job(experiment, job_id)
         network = self._network(job)
         files = [str(network.path)]
         if network.weights_path is not None:
             files.append(str(network.weights_path))
-        if not all(get_variant(v).is_cpu for v in job.variants.values()):
+        variants = [get_variant(name) for name in dict.fromkeys(job.variants.values())]
+        for source in [v.source for v in variants if not v.is_cpu]:
+            files += [str(p) for p in kernel_sources(source)]
+        if not all(v.is_cpu for v in variants):
             files += [str(p) for p in kernel_sources(LAYERS_SOURCE)]
         return list(dict.fromkeys(files))
 
-    def compile_args(self, build: str) -> str:
-        """Command-line arguments of `convsweep compile` for one build id."""
-        variant, macros = self._all_builds[build]
-        tunables = get_variant(variant).params
-        args = [variant] + [f"--{'param' if k in tunables else 'define'}={k}={json.dumps(v)}" for k, v in sorted(macros.items())]
-        return " ".join(shlex.quote(a) for a in args)
+    def registry_entries(self, experiment: str, job_id: str) -> str:
+        """The job's variants' registry entries, hashed (a rule parameter: editing an entry re-measures
+        the jobs of that variant)."""
+        job = self.job(experiment, job_id)
+        return ",".join(f"{name}={get_variant(name).entry_hash}" for name in sorted(set(job.variants.values())))
 
     def check_store(self) -> None:
         """Before any job runs: the database must be usable (reachable, an SQLite file that is a

@@ -207,7 +207,7 @@ def render(columns: list[str], rows: Sequence[Sequence[Any]], fmt: str) -> str:
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows([["" if v is None else _plain(v) for v in row] for row in rows])
+        writer.writerows([["" if v is None else _json_text(_plain(v)) for v in row] for row in rows])
         return out.getvalue()
     if fmt == "json":
         return json.dumps([{c: _plain(v) for c, v in zip(columns, row)} for row in rows], indent=2)
@@ -232,6 +232,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _json_text(value: Any) -> Any:
+    """JSON objects and lists as their JSON text, `{"BLOCK": 64}`: PostgreSQL hands JSON columns
+    back as Python objects (SQLite as that text), and their repr is no JSON."""
+    return json.dumps(value) if isinstance(value, (dict, list)) else value
+
+
 def _cell(value: Any) -> str:
     """A table cell: floats to a few significant digits, positional where that stays short."""
     if value is None:
@@ -239,7 +245,7 @@ def _cell(value: Any) -> str:
     if isinstance(value, Decimal):
         value = _plain(value)
     if not isinstance(value, float):
-        return str(_plain(value))
+        return str(_json_text(_plain(value)))
     if value == 0 or not math.isfinite(value):
         return str(value)
     magnitude = math.floor(math.log10(abs(value)))

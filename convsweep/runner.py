@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+from contextlib import AbstractContextManager
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .compile import LAYERS_SOURCE, CompiledModule, compile_source, compile_variant
+from .compile import LAYERS_SOURCE, CompiledModule, compile_all, compile_source, compile_variant
 from .errors import DeviceError, ShapeError
 from .gpu import DeviceArray, Gpu
 from .layers import LAYER_KINDS
@@ -36,12 +37,12 @@ except ImportError:  # NVTX is optional outside nsys; ranges are only labels
 class ConvOp:
     """One conv layer bound to a variant, its parameters and its compiled module."""
 
-    def __init__(self, gpu: Gpu, variant: Variant, params: dict, layer_shape: ConvShape):
+    def __init__(self, gpu: Gpu, variant: Variant, params: dict, layer_shape: ConvShape, arch: str | None = None):
         if gpu.compute_capability < variant.min_cc:  # before compiling: NVRTC would fail less clearly
             raise DeviceError(f"variant '{variant.name}' needs compute capability {variant.min_cc}, {gpu.name} has "
                               f"{gpu.compute_capability}")
         self.gpu, self.variant, self.params = gpu, variant, params
-        self.build = compile_variant(variant, params, gpu.arch, layer_shape)
+        self.build = compile_variant(variant, params, arch or gpu.arch, layer_shape)
         self.module = gpu.module(self.build, private=variant.constant_weights is not None)
         self.kernels = {name: gpu.kernel(self.module, name) for name in variant.kernel_names}
         self._plans: dict[ConvShape, tuple[list, int]] = {}  # shape -> (launches, workspace bytes)
@@ -146,6 +147,7 @@ class ConvPlan:
 
     variants: dict[str, Variant]
     params: dict[str, dict]
+    arch: str | None = None  # NVRTC's target; None: the GPU's own
 
 
 class GpuNetwork:
@@ -159,7 +161,8 @@ class GpuNetwork:
         self.gpu, self.network = gpu, network
         self.dtype = np.dtype(network.dtype)
         self.layers_build = compile_source(LAYERS_SOURCE, "layers",
-                                           {"CONV_T": "double"} if network.dtype == "float64" else {}, gpu.arch)
+                                           {"CONV_T": "double"} if network.dtype == "float64" else {},
+                                           plan.arch or gpu.arch)
         layers_module = gpu.module(self.layers_build)
         self.layer_kernels = {n: gpu.kernel(layers_module, n) for kind in LAYER_KINDS.values() for n in kind.kernels}
         self.steps = network.steps({name: var.fuses for name, var in variants.items()})
@@ -171,7 +174,7 @@ class GpuNetwork:
             var = variants[step.layer.name]
             for b in (1, capacity):  # refuse unsupported shapes before anything is allocated
                 var.check_shape(self.shape(step, b), params[step.layer.name])
-            op = ConvOp(gpu, var, params[step.layer.name], self.shape(step, 1))
+            op = ConvOp(gpu, var, params[step.layer.name], self.shape(step, 1), plan.arch)
             self.builds.append(op.build)
             self.convs[step.layer.name] = op
         self.weights = {name: gpu.to_device(array.astype(self.dtype), stream) for name, array in weights.items()}
@@ -215,12 +218,14 @@ class GpuNetwork:
 
 @dataclass(frozen=True)
 class Backend:
-    """What runs kernels: the GPU, a conv layer's op and a whole network. Jobs and the bench take
-    one, so a test can hand them numpy stand-ins instead of patching this module."""
+    """What builds and runs kernels: the GPU, a conv layer's op, a whole network, and the parallel
+    compile of a job's builds. Jobs and the bench take one, so a test can hand them numpy stand-ins
+    instead of patching this module."""
 
     gpu: Callable[[], Gpu] = Gpu
     conv_op: Callable[..., ConvOp] = ConvOp
     network: Callable[..., GpuNetwork] = GpuNetwork
+    compile_all: Callable[..., AbstractContextManager] = compile_all
 
 
 def pass_chunks(batch: int, streams: int, chunk_images: int | None = None) -> list[tuple[int, int]]:
@@ -247,12 +252,17 @@ def pipeline_buffers(gpu: Gpu, network, images: np.ndarray, host_memory: str, st
     x_host = gpu.host_array(images.shape, dtype, host_memory)
     x_host[...] = images
     logits_host = gpu.host_array((len(images), *network.layers[-1].out_shape), dtype, host_memory)
-    logits_host[...] = np.nan
     x_dev = gpu.alloc(x_host.shape, dtype)
-    logits_dev = gpu.alloc(logits_host.shape, dtype)
-    gpu.fill(logits_dev, 0xFF, stream)
+    buffers = PipelineBuffers(x_host, x_dev, logits_host, gpu.alloc(logits_host.shape, dtype))
+    poison_logits(gpu, buffers, stream)
+    return buffers
+
+
+def poison_logits(gpu: Gpu, buffers: PipelineBuffers, stream) -> None:
+    """NaN on the host and 0xFF bytes (NaN) on the device: logits no pass wrote cannot pass a check."""
+    buffers.logits_host[...] = np.nan
+    gpu.fill(buffers.logits_dev, 0xFF, stream)
     stream.sync()
-    return PipelineBuffers(x_host, x_dev, logits_host, logits_dev)
 
 
 def pipeline_pass(gpu: Gpu, net: GpuNetwork, streams: list, chunks: list[tuple[int, int]], buffers: PipelineBuffers,

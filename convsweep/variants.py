@@ -6,6 +6,7 @@ grid follows from the shape, and nothing here knows how a kernel computes.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -16,6 +17,7 @@ from typing import Any
 from .checks import TOLERANCE
 from .errors import ConfigError, ShapeError
 from .expr import evaluate
+from .fileio import canonical_hash
 from .paths import REGISTRY_PATH
 from .schema import validate
 from .yamlio import read_yaml_file
@@ -108,6 +110,15 @@ class Variant:
     constant_weights: str | None = None  # __constant__ symbol the runner fills with k
     dtypes: tuple[str, ...] = ("float32",)  # element types the kernel is written for (conv_t)
     workspace: str | None = None  # bytes expression: a per-stream scratch buffer, passed after CONV_ARGS
+
+    @property
+    def entry_hash(self) -> str:
+        """What the registry entry says about builds and launches (not its description): a job's
+        parameter, so editing the entry re-measures the jobs of that variant alone."""
+        entry = dataclasses.asdict(self)
+        entry.pop("description")
+        entry["source"] = None if entry["source"] is None else Path(entry["source"]).name
+        return canonical_hash(entry)[:16]
 
     def defines(self, params: dict, shape: ConvShape | None) -> dict[str, Any]:
         """The macros of one build: the tunables, plus the layer's shape where the kernel fixes it,

@@ -1,5 +1,7 @@
 """Store test helpers: a database URL per backend (a SQLite file, or a fresh PostgreSQL database
-on the server in $CONVSWEEP_TEST_PG_URL) and a factory for result dicts in the contract's shape."""
+on the server in $CONVSWEEP_TEST_PG_URL) and factories for result files in the contract's shape:
+one measurement (format 2, `make_result`) or a job measuring several settings (format 3,
+`make_job_file`)."""
 
 from __future__ import annotations
 
@@ -62,12 +64,14 @@ def row_counts(engine: Engine) -> dict[str, int]:
 def make_result(variant: str | dict[str, str] = "naive", batch: int = 100, streams: int = 1,
                 status: str = "ok", op_time_ms: tuple[float, ...] = (0.74, 1.76),
                 experiment: str = "lenet86-baseline", host_memory: str = "pageable",
-                **overrides: Any) -> dict[str, Any]:
-    """One job's result JSON (docs/result-format.md); ok, incorrect or failed."""
+                params: dict[str, dict[str, Any]] | None = None, **overrides: Any) -> dict[str, Any]:
+    """One job's result JSON (docs/result-format.md), format 2; ok, incorrect or failed. `params`:
+    conv layer -> its tunables (default: none)."""
     variants = variant if isinstance(variant, dict) else {"conv1": variant, "conv2": variant}
+    params = {layer: dict((params or {}).get(layer, {})) for layer in variants}
     spec = {
         "experiment": experiment, "network": "networks/lenet86.yaml", "dataset": "mnist5k",
-        "variants": variants, "params": {layer: {} for layer in variants},
+        "variants": variants, "params": params,
         "batch": batch, "streams": streams, "host_memory": host_memory,
         "repeats": 3, "warmup": 1, "profiler": "nsys",
     }
@@ -118,7 +122,8 @@ def make_result(variant: str | dict[str, str] = "naive", batch: int = 100, strea
         ] + [{"metric": "forward_ms", "layer": None, "repeat": r, "value": 42.1 + r} for r in range(3)]
         if timed else [],
         "builds": [
-            {"variant": name, "params": {}, "arch": "sm_90", "options_hash": "o" * 64,
+            {"variant": name, "params": next(params[layer] for layer in layers if variants[layer] == name),
+             "arch": "sm_90", "options_hash": "o" * 64,
              "source_hash": hashlib.sha256(name.encode()).hexdigest(), "compile_ms": 35.2,
              "cache_hit": False, "log": "ptxas info : Used 40 registers",
              "kernels": [{"name": f"{name}_forward", "registers": 40, "shared_bytes": 0,
@@ -170,6 +175,65 @@ def standard_results() -> list[dict[str, Any]]:
         make_result("fp16", 1000, status="incorrect", op_time_ms=(0.010, 0.020)),
         make_result("broken", 100, status="failed"),
     ]
+
+
+def every_layer(**tunables: Any) -> dict[str, dict[str, Any]]:
+    """The same tunables for LeNet's two conv layers: make_result's `params`."""
+    return {"conv1": dict(tunables), "conv2": dict(tunables)}
+
+
+def tuning_results(batch: int = 100, **overrides: Any) -> list[dict[str, Any]]:
+    """Three settings of one naive cell: BLOCK 64 ok, 128 incorrect (the fastest) and 256 failed."""
+    return [
+        make_result("naive", batch, params=every_layer(BLOCK=64), op_time_ms=(0.50, 0.90), **overrides),
+        make_result("naive", batch, params=every_layer(BLOCK=128), status="incorrect", op_time_ms=(0.10, 0.20),
+                    **overrides),
+        make_result("naive", batch, params=every_layer(BLOCK=256), status="failed", **overrides),
+    ]
+
+
+def make_job_file(measurements: list[dict[str, Any]] | None = None, search: dict[str, Any] | None = None,
+                  valid: int | None = None, **overrides: Any) -> dict[str, Any]:
+    """A format 3 result file (docs/result-format.md): one cell of the matrix and one measurement per
+    setting. `measurements` are make_result dicts of that cell, one per setting (default:
+    tuning_results()); their grid is the tunable values they use, their search `search` (default:
+    all of the grid), out of `valid` settings (default: as many as measured)."""
+    measurements = copy.deepcopy(tuning_results() if measurements is None else measurements)
+    first = measurements[0]["spec"]
+    search = search or {"strategy": "grid"}
+    valid = len(measurements) if valid is None else valid
+    grid: dict[str, dict[str, list[Any]]] = {}
+    for measurement in measurements:
+        spec = measurement["spec"]
+        for layer, tunables in spec["params"].items():
+            values = grid.setdefault(spec["variants"][layer], {})
+            for name, value in tunables.items():
+                if value not in values.setdefault(name, []):
+                    values[name].append(value)
+    job = {**{k: v for k, v in first.items() if k != "params"}, "grid": grid, "search": search}
+    job_key = hashlib.sha256(json.dumps(job, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    job_id = (f"{'-'.join(sorted(set(first['variants'].values())))}-b{first['batch']}-s{first['streams']}"
+              f"-{first['host_memory']}-{job_key[:10]}")
+    for index, measurement in enumerate(measurements):
+        del measurement["format"]
+        measurement["job_id"] = job_id
+        measurement["grid"] = {"job_key": job_key, "index": index, "settings": len(measurements), "valid": valid,
+                               "search": search}
+    job_file: dict[str, Any] = {
+        "format": 3,
+        "job_id": job_id,
+        "job_key": job_key,
+        "job": job,
+        "sweep": measurements[0]["sweep"],
+        "settings": {"valid": valid, "measured": len(measurements), "resumed": 0},
+        "started_at": measurements[0]["started_at"],
+        "total_s": 4.0 + 0.5 * len(measurements),
+        "phases_s": {"process_start": 0.8, "load": 0.3, "compile": 0.4, "reference": 0.2, "profile": 1.1},
+        "files": {},
+        "measurements": measurements,
+    }
+    job_file.update(overrides)
+    return job_file
 
 
 def write_results(directory: Path, results: list[dict[str, Any]]) -> list[Path]:

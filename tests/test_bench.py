@@ -13,13 +13,12 @@ from convsweep.bench import cudnn, report
 from convsweep.bench.harness import run_harness
 from convsweep.checks import check_indices, check_output, loosest_precision, normwise_error
 from convsweep.fileio import write_json_atomic
-from convsweep.gpu import DeviceArray
 from convsweep.network import load_network, reference_forward
 from convsweep.paths import ROOT
-from convsweep.reference import conv2d_reference, maxpool2d_reference
-from convsweep.runner import Backend, pass_chunks
+from convsweep.runner import pass_chunks
 
 from bench_files import GOOD, write
+from fake_gpu import FAKE
 
 LENET = load_network(ROOT / "networks/lenet86.yaml")
 
@@ -177,140 +176,6 @@ def test_a_layer_without_a_correct_candidate_has_no_best():
 
 
 # -- the whole bench over a fake GPU -------------------------------------------------------------
-class FakeClock:
-    now = 0.0
-
-
-class FakeEvent:
-    def __init__(self):
-        FakeClock.now += 0.25
-        self.t = FakeClock.now
-
-    def __sub__(self, other):
-        return self.t - other.t
-
-    def sync(self):
-        pass
-
-
-class FakeStream:
-    handle = 0
-
-    def sync(self):
-        pass
-
-    def wait(self, event):
-        pass
-
-
-class FakeGpu:
-    """Device memory in numpy, keyed by made-up addresses; copies and fills act on it at once."""
-
-    name, arch, compute_capability = "Fake H100", "sm_90", 9.0
-    uuid, pci_bus_id = "00000000-0000-4000-8000-00000000fake", None  # NVML finds no such GPU: nulls
-
-    def __init__(self):
-        self.blocks, self.next = {}, 1 << 20
-        self.device = type("Device", (), {"sync": lambda self: None})()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
-
-    def driver_version(self):
-        return "0"
-
-    def stream(self):
-        return FakeStream()
-
-    def event(self, stream):
-        return FakeEvent()
-
-    def alloc(self, shape, dtype=np.float32):
-        dtype = np.dtype(dtype)
-        nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
-        base, self.next = self.next, self.next + nbytes + 256
-        self.blocks[base] = np.zeros(nbytes, np.uint8)
-        return DeviceArray(base, tuple(shape), dtype)
-
-    def mem(self, dev: DeviceArray) -> np.ndarray:
-        for base, block in self.blocks.items():
-            if base <= dev.ptr < base + len(block):
-                assert dev.ptr - base + dev.nbytes <= len(block), "access past the end of an allocation"
-                return block[dev.ptr - base : dev.ptr - base + dev.nbytes]
-        raise AssertionError(f"no allocation holds {dev.ptr:#x}")
-
-    def read(self, dev: DeviceArray) -> np.ndarray:
-        return self.mem(dev).view(dev.dtype).reshape(dev.shape)
-
-    def to_device(self, array, stream):
-        array = np.ascontiguousarray(array)
-        dev = self.alloc(array.shape, array.dtype)
-        self.upload(array, dev, stream)
-        return dev
-
-    def host_array(self, shape, dtype, kind):
-        return np.empty(shape, dtype)
-
-    def upload(self, host, dev, stream):
-        assert host.flags.c_contiguous and host.nbytes == dev.nbytes
-        self.mem(dev)[:] = host.reshape(-1).view(np.uint8)
-
-    def download(self, dev, host, stream):
-        assert host.flags.c_contiguous and host.nbytes == dev.nbytes
-        host.reshape(-1).view(np.uint8)[:] = self.mem(dev)
-
-    def fill(self, dev, byte, stream):
-        self.mem(dev)[:] = byte
-
-    def copy(self, dst, src, stream):
-        self.mem(DeviceArray(dst.ptr, (src.nbytes,), np.dtype(np.uint8)))[:] = self.mem(src)
-
-
-class FakeConvOp:
-    """A variant's kernels as numpy: restrict_unroll computes a wrong answer, naive leaves the last image unwritten."""
-
-    def __init__(self, gpu, variant, params, shape):
-        self.gpu, self.variant = gpu, variant
-        self.build = type("Build", (), {"record": lambda self: {"variant": variant.name, "cache_hit": True}})()
-
-    def bind_weights(self, k, bias, stream):
-        self.k, self.bias = k, bias
-
-    def workspace(self, shape):
-        return None
-
-    def enqueue(self, stream, y, x, shape, workspace=None):
-        out = conv2d_reference(self.gpu.read(x), self.gpu.read(self.k), self.gpu.read(self.bias), shape.S)
-        if shape.P:
-            out = maxpool2d_reference(np.maximum(out, 0), shape.P, shape.PS)
-        if self.variant.name == "restrict_unroll":
-            out = out + 1
-        target = self.gpu.read(y)
-        if self.variant.name == "naive":
-            target[:-1] = out[:-1]
-        else:
-            target[...] = out
-
-
-class FakeGpuNetwork:
-    def __init__(self, gpu, network, weights, plan, lanes, capacity):
-        self.gpu, self.network, self.weights = gpu, network, weights
-        self.lanes = [object() for _ in range(lanes)]
-        self.capacity, self.builds = capacity, []
-
-    def enqueue(self, stream, lane, x, logits, n, events=None):
-        assert n <= self.capacity
-        if events is not None:
-            for layer in self.network.conv_layers:
-                events.setdefault(layer.name, []).append((FakeEvent(), FakeEvent()))
-        self.gpu.read(logits.rows(0, n))[...] = reference_forward(self.network, self.weights, self.gpu.read(x.rows(0, n)),
-                                                                   dtype=np.float32)
-
-
-FAKE = Backend(gpu=FakeGpu, conv_op=FakeConvOp, network=FakeGpuNetwork)
 
 
 def no_torch():
@@ -344,10 +209,10 @@ def test_whole_bench_over_a_fake_gpu(tmp_path):
 @pytest.mark.parametrize("streams, memory", [(1, "pageable"), (4, "pinned")])
 def test_jobs_pipeline_over_a_fake_gpu(streams, memory):
     """job._measure_gpu after its pass moved to runner.pipeline_pass: the same samples as before."""
-    from convsweep.config import JobSpec
+    from convsweep.config import RunSpec
     from convsweep.job import measure
 
-    spec = JobSpec(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
+    spec = RunSpec(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
                    variants={"conv1": "naive", "conv2": "naive"}, params={"conv1": {}, "conv2": {}}, batch=40,
                    streams=streams, host_memory=memory, repeats=2, warmup=1, profiler="events")
     result = measure(spec, backend=FAKE)

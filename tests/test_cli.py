@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from convsweep.config import ROOT, JobSpec
+from convsweep.config import ROOT, JobSpec, RunSpec
 
 RESOLUTION_S = 0.02  # process_age: /proc/uptime and the start time each count in 1/100 s
 
@@ -140,20 +140,25 @@ def test_process_age_is_small_for_a_new_process_and_grows(tmp_path):
 def test_run_job_times_the_whole_process(tmp_path):
     """An events job (the CPU reference variant) run as Snakemake runs it: process_start survives
     the measured phases, and total_s covers them all but not more than the process's wall time."""
-    job = JobSpec(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
-                  variants={"conv1": "reference", "conv2": "reference"}, params={"conv1": {}, "conv2": {}},
-                  batch=8, streams=1, host_memory="pageable", repeats=1, warmup=0, profiler="events")
+    job = JobSpec.for_run(RunSpec(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
+                                  variants={"conv1": "reference", "conv2": "reference"},
+                                  params={"conv1": {}, "conv2": {}}, batch=8, streams=1, host_memory="pageable",
+                                  repeats=1, warmup=0, profiler="events"))
     out = tmp_path / "r.json"
     t = time.perf_counter()
     proc = convsweep("run-job", "--spec", json.dumps({**job.to_dict(), "sweep": job.sweep}), "--out", str(out))
     wall = time.perf_counter() - t
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(out.read_text())
+    assert proc.stdout.splitlines()[-1].startswith(f"{job.job_id}: 1 settings in ")
+    assert "1 ok; fastest: conv1 " in proc.stdout
+    job_result = json.loads(out.read_text())
+    result = job_result["measurements"][0]
     assert result["status"] == "ok", result["error"]
     phases = result["phases_s"]
     assert {"process_start", "load", "warmup", "timed", "check"} <= set(phases)
     assert 0 < phases["process_start"] < wall
     assert sum(phases.values()) <= result["timings"]["total_s"] <= wall + RESOLUTION_S
+    assert result["timings"]["total_s"] == pytest.approx(job_result["total_s"])  # the job's one setting: all of it
 
 
 def test_ingest_names_each_bad_file_stores_the_good_ones_and_fails_at_the_end(tmp_path):
@@ -191,5 +196,5 @@ def test_a_sweep_stops_before_any_job_when_the_database_is_unusable(tmp_path):
                            "--cores", "1"], capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert f"convsweep: db/results.sqlite is not an SQLite database (file is not a database)" in out, out[-2000:]
+    assert "convsweep: db/results.sqlite is not an SQLite database (file is not a database)" in out, out[-2000:]
     assert not (tmp_path / "results" / "e" / "runs").exists()

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from convsweep.compile import compile_source, compile_variant, parse_ptxas_log
+from convsweep.compile import BuildRequest, compile_all, compile_source, compile_variant, parse_ptxas_log
 from convsweep.errors import CompileError, ShapeError
 from convsweep.paths import KERNELS_DIR
 from convsweep.variants import ConvShape, load_registry
@@ -113,27 +113,50 @@ def test_shape_fixing_variants_build_per_shape_and_need_the_shape():
         compile_variant(var, var.defaults(), "sm_90")
 
 
-def test_the_default_sweep_builds_what_its_jobs_run():
-    """The Snakefile's compile rule builds each job's kernels for the shape the job runs (a fused
-    max-pool included), so every build compiles and the jobs hit the compile cache."""
+def test_the_default_sweep_jobs_build_what_they_run():
+    """A job's build requests (layers.cu, and each conv layer's variant at the shape it runs, a fused
+    max-pool included) all compile, and inside compile_all the runner's compiles are those builds."""
+    from convsweep.job import build_requests
     from convsweep.network import load_network
     from convsweep.paths import ROOT
-    from convsweep.plan import SweepPlan, build_id
+    from convsweep.plan import SweepPlan
     from convsweep.variants import get_variant
     from convsweep.yamlio import load_yaml
 
     plan = SweepPlan(load_yaml((ROOT / "experiments.yaml").read_text()), ROOT / "experiments.yaml")
     network = load_network(ROOT / "networks" / "lenet86.yaml")
     for job in plan.jobs:
-        for layer in network.conv_layers:
-            var = get_variant(job.variants[layer.name])
-            if var.is_cpu:
-                continue
-            params = var.resolve_params(job.params.get(layer.name))
-            shape = network.variant_shape(layer, var.fuses)
-            assert f"{plan.results_dir}/builds/{build_id(var.name, var.defines(params, shape))}.json" in \
-                plan.build_files(job.experiment, job.job_id)
-            assert compile_variant(var, params, "sm_90", shape).kernels
+        variants = {layer: get_variant(name) for layer, name in job.variants.items()}
+        if all(v.is_cpu for v in variants.values()):
+            continue
+        requests = [r for run in job.runs() for r in build_requests(network, variants, run)]
+        with compile_all(requests, "sm_90", workers=2) as pending:
+            builds = pending.wait()
+            assert set(builds) == set(requests) and all(b.kernels for b in builds.values())
+            for run in job.runs():
+                for layer in network.conv_layers:
+                    var = variants[layer.name]
+                    params, shape = var.resolve_params(run.params[layer.name]), network.variant_shape(layer, var.fuses)
+                    request = BuildRequest.of(var.source, var.name, var.defines(params, shape))
+                    assert compile_variant(var, params, "sm_90", shape) is builds[request]
+
+
+def test_compile_all_keeps_a_compile_error_as_that_builds_result(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "broken.cu"
+    bad.write_text('extern "C" __global__ void conv_forward(float *y) {\n  y[0] = undefined_name;\n}\n')
+    good = BuildRequest.of(KERNELS_DIR / "layers.cu", "layers", {})
+    broken = BuildRequest.of(bad, "broken", {"X": 1})
+    with compile_all([good, broken, good], "sm_90", workers=2) as pending:
+        builds = pending.wait()
+        assert set(builds) == {good, broken}
+        assert isinstance(builds[broken], CompileError) and "undefined_name" in str(builds[broken])
+        bad.write_text("this file is no longer read: the job's builds are")
+        with pytest.raises(CompileError, match="undefined_name"):
+            compile_source(bad, "broken", {"X": 1}, "sm_90")
+        assert compile_source(KERNELS_DIR / "layers.cu", "layers", {}, "sm_90") is builds[good]
+    with pytest.raises(CompileError, match="broken.cu"):  # outside the block NVRTC is asked again
+        compile_source(bad, "broken", {"X": 1}, "sm_90")
 
 
 def test_a_ptxas_error_is_the_line_reported():

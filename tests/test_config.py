@@ -5,6 +5,7 @@ import yaml
 
 from convsweep.config import JobSpec, expand_config, load_config, validate
 from convsweep.errors import ConfigError
+from convsweep.fileio import canonical_hash
 
 BASE = {
     "experiments": {
@@ -31,12 +32,48 @@ def test_matrix_is_the_product_of_the_axes(tmp_path):
     data = copy.deepcopy(BASE)
     data["experiments"]["e1"].update(variants=["naive", "reference"], streams=[1, 2], params={"naive": {"BLOCK": [128, 512]}})
     jobs = expand_config(load_config(write(tmp_path, data)))
-    # naive: 2 params x 2 batches x 2 streams; reference: 2 batches x 2 streams
-    assert len(jobs) == 8 + 4
+    # A job per variant x batch x streams cell; naive's two BLOCK settings are measured inside its jobs.
+    assert len(jobs) == 4 + 4
     assert len({j.job_id for j in jobs}) == len(jobs)
     naive = [j for j in jobs if j.label == "naive"]
-    assert {j.params["conv1"]["BLOCK"] for j in naive} == {128, 512}
-    assert all(j.params["conv2"] == j.params["conv1"] for j in naive)
+    runs = [r for j in naive for r in j.runs()]
+    assert len(runs) == 8 and {r.params["conv1"]["BLOCK"] for r in runs} == {128, 512}
+    assert all(r.params["conv2"] == r.params["conv1"] for r in runs)  # a variant's grid ties its layers
+    assert all(len(j.runs()) == 1 and j.runs()[0].params == {"conv1": {}, "conv2": {}} for j in jobs if j.label == "reference")
+    assert len({r.run_key for j in jobs for r in j.runs()}) == 8 + 4  # every setting its own run
+
+
+def test_per_layer_maps_multiply_their_variants_grids(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"].update(variants=[{"conv1": "naive", "conv2": "constant_weights"}],
+                                     params={"naive": {"BLOCK": [128, 512]}, "constant_weights": {"BLOCK": [64, 256, 1024]}})
+    job = expand_config(load_config(write(tmp_path, data)))[0]
+    assert len(job.runs()) == 2 * 3 and job.settings().valid == 6
+    assert {(r.params["conv1"]["BLOCK"], r.params["conv2"]["BLOCK"]) for r in job.runs()} == \
+        {(a, b) for a in (128, 512) for b in (64, 256, 1024)}
+
+
+def test_random_search_picks_a_seeded_sample_of_the_valid_settings(tmp_path):
+    data = copy.deepcopy(BASE)
+    grid = {"BLOCK_M": [4, 16, 64], "BLOCK_N": [128, 256], "BLOCK_K": [8, 16], "THREAD_M": [4, 8], "THREAD_N": [4, 8]}
+    data["experiments"]["e1"].update(variants=["register_tiled_gemm"], params={"register_tiled_gemm": grid},
+                                     search={"strategy": "random", "max_settings": 5, "seed": 3})
+    jobs = expand_config(load_config(write(tmp_path, data)))
+    picks = [[r.params for r in j.runs()] for j in jobs]
+    assert len(jobs) == 2 and picks[0] == picks[1]  # the same sample at every batch
+    assert len(picks[0]) == 5 and jobs[0].settings().valid == 12  # of the 12 the restrictions allow
+    data["experiments"]["e1"]["search"]["seed"] = 4
+    other = expand_config(load_config(write(tmp_path, data)))[0]
+    assert [r.params for r in other.runs()] != picks[0] and other.job_id != jobs[0].job_id
+    data["experiments"]["e1"]["search"]["max_settings"] = 500  # more than there are: all of them
+    assert len(expand_config(load_config(write(tmp_path, data)))[0].runs()) == 12
+
+
+def test_settings_that_do_not_fit_a_layer_are_left_out_of_a_grid(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"].update(variants=["tiled_shared"], params={"tiled_shared": {"TILE_W": [8, 32], "TILE_H": [4, 16]}})
+    job = expand_config(load_config(write(tmp_path, data)))[0]
+    assert 0 < len(job.runs()) == job.settings().valid <= 4
 
 
 def test_chunk_size_is_an_axis_and_auto_keeps_the_old_keys(tmp_path):
@@ -65,8 +102,13 @@ def test_job_ids_are_stable_and_change_with_the_spec(tmp_path):
     b = expand_config(load_config(write(tmp_path, BASE)))
     assert [j.job_id for j in a] == [j.job_id for j in b]
     spec = a[0].to_dict()
-    assert JobSpec.from_dict(spec).run_key == a[0].run_key
-    assert JobSpec.from_dict({**spec, "repeats": 7}).run_key != a[0].run_key
+    assert JobSpec.from_dict(spec).job_key == a[0].job_key and JobSpec.from_dict(spec).job_id == a[0].job_id
+    assert JobSpec.from_dict({**spec, "repeats": 7}).job_key != a[0].job_key
+    # A setting's run_key is the spec of that setting alone: the one the runs of this cell had before
+    # jobs measured grids (so their history in the store goes on).
+    run = a[0].runs()[0]
+    assert run.run_key == canonical_hash({**{k: v for k, v in spec.items() if k not in ("grid", "search")},
+                                          "params": {"conv1": {"BLOCK": 256}, "conv2": {"BLOCK": 256}}})
 
 
 @pytest.mark.parametrize("mutate, expected", [

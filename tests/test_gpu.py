@@ -10,7 +10,7 @@ import sqlite3
 import numpy as np
 import pytest
 
-from convsweep.config import JobSpec
+from convsweep.config import JobSpec, RunSpec
 from convsweep.errors import ShapeError
 from convsweep.reference import conv2d_reference, maxpool2d_reference
 from convsweep.nsys import find_nsys
@@ -129,13 +129,24 @@ def test_dense_matches_float64(gpu, dtype, B, n_in, n_out, relu):
     assert normwise_error(y, ref) <= (1e-5 if dtype == np.float32 else 1e-12)
 
 
-def spec(profiler: str, **over) -> JobSpec:
+SWEEP = {"experiment": "gpu-test", "config_hash": "h", "config_path": "x"}
+
+
+def spec(profiler: str, **over) -> RunSpec:
     base = dict(experiment="gpu-test", network="networks/lenet86.yaml", dataset="mnist5k",
                 variants={"conv1": "naive", "conv2": "naive"}, params={"conv1": {}, "conv2": {}},
-                batch=512, streams=1, host_memory="pageable", repeats=3, warmup=1, profiler=profiler,
-                sweep={"experiment": "gpu-test", "config_hash": "h", "config_path": "x"})
+                batch=512, streams=1, host_memory="pageable", repeats=3, warmup=1, profiler=profiler)
     base.update(over)
-    return JobSpec(**base)
+    return RunSpec(**base)
+
+
+def run_job(run: RunSpec, out) -> dict:
+    """`run` as a lone job; its one measurement."""
+    from convsweep.job import run_job as run_one_job
+
+    result = run_one_job(JobSpec.for_run(run, SWEEP), out)
+    assert len(result["measurements"]) == 1
+    return result["measurements"][0]
 
 
 def reference_accuracy(batch: int) -> float:
@@ -151,8 +162,6 @@ def reference_accuracy(batch: int) -> float:
 
 
 def test_network_on_gpu_with_events(tmp_path):
-    from convsweep.job import run_job
-
     result = run_job(spec("events"), tmp_path / "r.json")
     assert result["status"] == "ok", result["error"]
     assert result["profiler"] == "events"
@@ -166,8 +175,6 @@ def test_network_on_gpu_with_events(tmp_path):
 
 @pytest.mark.skipif(find_nsys() is None, reason="nsys is not installed")
 def test_job_under_nsys_reads_the_report(tmp_path):
-    from convsweep.job import run_job
-
     out = tmp_path / "job.json"
     result = run_job(spec("nsys", repeats=4), out)
     assert result["status"] == "ok", result["error"]
@@ -184,15 +191,13 @@ def test_job_under_nsys_reads_the_report(tmp_path):
         assert t["op_time_ms"][layer] == pytest.approx(conv[layer]["median_ms"], rel=1e-6)
     assert t["forward_ms"] > t["h2d_ms"] > 0 and t["overlap"] == 0.0
     assert len([s for s in result["samples"] if s["metric"] == "op_time_ms"]) == 2 * 4
-    assert json.loads(out.read_text())["profiler"] == "nsys"
+    assert json.loads(out.read_text())["measurements"][0]["profiler"] == "nsys"
 
 
 @pytest.mark.parametrize("variant", [n for n, v in REGISTRY.items() if not v.is_cpu])
 def test_network_with_each_variant_classifies_like_the_reference(tmp_path, variant):
     """Status ok means: logits within tolerance, and fp32-class runs predict the reference's class
     on >= 99.9% of images, fp16-class runs keep the accuracy within 0.5 points (job.check_logits)."""
-    from convsweep.job import run_job
-
     result = run_job(spec("events", batch=2000, repeats=1, variants={"conv1": variant, "conv2": variant}), tmp_path / "r.json")
     assert result["status"] == "ok", result["error"]
     if REGISTRY[variant].precision != "fp16":
@@ -207,8 +212,6 @@ def test_network_with_each_variant_classifies_like_the_reference(tmp_path, varia
     ("networks/conv256.yaml", "register_tiled_gemm", 1),
 ])
 def test_other_workloads_run_and_match_float64(tmp_path, network, variant, batch):
-    from convsweep.job import run_job
-
     job = spec("events", network=network, dataset="random", batch=batch, repeats=2,
                variants={"conv1": variant}, params={"conv1": {}})
     result = run_job(job, tmp_path / "r.json")
@@ -231,8 +234,6 @@ def test_streams_with_pinned_memory_give_the_same_logits():
 
 @pytest.mark.skipif(find_nsys() is None, reason="nsys is not installed")
 def test_streams_overlap_copies_with_kernels_under_nsys(tmp_path):
-    from convsweep.job import run_job
-
     # Chunks of 1000 images: each takes the GPU longer than Python takes to enqueue it, so the pass is
     # GPU-bound. (4 streams x 250-image chunks measured host-bound once: 19.5 ms > h2d + compute + d2h.)
     result = run_job(spec("nsys", batch=8000, repeats=2, streams=2, host_memory="pinned"), tmp_path / "r.json")
@@ -243,8 +244,6 @@ def test_streams_overlap_copies_with_kernels_under_nsys(tmp_path):
 
 
 def test_a_job_records_the_gpu_it_ran_on_and_its_clocks(tmp_path):
-    from convsweep.job import run_job
-
     result = run_job(spec("events", repeats=2), tmp_path / "r.json")
     assert result["status"] == "ok", result["error"]
     env, clocks = result["environment"], result["clocks"]
@@ -261,7 +260,7 @@ def test_two_timed_jobs_on_one_gpu_take_turns(tmp_path):
     import sys
     import time
 
-    job = spec("events", batch=4000, repeats=100)
+    job = JobSpec.for_run(spec("events", batch=4000, repeats=100), SWEEP)
     procs = []
     for name in ("first", "second"):
         procs.append(subprocess.Popen(
@@ -272,10 +271,42 @@ def test_two_timed_jobs_on_one_gpu_take_turns(tmp_path):
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], logs
     assert sum("waiting for GPU" in log for log in logs) == 1, logs
-    results = [json.loads((tmp_path / f"{name}.json").read_text()) for name in ("first", "second")]
+    results = [json.loads((tmp_path / f"{name}.json").read_text())["measurements"][0] for name in ("first", "second")]
     assert all(r["status"] == "ok" for r in results)
     waited = max(r["phases_s"]["gpu_wait"] for r in results)
     assert waited > 0.5 * min(r["phases_s"]["timed"] for r in results)
+
+
+def grid_job(profiler: str) -> JobSpec:
+    """naive's five BLOCK sizes as one job."""
+    return JobSpec(experiment="gpu-test", network="networks/lenet86.yaml", dataset="mnist5k",
+                   variants={"conv1": "naive", "conv2": "naive"},
+                   grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64, 128, 256, 512, 1024]}}],
+                   batch=1000, streams=1, host_memory="pageable", repeats=3, warmup=1, profiler=profiler, sweep=SWEEP)
+
+
+@pytest.mark.parametrize("profiler", ["events", "nsys"])
+def test_a_grid_job_measures_each_setting_as_its_own_run(tmp_path, profiler):
+    """One process, one nsys session: the NVTX ranges give each setting its own kernels, launches
+    and op times, and every setting computes the right answer."""
+    from convsweep.job import run_job as run_one_job
+
+    if profiler == "nsys" and find_nsys() is None:
+        pytest.skip("nsys is not installed")
+    result = run_one_job(grid_job(profiler), tmp_path / "grid.json")
+    ms = result["measurements"]
+    assert [m["status"] for m in ms] == ["ok"] * 5, [m["error"] for m in ms]
+    assert all(m["profiler"] == profiler for m in ms)
+    blocks = [m["spec"]["params"]["conv1"]["BLOCK"] for m in ms]
+    assert blocks == [64, 128, 256, 512, 1024]
+    for m, block in zip(ms, blocks):
+        assert all(m["timings"]["op_time_ms"][layer] > 0 for layer in ("conv1", "conv2"))
+        if profiler == "nsys":
+            conv = [k for k in m["kernels"] if k["name"] == "conv_forward"]
+            assert {k["layer"] for k in conv} == {"conv1", "conv2"} and all(k["launches"] == 3 for k in conv)
+            assert all(k["block"][0] == block for k in conv)  # this setting's kernels, no other's
+            assert m["files"]["nsys_report"] == result["files"]["nsys_report"]
+    assert sum(m["timings"]["total_s"] for m in ms) == pytest.approx(result["total_s"])
 
 
 def test_auto_arch_from_nvml_is_the_devices_own():

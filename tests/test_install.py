@@ -63,7 +63,7 @@ def test_a_snakefile_plans_and_runs_its_own_checkout(tmp_path):
                           "--until", "ingest_results"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     results = [json.loads(p.read_text()) for p in (work / "results" / "e" / "runs").glob("*.json")]
-    assert sorted(r["spec"]["variants"]["conv1"] for r in results) == ["naive", "reference"]
+    assert sorted(r["job"]["variants"]["conv1"] for r in results) == ["naive", "reference"]
 
 
 def test_the_rules_convsweep_is_this_checkouts_in_this_python_or_the_conda_env():

@@ -1,36 +1,52 @@
-"""One job end to end on the CPU: the reference variant, and failures that are stored, not lost."""
+"""Jobs end to end on the CPU: the reference variant, grids of settings over a numpy GPU, failures
+that are stored, not lost, and interrupted jobs that resume."""
 import json
 import time
 
 import pytest
 
-from convsweep.config import JobSpec
+from convsweep import job as job_mod
+from convsweep.config import JobSpec, RunSpec
+from convsweep.errors import CompileError
 from convsweep.gpu import gpu_available
-from convsweep.job import run_job
+from convsweep.job import run_job as run_one_job
+
+from fake_gpu import FAKE, FakeEvent, FakeGpuNetwork
+
+SWEEP = {"experiment": "t", "config_hash": "h", "config_path": "x.yaml"}
 
 
 def spec(**over) -> JobSpec:
+    """A lone job: one setting."""
     base = dict(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
                 variants={"conv1": "reference", "conv2": "reference"}, params={"conv1": {}, "conv2": {}},
-                batch=40, streams=1, host_memory="pageable", repeats=2, warmup=1, profiler="events",
-                sweep={"experiment": "t", "config_hash": "h", "config_path": "x.yaml"})
+                batch=40, streams=1, host_memory="pageable", repeats=2, warmup=1, profiler="events")
     base.update(over)
-    return JobSpec(**base)
+    return JobSpec.for_run(RunSpec(**base), sweep=SWEEP)
+
+
+def run_job(job: JobSpec, out, **kwargs) -> dict:
+    """A lone job's one measurement."""
+    result = run_one_job(job, out, **kwargs)
+    assert len(result["measurements"]) == 1
+    return result["measurements"][0]
 
 
 def test_reference_job_writes_a_complete_result(tmp_path):
     out = tmp_path / "r.json"
-    result = run_job(spec(), out, process_age=None)
-    stored = json.loads(out.read_text())
-    assert stored == json.loads(json.dumps(result))
+    job = run_one_job(spec(), out, process_age=None)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(job))
+    assert job["format"] == 3 and job["job_id"] == spec().job_id and job["job_key"] == spec().job_key
+    assert job["settings"] == {"valid": 1, "measured": 1, "resumed": 0}
+    stored = job["measurements"][0]
     assert stored["status"] == "ok", stored["error"]
-    assert stored["profiler"] == "cpu" and stored["format"] == 2
+    assert stored["profiler"] == "cpu" and stored["grid"]["index"] == 0
     assert stored["max_rel_err"] < 1e-5 and 0.8 < stored["accuracy"] <= 1.0
     assert set(stored["timings"]["op_time_ms"]) == {"conv1", "conv2"}
     assert all(v > 0 for v in stored["timings"]["op_time_ms"].values())
     assert stored["timings"]["h2d_ms"] is None  # not measurable on the CPU: null, never guessed
     assert len([s for s in stored["samples"] if s["metric"] == "op_time_ms"]) == 2 * 2
-    assert stored["run_key"] == spec().run_key and stored["job_id"] == spec().job_id
+    assert stored["run_key"] == spec().runs()[0].run_key and stored["job_id"] == spec().job_id
     assert stored["images"] == {"batch": 40, "unique": 5000, "cycled": False}
     assert stored["floors"]["conv2"]["flops"] == 2 * 40 * 16 * 34 * 34 * 4 * 49
     assert not list(tmp_path.glob(".*tmp"))  # the atomic write left nothing behind
@@ -55,7 +71,7 @@ def test_missing_dataset_is_a_stored_failure(tmp_path):
     bad = spec(dataset={"name": "fashion", "images": str(tmp_path / "nope-images.gz"), "labels": str(tmp_path / "nope-labels.gz")})
     result = run_job(bad, tmp_path / "r.json")
     assert result["status"] == "failed" and "nope-images.gz" in result["error"]
-    assert json.loads((tmp_path / "r.json").read_text())["status"] == "failed"
+    assert json.loads((tmp_path / "r.json").read_text())["measurements"][0]["status"] == "failed"
 
 
 @pytest.mark.skipif(gpu_available()[0], reason="checks the failure path of a machine without a GPU")
@@ -101,4 +117,147 @@ def test_a_killed_writers_temporary_files_are_cleared(tmp_path):
     stale = tmp_path / ".r.json.abc123.tmp"
     stale.write_text('{"half": ')
     run_job(spec(batch=8, repeats=1, warmup=0), out)
-    assert not stale.exists() and json.loads(out.read_text())["status"] == "ok"
+    assert not stale.exists() and json.loads(out.read_text())["measurements"][0]["status"] == "ok"
+
+
+# -- grids: one process, every setting its own measurement -----------------------------------------
+BLOCKS = [64, 128, 256, 512, 1024]
+
+
+def grid_job(**over) -> JobSpec:
+    """naive on both conv layers, its five BLOCK sizes as one job."""
+    base = dict(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
+                variants={"conv1": "naive", "conv2": "naive"},
+                grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": BLOCKS}}],
+                batch=24, streams=1, host_memory="pageable", repeats=2, warmup=1, profiler="events", sweep=SWEEP)
+    base.update(over)
+    return JobSpec(**base)
+
+
+class GridNetwork(FakeGpuNetwork):
+    """The fake network, but BLOCK=1024 does not compile and BLOCK=512 gets conv wrong; every
+    network built is counted by its BLOCK, and `interrupt_at` stops the job like a Ctrl-C."""
+
+    built: list[int] = []
+    interrupt_at: int | None = None
+
+    def __init__(self, gpu, network, weights, plan, lanes, capacity):
+        block = plan.params["conv1"]["BLOCK"]
+        if block == self.interrupt_at:
+            raise KeyboardInterrupt
+        GridNetwork.built.append(block)
+        if block == 1024:
+            raise CompileError("kernels/naive.cu:12: error: BLOCK too large (variant 'naive', NVRTC)")
+        super().__init__(gpu, network, weights, plan, lanes, capacity)
+        self.wrong = block == 512
+
+    def enqueue(self, stream, lane, x, logits, n, events=None):
+        super().enqueue(stream, lane, x, logits, n, events)
+        if self.wrong:
+            self.gpu.read(logits.rows(0, n))[...] += 1.0
+
+
+GRID = type(FAKE)(gpu=FAKE.gpu, conv_op=FAKE.conv_op, network=GridNetwork, compile_all=FAKE.compile_all)
+
+
+@pytest.fixture(autouse=True)
+def fresh_grid_network():
+    GridNetwork.built, GridNetwork.interrupt_at = [], None
+
+
+def test_a_grid_job_stores_every_setting_and_its_failures_beside_the_others(tmp_path):
+    job = grid_job()
+    result = run_one_job(job, tmp_path / "grid.json", process_age=0.5, backend=GRID)
+    ms = result["measurements"]
+    assert [m["spec"]["params"]["conv1"]["BLOCK"] for m in ms] == BLOCKS  # grid order
+    assert all(m["spec"]["params"]["conv2"] == m["spec"]["params"]["conv1"] for m in ms)  # the grid ties the layers
+    assert [m["status"] for m in ms] == ["ok", "ok", "ok", "incorrect", "failed"]
+    assert "tolerance" in ms[3]["error"] and ms[4]["error"].startswith("kernels/naive.cu:12: error: BLOCK too large")
+    assert len({m["run_key"] for m in ms}) == len({m["measurement_id"] for m in ms}) == 5
+    assert [r.run_key for r in job.runs()] == [m["run_key"] for m in ms]
+    for i, m in enumerate(ms):
+        assert m["job_id"] == job.job_id and m["grid"] == {"job_key": job.job_key, "index": i, "settings": 5,
+                                                           "valid": 5, "search": {"strategy": "grid"}}
+        if m["status"] != "failed":
+            assert len([s for s in m["samples"] if s["metric"] == "op_time_ms"]) == 2 * 2
+            assert m["timings"]["op_time_ms"]["conv1"] > 0 and m["environment"]["gpu"] == "Fake H100"
+    assert GridNetwork.built == BLOCKS  # one process measured them all, one after another
+    # The job's time is shared out: the settings' total_s add up to its wall time, process start included.
+    assert sum(m["timings"]["total_s"] for m in ms) == pytest.approx(result["total_s"])
+    assert all(m["phases_s"]["process_start"] == pytest.approx(0.1) for m in ms)
+    assert result["settings"] == {"valid": 5, "measured": 5, "resumed": 0}
+    assert not (tmp_path / "grid.partial").exists()
+
+
+def test_a_setting_cannot_pass_with_the_logits_of_the_one_before(tmp_path):
+    """Each setting starts from poisoned logits: a network that writes nothing is incorrect."""
+
+    class Silent(GridNetwork):
+        def enqueue(self, stream, lane, x, logits, n, events=None):
+            if self.wrong:  # BLOCK=512 writes nothing at all (its events still tick)
+                for layer in self.network.conv_layers:
+                    events.setdefault(layer.name, []).append((FakeEvent(), FakeEvent()))
+                return
+            super().enqueue(stream, lane, x, logits, n, events)
+
+    backend = type(FAKE)(gpu=FAKE.gpu, conv_op=FAKE.conv_op, network=Silent, compile_all=FAKE.compile_all)
+    ms = run_one_job(grid_job(), tmp_path / "grid.json", backend=backend)["measurements"]
+    assert ms[3]["status"] == "incorrect" and "NaN" in ms[3]["error"]
+
+
+def test_an_interrupted_grid_measures_only_what_is_missing_when_run_again(tmp_path):
+    out = tmp_path / "grid.json"
+    GridNetwork.interrupt_at = 256
+    with pytest.raises(KeyboardInterrupt):
+        run_one_job(grid_job(), out, backend=GRID)
+    assert not out.exists() and GridNetwork.built == [64, 128]
+    kept = sorted((tmp_path / "grid.partial").glob("*.json"))
+    assert len(kept) == 2
+    first = {json.loads(p.read_text())["measurement"]["run_key"]: json.loads(p.read_text())["measurement"]["measurement_id"]
+             for p in kept}
+
+    GridNetwork.built, GridNetwork.interrupt_at = [], None
+    result = run_one_job(grid_job(), out, backend=GRID)
+    assert GridNetwork.built == [256, 512, 1024]  # only the settings without a stored result
+    assert result["settings"] == {"valid": 5, "measured": 3, "resumed": 2}
+    ms = result["measurements"]
+    assert [m["status"] for m in ms] == ["ok", "ok", "ok", "incorrect", "failed"]
+    assert {m["run_key"]: m["measurement_id"] for m in ms[:2]} == first  # the same measurements, not new ones
+    assert not (tmp_path / "grid.partial").exists()
+
+    # Once the file is written the job is done: running it again is a new measurement of every setting.
+    GridNetwork.built = []
+    run_one_job(grid_job(), out, backend=GRID)
+    assert GridNetwork.built == BLOCKS
+
+
+def test_an_edited_kernel_remeasures_every_setting_of_an_interrupted_grid(tmp_path, monkeypatch):
+    out = tmp_path / "grid.json"
+    GridNetwork.interrupt_at = 256
+    with pytest.raises(KeyboardInterrupt):
+        run_one_job(grid_job(), out, backend=GRID)
+    real = job_mod.kernel_sources_of
+    monkeypatch.setattr(job_mod, "kernel_sources_of",
+                        lambda variants: {name: "edited" for name in real(variants)})
+    GridNetwork.built, GridNetwork.interrupt_at = [], None
+    result = run_one_job(grid_job(), out, backend=GRID)
+    assert GridNetwork.built == BLOCKS and result["settings"]["resumed"] == 0
+    assert all(m["sources"]["kernels/naive.cu"] == "edited" for m in result["measurements"])
+
+
+def test_a_failure_before_any_setting_runs_is_every_settings_failure(tmp_path):
+    missing = {"name": "fashion", "images": str(tmp_path / "nope-images.gz"), "labels": str(tmp_path / "nope-labels.gz")}
+    ms = run_one_job(grid_job(dataset=missing), tmp_path / "grid.json", backend=GRID)["measurements"]
+    assert len(ms) == 5 and all(m["status"] == "failed" and "nope-images.gz" in m["error"] for m in ms)
+    assert GridNetwork.built == []
+
+
+def test_a_random_search_measures_its_seeded_sample(tmp_path):
+    search = {"strategy": "random", "max_settings": 3, "seed": 7}
+    job = grid_job(search=search)
+    picked = [r.params["conv1"]["BLOCK"] for r in job.runs()]
+    assert len(picked) == 3 and picked == sorted(picked, key=BLOCKS.index)  # grid order
+    assert [r.params for r in grid_job(search=search, batch=48).runs()] == [r.params for r in job.runs()]
+    ms = run_one_job(job, tmp_path / "grid.json", backend=GRID)["measurements"]
+    assert [m["spec"]["params"]["conv1"]["BLOCK"] for m in ms] == picked == GridNetwork.built
+    assert all(m["grid"]["valid"] == 5 and m["grid"]["search"] == search for m in ms)

@@ -15,7 +15,7 @@ from sqlalchemy.engine import make_url
 from convsweep.errors import StoreError
 from convsweep.query import QUERIES_DIR, list_queries, render, run_query
 from convsweep.store import ingest_result, open_store
-from store_fixtures import layer_floors, make_result, row_counts, standard_results
+from store_fixtures import every_layer, layer_floors, make_job_file, make_result, row_counts, standard_results
 
 WRITES = [
     "UPDATE run SET status = 'ok'",
@@ -39,6 +39,37 @@ def loaded_url(db_url):
 
 def rows_of(url, sql_or_name, params=None):
     return json.loads(run_query(url, sql_or_name, fmt="json", params=params))
+
+
+def as_json(value):
+    """A JSON column's value: SQLite hands it back as text, PostgreSQL as an object."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def tuning_job_files():
+    """Two cells (batch 100 and 1000) of one naive experiment, four settings each: BLOCK 32 and 64
+    ok (64 faster on conv1, the two tied on conv2), 128 incorrect and the fastest, 256 failed."""
+    files = []
+    for batch in (100, 1000):
+        scale = batch / 100
+        files.append(make_job_file([
+            make_result("naive", batch, params=every_layer(BLOCK=32), op_time_ms=(0.5 * scale, 0.7 * scale)),
+            make_result("naive", batch, params=every_layer(BLOCK=64), op_time_ms=(0.4 * scale, 0.7 * scale)),
+            make_result("naive", batch, params=every_layer(BLOCK=128), status="incorrect",
+                        op_time_ms=(0.1 * scale, 0.2 * scale)),
+            make_result("naive", batch, params=every_layer(BLOCK=256), status="failed"),
+        ]))
+    return files
+
+
+@pytest.fixture
+def tuned_url(db_url):
+    """A database holding tuning_job_files()."""
+    engine = open_store(db_url)
+    for job_file in tuning_job_files():
+        assert ingest_result(engine, job_file, None).added == 4
+    engine.dispose()
+    return db_url
 
 
 def test_summary_is_the_seeds_table_of_ok_runs(loaded_url):
@@ -83,10 +114,8 @@ def test_best_names_the_winning_tunables(db_url):
         ingest_result(engine, result, None)
     engine.dispose()
     rows = rows_of(db_url, "best")
-    # SQLite hands JSON columns back as text, PostgreSQL as objects
-    tunables = [r["tunables (per layer)"] for r in rows]
-    tunables = [json.loads(t) if isinstance(t, str) else t for t in tunables]
-    assert [t["conv1"]["BLOCK"] for t in tunables] == [256, 256]
+    # That layer's tunables. SQLite hands JSON columns back as text, PostgreSQL as objects
+    assert [as_json(r["tunables"]) for r in rows] == [{"BLOCK": 256}, {"BLOCK": 256}]
 
 
 def test_best_ranks_every_conv_layer_of_a_deeper_network(db_url):
@@ -97,6 +126,53 @@ def test_best_ranks_every_conv_layer_of_a_deeper_network(db_url):
     engine.dispose()
     best = [(r["layer"], r["variant"], r["op time (ms)"]) for r in rows_of(db_url, "best")]
     assert best == [("op time 1", "tiled", 0.5), ("op time 2", "tiled", 0.6), ("op time 3", "naive", 0.3)]
+
+
+def test_tuning_ranks_every_setting_of_each_layer_and_batch(tuned_url):
+    rows = rows_of(tuned_url, "tuning")
+    assert list(rows[0]) == ["experiment", "layer", "batch", "variant", "tunables", "op time (ms)", "rank", "status",
+                             "error", "streams", "host_memory", "run_id"]
+    table = [(r["layer"], r["batch"], as_json(r["tunables"])["BLOCK"], r["rank"], r["status"]) for r in rows]
+    assert table == [
+        # ok settings by rank (the incorrect one is faster, and never ranked); ties share one
+        ("conv1", 100, 64, 1, "ok"), ("conv1", 100, 32, 2, "ok"), ("conv1", 100, 128, None, "incorrect"),
+        ("conv1", 100, 256, None, "failed"),
+        ("conv1", 1000, 64, 1, "ok"), ("conv1", 1000, 32, 2, "ok"), ("conv1", 1000, 128, None, "incorrect"),
+        ("conv1", 1000, 256, None, "failed"),
+        ("conv2", 100, 32, 1, "ok"), ("conv2", 100, 64, 1, "ok"), ("conv2", 100, 128, None, "incorrect"),
+        ("conv2", 100, 256, None, "failed"),
+        ("conv2", 1000, 32, 1, "ok"), ("conv2", 1000, 64, 1, "ok"), ("conv2", 1000, 128, None, "incorrect"),
+        ("conv2", 1000, 256, None, "failed"),
+    ]
+    assert [r["op time (ms)"] for r in rows[:4]] == [pytest.approx(0.4), pytest.approx(0.5), pytest.approx(0.1), None]
+    assert rows[2]["error"] == "max_rel_err 0.5 exceeds tolerance 1e-05 (fp32)"
+    assert rows[3]["error"] == "compile failed: tiled.cu(12): error: identifier TILE undefined"
+    assert {(r["variant"], r["streams"], r["host_memory"]) for r in rows} == {("naive", 1, "pageable")}
+
+
+def test_tuning_shortens_long_errors_and_shows_tunables_as_json(db_url):
+    engine = open_store(db_url)
+    failed = make_result("naive", 100, status="failed", params=every_layer(BLOCK=64, UNROLL=2))
+    failed["error"] = "compile failed: " + "x" * 100
+    ingest_result(engine, make_job_file([failed]), None)
+    engine.dispose()
+    (row, _) = rows_of(db_url, "tuning")
+    assert row["error"] == "compile failed: " + "x" * 61 + "..." and len(row["error"]) == 80
+    table = run_query(db_url, "tuning").splitlines()
+    cells = [cell.strip() for cell in table[2].strip("|").split("|")]
+    assert cells[4] == '{"BLOCK": 64, "UNROLL": 2}'  # on both backends, as JSON
+    assert '{""BLOCK"": 64, ""UNROLL"": 2}' in run_query(db_url, "tuning", fmt="csv")
+
+
+def test_best_picks_the_fastest_ok_setting_of_a_job(tuned_url):
+    best = {(r["layer"], r["batch"]): (as_json(r["tunables"]), r["op time (ms)"]) for r in rows_of(tuned_url, "best")}
+    # The incorrect BLOCK 128 is faster everywhere: it never wins. On conv2 the tie goes to the first stored.
+    assert best == {
+        ("op time 1", 100): ({"BLOCK": 64}, pytest.approx(0.4)),
+        ("op time 1", 1000): ({"BLOCK": 64}, pytest.approx(4.0)),
+        ("op time 2", 100): ({"BLOCK": 32}, pytest.approx(0.7)),
+        ("op time 2", 1000): ({"BLOCK": 32}, pytest.approx(7.0)),
+    }
 
 
 def test_streams_pivots_forward_time_and_overlap_by_stream_count(db_url):
@@ -261,6 +337,14 @@ def test_empty_result_and_float_cells():
     table = render(["ms", "n", "err"], [(17.4, 3, 3.1e-7), (1234.5678, None, 0.0)], "table")
     assert "17.40" in table and "1235" in table and "3.100e-07" in table
     assert json.loads(render(["x"], [(None,)], "json")) == [{"x": None}]
+
+
+def test_json_values_render_as_json():
+    """PostgreSQL hands JSON columns back as Python objects: tables and CSV show them as JSON."""
+    table = render(["tunables", "grid"], [({"BLOCK": 64}, [1, 2])], "table")
+    assert '| {"BLOCK": 64} | [1, 2] |' in table
+    assert render(["tunables"], [({"BLOCK": 64},)], "csv") == 'tunables\n"{""BLOCK"": 64}"\n'
+    assert json.loads(render(["tunables"], [({"BLOCK": 64},)], "json")) == [{"tunables": {"BLOCK": 64}}]
 
 
 # --- read-only in depth ---------------------------------------------------------------------

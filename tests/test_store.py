@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine, MetaData, Table, delete, func, insert
 from sqlalchemy.orm import Session
 
 from convsweep.cli import main as cli_main
-from convsweep.config import JobSpec
+from convsweep.config import JobSpec, RunSpec
 from convsweep.errors import StoreError
 from convsweep.config import variant_label
 from convsweep.fileio import canonical_hash
@@ -43,7 +43,16 @@ from convsweep.store import (
 from convsweep.errors import StoreUnavailable
 from convsweep.store.engine import _writer
 from convsweep.store.ingest import _run_row
-from store_fixtures import as_format_1, make_result, row_counts, standard_results, write_results
+from store_fixtures import (
+    as_format_1,
+    every_layer,
+    make_job_file,
+    make_result,
+    row_counts,
+    standard_results,
+    tuning_results,
+    write_results,
+)
 
 RUN_SUMMARY_0001_COLUMNS = [
     "experiment", "variant", "batch", "streams", "host_memory", "status", "op_time_1_ms",
@@ -65,6 +74,16 @@ def test_migration_matches_models(engine):
         diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
         assert diff == []
         assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+        assert_latest_run_shows_every_run_column(connection)
+
+
+def assert_latest_run_shows_every_run_column(connection: Connection) -> None:
+    """latest_run answers with every column of run, whatever revision added it, then its own
+    (PostgreSQL expands its r.* when the view is created)."""
+    shown = list(connection.exec_driver_sql("SELECT * FROM latest_run WHERE 1 = 0").keys())
+    run_columns = [c["name"] for c in inspect(connection).get_columns("run")]
+    assert {"job_key", "grid"} <= set(run_columns)
+    assert shown == run_columns + ["measurement_rank", "op_time_1_ms", "op_time_2_ms"]
 
 
 def test_open_store_twice_is_a_no_op(db_url):
@@ -97,7 +116,7 @@ def test_default_url_is_env_then_db_results_sqlite(tmp_path, monkeypatch):
 
 def test_ingest_stores_everything(engine):
     result = make_result({"conv1": "naive", "conv2": "tiled"}, batch=1000, op_time_ms=(0.74, 1.2))
-    assert ingest_result(engine, result, "results/x/runs/a.json") is True
+    assert ingest_result(engine, result, "results/x/runs/a.json").added == 1
     counts = row_counts(engine)
     assert counts == {"sweep": 1, "environment": 1, "build": 2, "run": 1, "run_build": 2,
                       "sample": 9, "kernel": 2, "memcpy": 2, "layer_time": 2}
@@ -191,7 +210,7 @@ def test_variant_label():
 
 def test_shared_sweep_environment_and_builds_are_stored_once(engine):
     for batch in (100, 1000, 10000):
-        assert ingest_result(engine, make_result("naive", batch), None)
+        assert ingest_result(engine, make_result("naive", batch), None).added == 1
     counts = row_counts(engine)
     assert (counts["run"], counts["sweep"], counts["environment"], counts["build"], counts["run_build"]) == (3, 1, 1, 1, 3)
     with Session(engine) as session:
@@ -208,7 +227,8 @@ def test_reingesting_the_same_files_changes_nothing(engine, tmp_path):
     second = ingest_files(engine, paths)
     assert (second.added, second.unchanged, second.errors) == (0, 6, [])
     assert row_counts(engine) == counts
-    assert ingest_result(engine, read_result(paths[0]), None) is False
+    again = ingest_result(engine, read_result(paths[0]), None)
+    assert (again.added, again.unchanged) == (0, 1)
 
 
 def test_a_new_measurement_of_a_stored_job_is_a_new_row_and_the_latest_is_summarized(engine):
@@ -218,8 +238,8 @@ def test_a_new_measurement_of_a_stored_job_is_a_new_row_and_the_latest_is_summar
     new = make_result("naive", 100, op_time_ms=(0.5, 1.5), started_at="2026-11-23T09:00:00+00:00",
                       sources={"kernels/naive.cu": "f" * 64})
     assert old["run_key"] == new["run_key"] and old["measurement_id"] != new["measurement_id"]
-    assert ingest_result(engine, new, None) and ingest_result(engine, old, None)
-    assert ingest_result(engine, new, None) is False
+    assert ingest_result(engine, new, None).added == ingest_result(engine, old, None).added == 1
+    assert ingest_result(engine, new, None).unchanged == 1
     with engine.connect() as connection:
         assert connection.scalar(select(func.count()).select_from(Run.__table__)) == 2
         rows = connection.exec_driver_sql("SELECT op_time_1_ms, job_id FROM run_summary").all()
@@ -264,7 +284,7 @@ def test_failure_mid_ingest_leaves_no_row(engine, monkeypatch):
         ingest_result(engine, result, "results/bad.json")
     assert "\n" not in str(caught.value)
     assert set(row_counts(engine).values()) == {0}
-    assert ingest_result(engine, make_result(), None) is True
+    assert ingest_result(engine, make_result(), None).added == 1
 
 
 def test_concurrent_ingests_of_one_run_store_it_once(engine):
@@ -274,14 +294,14 @@ def test_concurrent_ingests_of_one_run_store_it_once(engine):
 
     def ingest():
         barrier.wait()
-        outcomes.append(ingest_result(engine, result, None))
+        outcomes.append(ingest_result(engine, result, None).added)
 
     threads = [threading.Thread(target=ingest) for _ in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(outcomes) == [False, False, False, True]
+    assert sorted(outcomes) == [0, 0, 0, 1]
     assert row_counts(engine)["run"] == 1 and row_counts(engine)["sample"] == 9
 
 
@@ -293,12 +313,12 @@ def test_ingest_racing_an_uncommitted_insert_of_the_same_run(engine):
     with Session(_writer(engine)) as other, other.begin():
         other.add(_run_row(other, result, None, "other"))
         other.flush()
-        racer = threading.Thread(target=lambda: outcomes.append(ingest_result(engine, result, None)))
+        racer = threading.Thread(target=lambda: outcomes.append(ingest_result(engine, result, None).unchanged))
         racer.start()
         time.sleep(0.5)
         assert outcomes == []
     racer.join()
-    assert outcomes == [False]
+    assert outcomes == [1]
     assert row_counts(engine)["run"] == 1
 
 
@@ -351,7 +371,7 @@ def test_missing_key_names_file_and_key(engine, tmp_path, section, key):
 
 
 def test_started_at_with_z_suffix_and_bad_lists(engine):
-    assert ingest_result(engine, make_result(started_at="2026-11-22T18:40:00Z"), None)
+    assert ingest_result(engine, make_result(started_at="2026-11-22T18:40:00Z"), None).added == 1
     with pytest.raises(StoreError, match=r"^d\.json: started_at: expected an ISO 8601 time, got 'yesterday'$"):
         ingest_result(engine, make_result(batch=7, started_at="yesterday"), "d.json")
     with pytest.raises(StoreError, match=r"^e\.json: samples\[0\]: expected object, got 1\.0$"):
@@ -360,8 +380,8 @@ def test_started_at_with_z_suffix_and_bad_lists(engine):
 
 
 def test_wrong_format_and_status_are_refused(engine):
-    with pytest.raises(StoreError, match=r"^a\.json: format: expected one of \[1, 2\], got 3$"):
-        ingest_result(engine, make_result(format=3), "a.json")
+    with pytest.raises(StoreError, match=r"^a\.json: format: expected one of \[1, 2, 3\], got 4$"):
+        ingest_result(engine, make_result(format=4), "a.json")
     with pytest.raises(StoreError, match=r"^b\.json: status: expected one of \['ok', 'incorrect', 'failed'\], got \"great\"$"):
         ingest_result(engine, {**make_result(), "status": "great"}, "b.json")
     with pytest.raises(StoreError, match=r"^c\.json: \(top level\): expected object, got \[1, 2\]$"):
@@ -415,7 +435,7 @@ def test_the_result_schema_is_valid_and_lists_the_formats_ingest_takes_oldest_fi
     schema = load_schema("result")
     Draft202012Validator.check_schema(schema)
     formats = schema["properties"]["format"]["enum"]
-    assert formats == sorted(formats) and FORMAT == formats[-1] == 2
+    assert formats == sorted(formats) and FORMAT == formats[-1] == 3
 
 
 def test_results_a_job_writes_are_stored(engine, tmp_path):
@@ -423,16 +443,17 @@ def test_results_a_job_writes_are_stored(engine, tmp_path):
     (its dataset given as IDX files that are not there; the run keeps the dataset's name)."""
     spec = dict(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
                 variants={"conv1": "reference", "conv2": "reference"}, params={"conv1": {}, "conv2": {}},
-                batch=8, streams=1, host_memory="pageable", repeats=1, warmup=0, profiler="events",
-                sweep={"experiment": "t", "config_hash": "h", "config_path": "x.yaml"})
+                batch=8, streams=1, host_memory="pageable", repeats=1, warmup=0, profiler="events")
+    sweep = {"experiment": "t", "config_hash": "h", "config_path": "x.yaml"}
     missing = {"name": "fashion", "images": str(tmp_path / "no-images.gz"), "labels": str(tmp_path / "no-labels.gz")}
-    run_job(JobSpec(**spec), tmp_path / "ok.json")
-    run_job(JobSpec(**{**spec, "dataset": missing}), tmp_path / "failed.json")
+    ok = run_job(JobSpec.for_run(RunSpec(**spec), sweep), tmp_path / "ok.json")
+    run_job(JobSpec.for_run(RunSpec(**{**spec, "dataset": missing}), sweep), tmp_path / "failed.json")
     report = ingest_files(engine, [tmp_path / "ok.json", tmp_path / "failed.json"])
     assert (report.added, report.errors, report.added_by_status) == (2, [], {"ok": 1, "failed": 1})
     with Session(engine) as session:
         runs = {run.status: run for run in session.scalars(select(Run))}
         assert (runs["ok"].dataset, runs["failed"].dataset) == ("mnist5k", "fashion")
+        assert (runs["ok"].job_key, runs["ok"].grid["index"]) == (ok["job_key"], 0)
         assert [(t.layer_index, t.layer) for t in runs["ok"].layer_times] == [(0, "conv1"), (1, "conv2")]
         assert all(t.op_time_ms > 0 for t in runs["ok"].layer_times)
 
@@ -443,6 +464,166 @@ def test_result_file_round_trip_keeps_path(engine, tmp_path):
     with Session(engine) as session:
         assert session.scalars(select(Run.result_path)).one() == str(path)
     assert json.loads(Path(path).read_text())["run_key"]
+
+
+# --- format 3: a job file, one measurement per setting ----------------------------------------
+
+
+def stored_settings(engine: Engine) -> list[tuple[Any, ...]]:
+    """(grid index, status, job_key, grid, [(layer, params, op_time_ms)]) of every run, by grid index."""
+    with Session(engine) as session:
+        return [(run.grid["index"] if run.grid else None, run.status, run.job_key, run.grid,
+                 [(t.layer, t.params, t.op_time_ms) for t in run.layer_times])
+                for run in sorted(session.scalars(select(Run)), key=lambda r: (r.grid or {}).get("index", -1))]
+
+
+def test_a_job_file_stores_one_run_per_setting(engine, tmp_path):
+    job_file = make_job_file(search={"strategy": "random", "max_settings": 3, "seed": 7}, valid=5)
+    [path] = write_results(tmp_path / "runs", [job_file])
+    report = ingest_files(engine, [path])
+    assert (report.added, report.unchanged, report.errors) == (3, 0, [])
+    assert report.added_by_status == {"ok": 1, "incorrect": 1, "failed": 1}
+    counts = row_counts(engine)
+    assert (counts["run"], counts["layer_time"], counts["sweep"], counts["environment"]) == (3, 6, 1, 1)
+    assert counts["build"] == 2  # the failed setting never compiled; each other setting is a build of its own
+    grid = {"job_key": job_file["job_key"], "settings": 3, "valid": 5,
+            "search": {"strategy": "random", "max_settings": 3, "seed": 7}}
+    assert stored_settings(engine) == [
+        (0, "ok", job_file["job_key"], {**grid, "index": 0}, [("conv1", {"BLOCK": 64}, 0.5), ("conv2", {"BLOCK": 64}, 0.9)]),
+        (1, "incorrect", job_file["job_key"], {**grid, "index": 1},
+         [("conv1", {"BLOCK": 128}, 0.1), ("conv2", {"BLOCK": 128}, 0.2)]),
+        (2, "failed", job_file["job_key"], {**grid, "index": 2},
+         [("conv1", {"BLOCK": 256}, None), ("conv2", {"BLOCK": 256}, None)]),
+    ]
+    with Session(engine) as session:
+        runs = session.scalars(select(Run).order_by(Run.id)).all()
+        # Each setting keeps its own identity, outcome and times; all name the job's file
+        assert [r.run_key for r in runs] == [m["run_key"] for m in job_file["measurements"]]
+        assert len(set(r.run_key for r in runs)) == 3
+        assert {r.job_id for r in runs} == {job_file["job_id"]} and {r.result_path for r in runs} == {str(path)}
+        assert [r.params for r in runs] == [every_layer(BLOCK=block) for block in (64, 128, 256)]
+        assert [len(r.samples) for r in runs] == [9, 9, 0]
+        assert runs[1].error == "max_rel_err 0.5 exceeds tolerance 1e-05 (fp32)"
+    with engine.connect() as connection:
+        # The new JSON columns hold SQL NULL for a format 2 run, not JSON's 'null'
+        ingest_result(engine, make_result("tiled", 100), None)
+        nulls = connection.exec_driver_sql(
+            "SELECT COUNT(*) FROM run WHERE job_key IS NULL AND grid IS NULL AND variant = 'tiled'").scalar()
+        assert nulls == 1
+        assert connection.exec_driver_sql("SELECT COUNT(*) FROM latest_run WHERE job_key IS NOT NULL").scalar() == 3
+
+
+def test_ingesting_a_job_file_twice_changes_nothing(engine, tmp_path):
+    paths = write_results(tmp_path / "runs", [make_job_file(), make_job_file(tuning_results(batch=1000))])
+    first = ingest_files(engine, paths)
+    assert (first.added, first.unchanged) == (6, 0)
+    counts = row_counts(engine)
+    second = ingest_files(engine, paths)
+    assert (second.added, second.unchanged, second.errors, second.added_by_status) == (0, 6, [], {})
+    assert row_counts(engine) == counts
+
+
+def test_a_job_file_whose_measurements_are_partly_stored_adds_only_the_rest(engine):
+    """A job resumed after an interruption rewrites its file with the settings it had measured
+    (same measurement ids) and those it measured since."""
+    measurements = tuning_results() + [make_result("naive", 100, params=every_layer(BLOCK=512), op_time_ms=(0.4, 0.8))]
+    resumed = make_job_file(measurements, settings={"valid": 4, "measured": 2, "resumed": 2})
+    interrupted = {**resumed, "measurements": resumed["measurements"][:2],
+                   "settings": {"valid": 4, "measured": 2, "resumed": 0}}
+    assert ingest_result(engine, interrupted, "a.json").added == 2
+    report = ingest_result(engine, resumed, "a.json")
+    assert (report.added, report.unchanged, report.added_by_status) == (2, 2, {"failed": 1, "ok": 1})
+    assert [row[:2] for row in stored_settings(engine)] == [(0, "ok"), (1, "incorrect"), (2, "failed"), (3, "ok")]
+    assert row_counts(engine)["layer_time"] == 8
+
+
+@pytest.mark.parametrize("index, section, key, value, message", [
+    (3, None, "status", "great", "measurements[3].status: expected one of ['ok', 'incorrect', 'failed'], got \"great\""),
+    (1, "spec", "batch", 0, "measurements[1].spec.batch: 0 is less than the minimum of 1"),
+    (2, "timings", "op_time_ms", {"conv1": "fast"},
+     "measurements[2].timings.op_time_ms.conv1: expected ['number', 'null'], got \"fast\""),
+    (0, "grid", "index", -1, "measurements[0].grid.index: -1 is less than the minimum of 0"),
+    (3, None, "grid", None, "measurements[3]: 'grid' is a required property"),
+    (1, None, "measurement_id", None, "measurements[1]: 'measurement_id' is a required property"),
+    (2, None, "started_at", "yesterday", "measurements[2].started_at: expected an ISO 8601 time, got 'yesterday'"),
+])
+def test_a_job_file_with_one_bad_measurement_stores_nothing(engine, tmp_path, index, section, key, value, message):
+    """Checked by the schema, or (started_at) only while the earlier settings are being stored."""
+    job_file = make_job_file(tuning_results() + [make_result("naive", 100, params=every_layer(BLOCK=512))])
+    target = job_file["measurements"][index]
+    target = target[section] if section else target
+    if value is None:
+        del target[key]
+    else:
+        target[key] = value
+    [path] = write_results(tmp_path / "runs", [job_file])
+    report = ingest_files(engine, [path])
+    assert (report.added, report.unchanged, report.errors) == (0, 0, [f"{path}: {message}"])
+    assert set(row_counts(engine).values()) == {0}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda f: f["measurements"][2].update(measurement_id=f["measurements"][0]["measurement_id"]),
+     "measurements[2].measurement_id: '{id}' is measurements[0]'s too"),
+    (lambda f: f["measurements"][1]["grid"].update(job_key="other"),
+     "measurements[1].grid.job_key: expected the file's job_key '{job_key}', got 'other'"),
+    (lambda f: f.update(measurements=[]), "measurements: must not be empty"),
+    (lambda f: f["job"]["search"].update(strategy="random"), "job.search: 'max_settings' is a required property"),
+    (lambda f: f.pop("job_key"), "(top level): 'job_key' is a required property"),
+    (lambda f: f.update(format=5), "format: expected one of [1, 2, 3], got 5"),
+])
+def test_a_job_file_that_does_not_hold_together_is_refused(engine, change, message):
+    job_file = make_job_file()
+    expected = message.format(id=job_file["measurements"][0]["measurement_id"], job_key=job_file["job_key"])
+    change(job_file)
+    with pytest.raises(StoreError) as caught:
+        ingest_result(engine, job_file, "j.json")
+    assert str(caught.value) == f"j.json: {expected}"
+    assert row_counts(engine)["run"] == 0
+
+
+def test_a_database_failure_in_the_last_setting_stores_none_of_them(engine, monkeypatch):
+    job_file = make_job_file()
+    job_file["measurements"][-1]["samples"] = [{"metric": "op_time_ms", "layer": "conv1", "repeat": 0, "value": None}]
+    monkeypatch.setattr("convsweep.store.ingest.check_result", lambda result, source: None)
+    with pytest.raises(StoreError, match=r"^cannot store j\.json: ") as caught:
+        ingest_result(engine, job_file, "j.json")
+    assert "\n" not in str(caught.value)
+    assert set(row_counts(engine).values()) == {0}
+
+
+def test_concurrent_ingests_of_overlapping_job_files_store_each_setting_once(engine):
+    """Two files sharing a measurement, ingested at once: one stores it, the other (PostgreSQL: its
+    insert fails on the unique index, and it tries again) skips it and stores the rest."""
+    measurements = tuning_results() + [make_result("naive", 100, params=every_layer(BLOCK=512))]
+    files = [make_job_file(measurements[:3]), make_job_file(measurements[1:])]
+    for _ in range(3):
+        files.append(make_job_file(measurements))
+    barrier = threading.Barrier(len(files))
+    reports, errors = [], []
+
+    def ingest(job_file):
+        barrier.wait()
+        try:
+            reports.append(ingest_result(engine, job_file, None))
+        except StoreError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ingest, args=(f,)) for f in files]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sum(r.added for r in reports) == 4
+    assert sum(r.added + r.unchanged for r in reports) == 3 + 3 + 3 * 4
+    assert row_counts(engine)["run"] == 4 and row_counts(engine)["layer_time"] == 8
+
+
+def test_job_files_and_single_measurements_count_together(engine, tmp_path):
+    paths = write_results(tmp_path / "runs", [make_job_file(), *standard_results()[:2]])
+    report = ingest_files(engine, paths)
+    assert (report.added, report.unchanged, report.added_by_status) == (5, 0, {"ok": 3, "incorrect": 1, "failed": 1})
 
 
 # --- migrations ---------------------------------------------------------------------------
@@ -481,8 +662,9 @@ def engine_at(db_url: str, revision: str) -> Engine:
 
 
 def insert_the_old_way(connection: Connection, result: dict[str, Any]) -> None:
-    """Store a result the way a 0001 to 0003 database held it (op times in run's columns; from
-    0002, layer_time rows without a position too): the tables as they are there, no models."""
+    """Store a result the way a 0001 to 0004 database held it (up to 0003 op times in run's
+    columns; from 0002 layer_time rows, from 0004 with their position): the tables as they are
+    there, no models."""
     tables = MetaData()
     tables.reflect(connection, only=["sweep", "environment", "run", "sample"])
     sweep, environment, run, sample = (tables.tables[t] for t in ("sweep", "environment", "run", "sample"))
@@ -498,8 +680,7 @@ def insert_the_old_way(connection: Connection, result: dict[str, Any]) -> None:
             insert(environment).values(env_hash=env_hash, gpu=result["environment"]["gpu"]).returning(environment.c.id))
     op_time_ms = result["timings"]["op_time_ms"]
     layers = list(spec["variants"])
-    measured = {"measurement_id": result["measurement_id"], "started_at": datetime.fromisoformat(result["started_at"])}
-    run_id = connection.scalar(insert(run).values(
+    values = dict(
         run_key=result["run_key"], job_id=result["job_id"], sweep_id=sweep_id, environment_id=environment_id,
         experiment=spec["experiment"], network=spec["network"], dataset=spec["dataset"],
         variants=spec["variants"], params=spec["params"], variant=variant_label(spec["variants"]),
@@ -507,18 +688,19 @@ def insert_the_old_way(connection: Connection, result: dict[str, Any]) -> None:
         status=result["status"], accuracy=result["accuracy"],
         op_time_1_ms=(op_time_ms or {}).get(layers[0]), op_time_2_ms=(op_time_ms or {}).get(layers[1]),
         op_time_ms=op_time_ms, forward_ms=result["timings"]["forward_ms"], floors=result["floors"],
-        ingested_at=now, **{k: v for k, v in measured.items() if k in run.c},
-    ).returning(run.c.id))
+        ingested_at=now, measurement_id=result["measurement_id"], started_at=datetime.fromisoformat(result["started_at"]))
+    run_id = connection.scalar(insert(run).values(**{k: v for k, v in values.items() if k in run.c}).returning(run.c.id))
     for s in result["samples"]:
         connection.execute(insert(sample).values(run_id=run_id, metric=s["metric"], layer=s["layer"],
                                                  repeat=s["repeat"], value=s["value"]))
     if "layer_time" in inspect(connection).get_table_names():
         layer_time = Table("layer_time", MetaData(), autoload_with=connection)
         floors = result["floors"] or {}
-        for layer in [*layers, *(name for name in floors if name not in layers)]:
-            connection.execute(insert(layer_time).values(
-                run_id=run_id, layer=layer, variant=spec["variants"].get(layer), op_time_ms=(op_time_ms or {}).get(layer),
-                flops=floors.get(layer, {}).get("flops"), bytes=floors.get(layer, {}).get("bytes")))
+        for index, layer in enumerate([*layers, *(name for name in floors if name not in layers)]):
+            row = dict(run_id=run_id, layer=layer, layer_index=index, variant=spec["variants"].get(layer),
+                       op_time_ms=(op_time_ms or {}).get(layer), flops=floors.get(layer, {}).get("flops"),
+                       bytes=floors.get(layer, {}).get("bytes"))
+            connection.execute(insert(layer_time).values(**{k: v for k, v in row.items() if k in layer_time.c}))
 
 
 def test_migrating_a_0001_database_backfills_layer_time(db_url):
@@ -545,8 +727,8 @@ def test_migrating_a_0001_database_backfills_layer_time(db_url):
             assert connection.scalar(select(func.count()).select_from(Run.__table__)) == 7
         # Ingest stays idempotent over migrated runs (their files are format 1), and new runs get
         # their rows as usual
-        assert [ingest_result(engine, as_format_1(result), None) for result in results] == [False] * 7
-        assert ingest_result(engine, make_result("tiled", 5000), None) is True
+        assert [ingest_result(engine, as_format_1(result), None).unchanged for result in results] == [1] * 7
+        assert ingest_result(engine, make_result("tiled", 5000), None).added == 1
         assert layer_rows(engine) == expected_layer_rows(results + [make_result("tiled", 5000)])
         assert [c["name"] for c in inspect(engine).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
         assert json.loads(run_summary_agreements(engine)) == {"tiled-5000": 0.9996}
@@ -649,3 +831,79 @@ def test_migrating_a_0003_database_moves_op_times_into_layer_time_and_back(db_ur
         assert op_times_by_run(engine, "run_op_time") == columns
     finally:
         engine.dispose()
+
+
+def layer_params(engine: Engine) -> dict[tuple[str, str], Any]:
+    """(measurement id, layer) -> that layer_time row's params."""
+    with engine.connect() as connection:
+        return {(key, layer): params for key, layer, params in connection.execute(
+            select(Run.measurement_id, LayerTime.layer, LayerTime.params).join(Run, Run.id == LayerTime.run_id))}
+
+
+def expected_layer_params(results: list[dict[str, Any]]) -> dict[tuple[str, str], Any]:
+    """What layer_params should hold: each layer's entry of spec.params, null where there is none."""
+    expected = {}
+    for result in results:
+        params = result["spec"]["params"] or {}
+        for layer in [*result["spec"]["variants"], *result["floors"]]:
+            expected[(result["measurement_id"], layer)] = params.get(layer)
+    return expected
+
+
+def test_migrating_a_0004_database_gives_each_layer_its_tunables_and_back(db_url, tmp_path):
+    no_params = make_result("tiled", 10)
+    no_params["spec"]["params"] = None  # written as JSON's null
+    partial = make_result("naive", 20, params={"conv1": {"BLOCK": 32}})
+    partial["floors"]["conv3"] = {"bytes": 7, "flops": 9}  # a layer spec.params does not name
+    results = standard_results() + tuning_results(batch=1000) + [no_params, partial]
+    old = engine_at(db_url, "0004")
+    with _writer(old).begin() as connection:
+        for result in results:
+            insert_the_old_way(connection, result)
+    before = row_counts(old)
+    old.dispose()
+    summary = run_query(db_url, "summary")
+
+    engine = open_store(db_url)
+    try:
+        migrated = layer_params(engine)
+        assert migrated == expected_layer_params(results)
+        assert migrated[(partial["measurement_id"], "conv1")] == {"BLOCK": 32}
+        assert migrated[(results[-3]["measurement_id"], "conv2")] == {"BLOCK": 256}
+        assert row_counts(engine) == before
+        with engine.connect() as connection:
+            assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+            assert_latest_run_shows_every_run_column(connection)
+            assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+            assert connection.exec_driver_sql("SELECT COUNT(*) FROM run WHERE job_key IS NULL AND grid IS NULL").scalar() \
+                == len(results)
+            # Only the layer rows without tunables are SQL NULL
+            assert connection.exec_driver_sql("SELECT COUNT(*) FROM layer_time WHERE params IS NULL").scalar() == 3
+        assert run_query(db_url, "summary") == summary
+        tuning = json.loads(run_query(db_url, "tuning", fmt="json"))
+        assert len(tuning) == row_counts(engine)["layer_time"]
+        # Format 3 files ingest beside the migrated runs
+        assert ingest_result(engine, make_job_file(tuning_results(batch=5000)), None).added == 3
+
+        migrate(engine, "0004", downgrade=True)
+        with engine.connect() as connection:
+            schema = inspect(connection)
+            assert not {"job_key", "grid"} & {c["name"] for c in schema.get_columns("run")}
+            assert "params" not in {c["name"] for c in schema.get_columns("layer_time")}
+            assert "job_key" not in connection.exec_driver_sql("SELECT * FROM latest_run WHERE 1 = 0").keys()
+            assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+        assert row_counts(engine)["run"] == before["run"] + 3
+        assert json.loads(run_query(db_url, "SELECT COUNT(*) AS n FROM run_summary", fmt="json")) == [{"n": len(results) + 3}]
+
+        # Upgrading again gives every layer its tunables back; the downgrade lost job_key and grid
+        migrate(engine, "head")
+        again = layer_params(engine)
+        assert {key: again[key] for key in migrated} == migrated and len(again) == len(migrated) + 6
+        with engine.connect() as connection:
+            restored = connection.execute(select(LayerTime.params).join(Run, Run.id == LayerTime.run_id)
+                                          .where(Run.batch == 5000, LayerTime.layer == "conv2")).scalars().all()
+            assert sorted(params["BLOCK"] for params in restored) == [64, 128, 256]
+            assert connection.exec_driver_sql("SELECT COUNT(*) FROM run WHERE job_key IS NOT NULL").scalar() == 0
+    finally:
+        engine.dispose()
+

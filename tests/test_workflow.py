@@ -176,7 +176,7 @@ def test_plain_snakemake_uses_the_default_profile():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "Using workflow specific profile profiles/default" in out
-    assert "Shell command: convsweep compile " in out and "Shell command: convsweep run-job " in out
+    assert "Shell command: convsweep run-job " in out
     run_job = out.split("rule run_job:", 1)[1].split("\n\n", 1)[0]
     assert "gpu=1" in run_job
     profile = yaml.safe_load((ROOT / "profiles" / "default" / "config.yaml").read_text())
@@ -185,10 +185,10 @@ def test_plain_snakemake_uses_the_default_profile():
 
 
 def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
-    """A kernel with a syntax error is a result: its job is stored as failed with the compiler's
-    line and the others are measured. A compile job that dies (killed, as the OOM killer would)
-    fails only what depends on it; the rest of the sweep goes on (keep-going), and the next
-    `snakemake` finishes the job."""
+    """A kernel with a syntax error is a result: its job stores the setting as failed with the
+    compiler's line (on any machine: the job compiles before it needs a GPU) and the others are
+    measured. A job that dies (killed, as the OOM killer would) fails only itself; the rest of the
+    sweep goes on (keep-going), and the next `snakemake` finishes it."""
     checkout = copy_checkout(tmp_path / "checkout")
     (checkout / "kernels" / "broken.cu").write_text(
         '#include "common.cuh"\nextern "C" __global__ void conv_forward(CONV_ARGS) {\n  y[0] = undefined_name;\n}\n')
@@ -202,10 +202,10 @@ def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
     env = {**os.environ, "CONVSWEEP_CACHE": str(tmp_path / "cache")}  # compiles take real time
     cmd = [SNAKEMAKE, "--snakefile", str(checkout / "Snakefile"), "--directory", str(work), "--cores", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    killed = kill_when_running(f"compile tiled_shared", proc)
+    killed = kill_when_running('"conv1": "tiled_shared"', proc)
     out = proc.communicate(timeout=900)[0]
     assert killed, out[-3000:]
-    assert proc.returncode != 0 and "Error in rule compile_variant" in out, out[-3000:]
+    assert proc.returncode != 0 and "Error in rule run_job" in out, out[-3000:]
     summary = (work / "results" / "with-broken" / "summary.md").read_text()
     assert "## Failed or incorrect" in summary and "undefined_name" in summary  # the report shows why
     assert (work / "results" / "bystander" / "summary.md").is_file()
@@ -215,8 +215,6 @@ def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
     assert rows["broken"].status == "failed"
     assert rows["broken"].error.startswith("kernels/broken.cu:3: identifier \"undefined_name\" is undefined")
     assert rows["reference"].status == "ok"
-    builds = [json.loads(p.read_text()) for p in (work / "results" / "builds").glob("broken-*.json")]
-    assert builds[0]["builds"] == [] and "undefined_name" in builds[0]["errors"][0]
 
     finish = run_in(checkout, work, env=env)
     assert finish.returncode == 0, (finish.stdout + finish.stderr)[-3000:]
@@ -251,8 +249,7 @@ def test_editing_a_kernel_re_measures_exactly_the_jobs_that_use_it(tmp_path):
 
     naive = checkout / "kernels" / "naive.cu"
     naive.write_text(naive.read_text() + "// edited: one more line\n")
-    assert planned(run_in(checkout, work, "-n")) == {
-        "compile_variant": 1, "run_job": 1, "ingest_results": 1, "make_report": 1, "all": 1}
+    assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "ingest_results": 1, "make_report": 1, "all": 1}
     second = run_in(checkout, work)
     assert second.returncode == 0, second.stderr[-3000:]
     rows = history(work)
@@ -262,7 +259,7 @@ def test_editing_a_kernel_re_measures_exactly_the_jobs_that_use_it(tmp_path):
     assert len(measured["naive"]) == 2 and measured["naive"][0] != measured["naive"][1]
     assert len(measured["restrict_unroll"]) == 1 and measured["reference"] == [None]
 
-    # A registry entry is an input of its variant's builds; its description is not
+    # A registry entry is a parameter of its variant's jobs; its description is not
     registry = checkout / "kernels" / "variants.yaml"
     text_before = registry.read_text()
     edited = text_before.replace("description: one thread per output element, operands from global memory",
@@ -273,16 +270,13 @@ def test_editing_a_kernel_re_measures_exactly_the_jobs_that_use_it(tmp_path):
     entries = yaml.safe_load(edited)
     entries["restrict_unroll"]["constraints"] = [*entries["restrict_unroll"].get("constraints", []), "B >= 1"]
     registry.write_text(yaml.safe_dump(entries))
-    restrict_builds = len(list((work / "results" / "builds").glob("restrict_unroll-*.json")))
-    assert planned(run_in(checkout, work, "-n")) == {
-        "compile_variant": restrict_builds, "run_job": 1, "ingest_results": 1, "make_report": 1, "all": 1}
+    assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "ingest_results": 1, "make_report": 1, "all": 1}
     registry.write_text(edited)
 
-    # A shared header is an input of every build that includes it; layers.cu of every GPU job
+    # A shared header is an input of every job whose kernels include it (layers.cu: every GPU job)
     header = checkout / "kernels" / "common.cuh"
     header.write_text(header.read_text() + "// edited\n")
-    assert planned(run_in(checkout, work, "-n")) == {
-        "compile_variant": restrict_builds + 1, "run_job": 2, "ingest_results": 1, "make_report": 1, "all": 1}
+    assert planned(run_in(checkout, work, "-n")) == {"run_job": 2, "ingest_results": 1, "make_report": 1, "all": 1}
 
 
 def test_a_sweep_killed_halfway_resumes_with_every_job_stored_once(tmp_path):
@@ -311,14 +305,14 @@ def test_a_sweep_killed_halfway_resumes_with_every_job_stored_once(tmp_path):
 
 
 def test_planning_a_sweep_does_not_import_the_gpu_runtime():
-    """The Snakefile's parse plans every job (builds, sources) from the network's structure alone."""
+    """The Snakefile's parse plans every job (settings, sources) from the network's structure alone."""
     code = ("import sys\n"
             "from convsweep.plan import SweepPlan\n"
             "from convsweep.paths import ROOT\n"
             "from convsweep.yamlio import load_yaml\n"
             "plan = SweepPlan(load_yaml((ROOT / 'experiments.yaml').read_text()), ROOT / 'experiments.yaml')\n"
             "for job in plan.jobs:\n"
-            "    plan.build_files(job.experiment, job.job_id), plan.job_sources(job.experiment, job.job_id)\n"
+            "    job.runs(), plan.registry_entries(job.experiment, job.job_id), plan.job_sources(job.experiment, job.job_id)\n"
             "print(sorted(m for m in sys.modules if m.startswith(('cuda', 'convsweep.gpu', 'convsweep.runner'))))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..config import JobSpec, variant_label
+from ..config import JobSpec, RunSpec, variant_label
 from ..nsys import find_nsys
 from ..paths import ROOT, relative_to_root
 from .config import BenchConfig
@@ -31,13 +31,13 @@ def run_harness(config: BenchConfig, best: dict[str, dict] | None, batch: int, p
             if profiler == "nsys" and find_nsys() is None:
                 out[profiler] = {"status": "skipped", "note": "nsys not found (PATH or $NSYS)"}
                 continue
-            spec = JobSpec(experiment="bench-harness", network=network, dataset=config.dataset,
-                           variants={layer: best[layer]["variant"] for layer in best},
-                           params={layer: best[layer]["resolved_params"] for layer in best}, batch=batch,
-                           streams=config.end_to_end["streams"], host_memory=config.end_to_end["host_memory"],
-                           repeats=config.harness["repeats"], warmup=config.harness["warmup"], profiler=profiler,
-                           chunk_images=config.end_to_end["chunk_images"],
-                           sweep={"experiment": "bench-harness", "config_path": str(config.path)})
+            run = RunSpec(experiment="bench-harness", network=network, dataset=config.dataset,
+                          variants={layer: best[layer]["variant"] for layer in best},
+                          params={layer: best[layer]["resolved_params"] for layer in best}, batch=batch,
+                          streams=config.end_to_end["streams"], host_memory=config.end_to_end["host_memory"],
+                          repeats=config.harness["repeats"], warmup=config.harness["warmup"], profiler=profiler,
+                          chunk_images=config.end_to_end["chunk_images"])
+            spec = JobSpec.for_run(run, sweep={"experiment": "bench-harness", "config_path": str(config.path)})
             text = json.dumps({**spec.to_dict(), "sweep": spec.sweep})
             records = []
             for i in range(runs):
@@ -47,12 +47,13 @@ def run_harness(config: BenchConfig, best: dict[str, dict] | None, batch: int, p
                 proc = subprocess.run([sys.executable, "-m", "convsweep.cli", "run-job", "--spec", text, "--out", str(path)],
                                       capture_output=True, text=True, cwd=ROOT)
                 wall = time.perf_counter() - t
-                result = json.loads(path.read_text()) if path.is_file() else {}
+                job = json.loads(path.read_text()) if path.is_file() else {}
+                result = (job.get("measurements") or [{}])[0]  # the job's one setting
                 builds = result.get("builds") or []
                 records.append({"run": i, "wall_s": wall, "returncode": proc.returncode,
                                 "status": result.get("status", "failed"),
                                 "error": result.get("error") or (None if result else (proc.stderr.strip().splitlines() or ["no result"])[-1]),
-                                "total_s": (result.get("timings") or {}).get("total_s"), "profiler": result.get("profiler"),
+                                "total_s": job.get("total_s"), "profiler": result.get("profiler"),
                                 "phases_s": result.get("phases_s"), "compile_ms": (result.get("timings") or {}).get("compile_ms"),
                                 "cache_hits": [b.get("cache_hit") for b in builds],
                                 "forward_ms": (result.get("timings") or {}).get("forward_ms")})

@@ -1,5 +1,6 @@
 """Idempotent ingest of per-job result JSON files (workflow/schemas/result.schema.yaml, explained
-in docs/result-format.md): one transaction per measurement, nothing half-stored."""
+in docs/result-format.md): one transaction per file, nothing half-stored. A file holds one
+measurement (formats 1 and 2) or one per tunable setting of its job (format 3); each is a run row."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from .models import Base, Build, Environment, KernelStat, LayerTime, Memcpy, Pha
 
 @dataclass
 class IngestReport:
-    """What one ingest_files call did: measurements already stored count as unchanged, and each
+    """What an ingest did, counted in measurements: those already stored are unchanged, and each
     file that could not be stored is one line in `errors` (file: what is wrong)."""
 
     added: int = 0
@@ -36,7 +37,16 @@ class IngestReport:
     added_by_status: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
 
+    def merge(self, other: IngestReport) -> None:
+        self.added += other.added
+        self.unchanged += other.unchanged
+        self.added_by_status.update(other.added_by_status)
+        self.errors.extend(other.errors)
 
+
+# Transactions per file when another writer stores some of its measurements between our check and
+# our insert (that insert fails; the next attempt sees them stored and skips them).
+RACE_ATTEMPTS = 3
 
 
 def build_key(build: dict[str, Any]) -> str:
@@ -79,39 +89,76 @@ def _get_or_create(session: Session, model: type[Base], keys: dict[str, Any], va
     return session.scalar(select(model.id).filter_by(**keys))
 
 
-class _AlreadyStored(Exception):
-    """Internal: the measurement is in the database already; roll back and report unchanged."""
-
-
 def measurement_id(result: dict[str, Any]) -> str:
     """What names one measurement: its own id, or for format 1 (one measurement per job) the run_key."""
-    return result["run_key"] if result["format"] == 1 else result["measurement_id"]
+    return result["run_key"] if result.get("format") == 1 else result["measurement_id"]
 
 
-def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | None = None) -> bool:
-    """Store one result in one transaction; False (and nothing written) when that measurement is
-    stored already. A new measurement of a stored job is a new row beside the old ones."""
+def measurements(result: dict[str, Any], source: str) -> list[tuple[str, dict[str, Any]]]:
+    """(key path prefix, measurement) of each measurement of a checked result file: a format 3
+    file's `measurements`, else the file itself. StoreError when two share a measurement id or
+    one names another job than the file's."""
+    if result["format"] != 3:
+        return [("", result)]
+    found: list[tuple[str, dict[str, Any]]] = []
+    first_at: dict[str, int] = {}
+    for index, measurement in enumerate(result["measurements"]):
+        where = f"measurements[{index}]."
+        key = measurement["measurement_id"]
+        if key in first_at:
+            raise StoreError(f"{source}: {where}measurement_id: {key!r} is measurements[{first_at[key]}]'s too")
+        first_at[key] = index
+        if measurement["grid"]["job_key"] != result["job_key"]:
+            raise StoreError(f"{source}: {where}grid.job_key: expected the file's job_key {result['job_key']!r}, "
+                             f"got {measurement['grid']['job_key']!r}")
+        found.append((where, measurement))
+    return found
+
+
+def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | None = None) -> IngestReport:
+    """Store one result file in one transaction: each of its measurements not stored yet becomes a
+    run row, or, when anything fails, none does. A new measurement of a stored setting is a new
+    row beside the old ones; one already stored counts as unchanged."""
     source = result_path or f"result {result.get('job_id', '?') if isinstance(result, dict) else '?'}"
     check_result(result, source)
-    key = measurement_id(result)
-    try:
-        with Session(_writer(engine)) as session, session.begin():
-            if session.scalar(select(Run.id).where(Run.measurement_id == key)) is not None:
-                raise _AlreadyStored
-            session.add(_run_row(session, result, result_path, source))
-        return True
-    except _AlreadyStored:
-        return False
-    except IntegrityError as exc:
-        # Another process may have stored the same measurement between our check and our insert.
-        with Session(engine) as session:
-            if session.scalar(select(Run.id).where(Run.measurement_id == key)) is not None:
-                return False
-        raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
-    except OperationalError as exc:  # the server went away, a lock timed out: not this file's fault
-        raise StoreUnavailable(f"cannot store {source}: {one_line(exc)}") from None
-    except DBAPIError as exc:
-        raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
+    found = measurements(result, source)
+    keys = [measurement_id(m) for _, m in found]
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return _store(engine, found, keys, result_path, source)
+        except IntegrityError as exc:
+            # Another writer may have stored some of them between our check and our insert: look again.
+            with Session(engine) as session:
+                raced = bool(_stored_ids(session, keys))
+            if not raced or attempts == RACE_ATTEMPTS:
+                raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
+        except OperationalError as exc:  # the server went away, a lock timed out: not this file's fault
+            raise StoreUnavailable(f"cannot store {source}: {one_line(exc)}") from None
+        except DBAPIError as exc:
+            raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
+
+
+def _stored_ids(session: Session, keys: list[str]) -> set[str]:
+    """Those of `keys` that name a stored measurement."""
+    return set(session.scalars(select(Run.measurement_id).where(Run.measurement_id.in_(keys))))
+
+
+def _store(engine: Engine, found: list[tuple[str, dict[str, Any]]], keys: list[str], result_path: str | None,
+           source: str) -> IngestReport:
+    """One transaction: a run row for each measurement not stored yet."""
+    report = IngestReport()
+    with Session(_writer(engine)) as session, session.begin():
+        stored = _stored_ids(session, keys)
+        for (where, measurement), key in zip(found, keys):
+            if key in stored:
+                report.unchanged += 1
+                continue
+            session.add(_run_row(session, measurement, result_path, source, where))
+            report.added += 1
+            report.added_by_status[measurement["status"]] += 1
+    return report
 
 
 def conv_layers(variants: dict[str, Any], floors: dict[str, Any], op_time_ms: dict[str, Any]) -> list[str]:
@@ -124,7 +171,9 @@ def conv_layers(variants: dict[str, Any], floors: dict[str, Any], op_time_ms: di
     return layers
 
 
-def _run_row(session: Session, result: dict[str, Any], result_path: str | None, source: str) -> Run:
+def _run_row(session: Session, result: dict[str, Any], result_path: str | None, source: str,
+             where: str = "") -> Run:
+    """The run row of one measurement; `where` is its key path in the file (measurements[i].)."""
     spec = result["spec"]
     sweep = result["sweep"]
     env = result["environment"]
@@ -132,6 +181,8 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     images = result.get("images") or {}
     op_time_ms = timings.get("op_time_ms") or {}
     dataset = spec.get("dataset")
+    params = spec.get("params") or {}
+    grid = result.get("grid")
     now = datetime.now(timezone.utc)
 
     sweep_id = _get_or_create(
@@ -164,6 +215,8 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         measurement_id=measurement_id(result),
         run_key=result["run_key"],
         job_id=result["job_id"],
+        job_key=grid["job_key"] if grid else None,
+        grid=grid,
         sweep_id=sweep_id,
         environment_id=environment_id,
         experiment=spec["experiment"],
@@ -198,7 +251,7 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         phases=result.get("phases_s"),
         floors=result.get("floors"),
         files=result.get("files"),
-        started_at=_timestamp(result.get("started_at"), source, "started_at"),
+        started_at=_timestamp(result.get("started_at"), source, f"{where}started_at"),
         ingested_at=now,
         result_path=result_path,
         source_hash=canonical_hash(sources) if sources else None,
@@ -225,8 +278,9 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     ]
     floors = result.get("floors") or {}
     run.layer_times = [
-        LayerTime(layer_index=index, layer=layer, variant=spec["variants"].get(layer), op_time_ms=op_time_ms.get(layer),
-                  flops=(floors.get(layer) or {}).get("flops"), bytes=(floors.get(layer) or {}).get("bytes"))
+        LayerTime(layer_index=index, layer=layer, variant=spec["variants"].get(layer), params=params.get(layer),
+                  op_time_ms=op_time_ms.get(layer), flops=(floors.get(layer) or {}).get("flops"),
+                  bytes=(floors.get(layer) or {}).get("bytes"))
         for index, layer in enumerate(conv_layers(spec["variants"], floors, op_time_ms))
     ]
     run.phase_times = [Phase(name=name, seconds=seconds) for name, seconds in (result.get("phases_s") or {}).items()]
@@ -244,21 +298,15 @@ def read_result(path: str | Path) -> dict[str, Any]:
 
 
 def ingest_files(engine: Engine, paths: Iterable[str | Path]) -> IngestReport:
-    """Ingest result files one transaction each. A file that cannot be read or stored becomes one
-    line of the report's errors and the others go on; a lost database connection stops it all."""
+    """Ingest result files one transaction each, counting measurements. A file that cannot be read
+    or stored becomes one line of the report's errors and the others go on; a lost database
+    connection stops it all."""
     report = IngestReport()
     for path in paths:
         try:
-            result = read_result(path)
-            stored = ingest_result(engine, result, str(path))
+            report.merge(ingest_result(engine, read_result(path), str(path)))
         except StoreUnavailable:
             raise
         except StoreError as exc:
             report.errors.append(str(exc))
-            continue
-        if stored:
-            report.added += 1
-            report.added_by_status[result["status"]] += 1
-        else:
-            report.unchanged += 1
     return report

@@ -92,8 +92,8 @@ class Build(Base):
 
 
 class Run(Base):
-    """One measurement of one job. A job (run_key: the hash of its settings) measured again, say
-    after its kernel changed, gets a new row; the latest_run view keeps the newest per job."""
+    """One measurement of one tunable setting (run_key: the hash of its spec). A setting measured
+    again, say after its kernel changed, gets a new row; the latest_run view keeps the newest."""
 
     __tablename__ = "run"
     __table_args__ = (Index(None, "experiment", "variant", "batch", "streams"),)
@@ -102,6 +102,10 @@ class Run(Base):
     measurement_id: Mapped[str] = mapped_column(String, unique=True)
     run_key: Mapped[str] = mapped_column(String, index=True)
     job_id: Mapped[str] = mapped_column(String)
+    # Format 3: the job (one cell of the matrix) that measured this setting, and where in its grid;
+    # SQL NULL for runs from format 1 and 2 files (one setting per job).
+    job_key: Mapped[str | None] = mapped_column(String, index=True)
+    grid: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     sweep_id: Mapped[int] = mapped_column(ForeignKey("sweep.id"), index=True)
     environment_id: Mapped[int] = mapped_column(ForeignKey("environment.id"), index=True)
     experiment: Mapped[str] = mapped_column(String)
@@ -210,6 +214,8 @@ class LayerTime(Base):
     layer: Mapped[str] = mapped_column(String, primary_key=True)
     layer_index: Mapped[int] = mapped_column(Integer)  # 0-based position among the run's conv layers
     variant: Mapped[str | None] = mapped_column(String)  # this layer's variant (runs may mix them)
+    # This layer's tunables (the run's spec.params[layer]); None is SQL NULL, not JSON's 'null'.
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     op_time_ms: Mapped[float | None] = mapped_column(Float)
     flops: Mapped[int | None] = mapped_column(BigInteger)
     bytes: Mapped[int | None] = mapped_column(BigInteger)

@@ -1,7 +1,7 @@
 -- Which variant and tunable setting is fastest for each conv layer and batch size (ok runs only; incorrect and failed runs never count)?
 WITH ranked AS (
-    SELECT r.experiment, r.variant, r.params, r.batch, r.streams, r.host_memory, r.id AS run_id,
-           lt.layer_index, lt.op_time_ms,
+    SELECT r.experiment, lt.variant, lt.params, r.batch, r.streams, r.host_memory, r.id AS run_id,
+           lt.layer_index, lt.layer, lt.op_time_ms,
            ROW_NUMBER() OVER (PARTITION BY r.experiment, lt.layer_index, r.batch
                               ORDER BY lt.op_time_ms, r.id) AS place
     FROM layer_time lt
@@ -12,7 +12,7 @@ SELECT experiment,
        'op time ' || CAST(layer_index + 1 AS VARCHAR) AS layer,
        batch,
        variant,
-       params AS "tunables (per layer)",
+       params AS tunables,
        streams,
        host_memory,
        op_time_ms AS "op time (ms)",

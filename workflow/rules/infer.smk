@@ -1,16 +1,18 @@
+# One job per cell of the matrix: it compiles its settings' kernels (in parallel, cached), measures
+# each setting and writes one result file; a setting that fails is a result, not a stop.
 rule run_job:
     input:
-        builds=lambda w: plan.build_files(w.experiment, w.job),
-        sources=lambda w: plan.job_sources(w.experiment, w.job),
+        lambda w: plan.job_sources(w.experiment, w.job),
     output:
         f"{RESULTS}/{{experiment}}/runs/{{job}}.json",
     log:
         f"{RESULTS}/{{experiment}}/logs/{{job}}.log",
     params:
         spec=lambda w: plan.spec_json(w.experiment, w.job),
+        registry=lambda w: plan.registry_entries(w.experiment, w.job),  # editing an entry re-measures
     resources:
         gpu=1,
     conda:
         "../envs/convsweep.yaml"
     shell:
-        "convsweep run-job --spec {params.spec:q} --builds {input.builds:q} --out {output} > {log} 2>&1"
+        "convsweep run-job --spec {params.spec:q} --out {output} > {log} 2>&1"

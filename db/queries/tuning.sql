@@ -1,0 +1,29 @@
+-- How does every tunable setting of each conv layer and batch size compare: its op time and its rank (1 = fastest ok setting; incorrect and failed ones are listed unranked, with their error)?
+WITH setting AS (
+    SELECT r.experiment, lt.layer_index, lt.layer, r.batch, lt.variant, lt.params, lt.op_time_ms,
+           r.status, r.error, r.streams, r.host_memory, r.id AS run_id,
+           CASE WHEN r.status = 'ok' AND lt.op_time_ms IS NOT NULL THEN 1 ELSE 0 END AS ranked
+    FROM layer_time lt
+    JOIN latest_run r ON r.id = lt.run_id
+), placed AS (
+    SELECT s.*,
+           CASE WHEN ranked = 1
+                THEN RANK() OVER (PARTITION BY experiment, layer_index, layer, batch, ranked ORDER BY op_time_ms)
+           END AS place
+    FROM setting s
+)
+SELECT experiment,
+       layer,
+       batch,
+       variant,
+       params AS tunables,
+       op_time_ms AS "op time (ms)",
+       place AS "rank",
+       status,
+       CASE WHEN length(error) > 80 THEN substr(error, 1, 77) || '...' ELSE error END AS error,
+       streams,
+       host_memory,
+       run_id
+FROM placed
+ORDER BY experiment, layer_index, batch, ranked DESC, place,
+         CASE status WHEN 'ok' THEN 0 WHEN 'incorrect' THEN 1 ELSE 2 END, run_id
