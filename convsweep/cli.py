@@ -102,6 +102,7 @@ def _job_spec(data: dict):
 
 
 def cmd_run_job(args) -> None:
+    from .config import tunables_text
     from .job import run_job
 
     result = run_job(_job_spec(_read_spec(args)), Path(args.out), process_age=process_age())
@@ -111,14 +112,10 @@ def cmd_run_job(args) -> None:
     best = ""
     if fastest is not None:
         ops = ", ".join(f"{k} {v:.3f} ms" for k, v in fastest["timings"]["op_time_ms"].items() if v is not None)
-        best = f"; fastest: {ops}" + (f" ({_tunables(fastest)})" if len(result["measurements"]) > 1 else "")
+        best = f"; fastest: {ops}" + (f" ({tunables_text(fastest['spec']['params'])})"
+                                      if len(result["measurements"]) > 1 else "")
     print(f"{result['job_id']}: {len(result['measurements'])} settings in {result['total_s']:.1f} s: "
           + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items())) + best)
-
-
-def _tunables(measurement: dict) -> str:
-    return "; ".join(f"{layer} " + ",".join(f"{k}={v}" for k, v in p.items())
-                     for layer, p in measurement["spec"]["params"].items() if p) or "defaults"
 
 
 def cmd_measure(args) -> None:

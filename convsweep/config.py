@@ -40,10 +40,7 @@ class RunSpec:
     chunk_images: int | None = None  # images per pipeline chunk; None: several chunks per stream
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        if d["chunk_images"] is None:  # the automatic chunking keeps the run keys it always had
-            d.pop("chunk_images")
-        return d
+        return _without_defaults(asdict(self))
 
     @property
     def run_key(self) -> str:
@@ -89,10 +86,7 @@ class JobSpec:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("sweep")
-        for key, default in (("chunk_images", None), ("arch", "auto")):
-            if d[key] == default:
-                d.pop(key)
-        return d
+        return _without_defaults(d)
 
     @property
     def job_key(self) -> str:
@@ -127,6 +121,21 @@ class JobSpec:
     def runs(self) -> list[RunSpec]:
         common = {k: v for k, v in self.to_dict().items() if k not in ("grid", "search", "arch")}
         return [RunSpec(**common, params=params) for params in self.settings().chosen]
+
+
+# Keys left out of a spec's dict at these values, so specs written before they existed keep their
+# hashes (the automatic chunking, the GPU's own architecture).
+_OMITTED_DEFAULTS = {"chunk_images": None, "arch": "auto"}
+
+
+def _without_defaults(d: dict) -> dict:
+    return {k: v for k, v in d.items() if not (k in _OMITTED_DEFAULTS and v == _OMITTED_DEFAULTS[k])}
+
+
+def tunables_text(params: dict[str, dict]) -> str:
+    """'conv1 BLOCK=64; conv2 BLOCK=64' (progress lines and summaries), or 'defaults'."""
+    return "; ".join(f"{layer} " + ",".join(f"{k}={v}" for k, v in p.items()) for layer, p in params.items() if p) \
+        or "defaults"
 
 
 def _label(variants: dict[str, str]) -> str:

@@ -34,12 +34,12 @@ import numpy as np
 from . import nsys as nsys_mod
 from .checks import check_logits
 from .compile import LAYERS_SOURCE, BuildRequest, source_hash
-from .config import JobSpec, RunSpec, Settings
+from .config import JobSpec, RunSpec, Settings, tunables_text
 from .errors import CompileError, ConvsweepError, failure_message
 from .fileio import canonical_hash, remove_stale_temporaries, write_json_atomic
 from .gpulock import gpu_lock
 from .inputs import Batch, load_batch
-from .network import load_network, reference_layer
+from .network import Network, load_network, reference_layer
 from .numbers import finite, median
 from .paths import relative_to_root, resolve_network_path
 from .provenance import GpuMonitor, environment, git_state, host_gpu_arch
@@ -73,6 +73,7 @@ class JobContext:
     spec: JobSpec
     runs: list[RunSpec]
     settings: Settings
+    network: Network
     batch: Batch | None
     variants: dict[str, Variant]
     provenance: dict
@@ -85,7 +86,7 @@ class JobContext:
         it is the measurements' failure, not the job's)."""
         settings = spec.settings()
         variants = {layer: get_variant(name) for layer, name in spec.variants.items()}
-        return cls(spec, spec.runs(), settings, None, variants,
+        return cls(spec, spec.runs(), settings, load_network(resolve_network_path(spec.network)), None, variants,
                    {"git": git_state(), "sources": kernel_sources_of(variants)})
 
     def skeleton(self, index: int) -> dict:
@@ -160,8 +161,7 @@ def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backen
 
     try:
         t = time.perf_counter()
-        network = load_network(resolve_network_path(ctx.spec.network))
-        ctx.batch = load_batch(network, ctx.spec.dataset, ctx.spec.batch)
+        ctx.batch = load_batch(ctx.network, ctx.spec.dataset, ctx.spec.batch)
         _ = ctx.batch.images
         shared["load"] = time.perf_counter() - t
         t = time.perf_counter()
@@ -341,10 +341,8 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> di
 
 def _describe(record: dict) -> str:
     """One progress line: the setting's tunables, status and op times."""
-    params = record["spec"]["params"]
-    tunables = "; ".join(f"{layer} " + ",".join(f"{k}={v}" for k, v in p.items()) for layer, p in params.items() if p)
     ops = ", ".join(f"{layer} {ms:.3f} ms" for layer, ms in record["timings"]["op_time_ms"].items() if ms is not None)
-    return " ".join(part for part in (tunables or "defaults", record["status"], ops,
+    return " ".join(part for part in (tunables_text(record["spec"]["params"]), record["status"], ops,
                                       f"- {record['error']}" if record["error"] else "") if part)
 
 
@@ -390,12 +388,11 @@ class ResumeStore:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def resume_key(spec: JobSpec, ctx: JobContext) -> str:
+def resume_key(ctx: JobContext) -> str:
     """What a stored setting must have been measured from to count as measured: the job, its
     kernel sources, its variants' registry entries, and the network and weights files."""
-    network = load_network(resolve_network_path(spec.network))
-    files = [p for p in (network.path, network.weights_path) if p is not None]
-    return canonical_hash({"job": spec.job_key, "sources": ctx.provenance["sources"],
+    files = [p for p in (ctx.network.path, ctx.network.weights_path) if p is not None]
+    return canonical_hash({"job": ctx.spec.job_key, "sources": ctx.provenance["sources"],
                            "registry": {v.name: v.entry_hash for v in ctx.variants.values()},
                            "files": {str(p): hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in files}})
 
@@ -412,7 +409,7 @@ def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None, bac
     started, started_at = time.perf_counter(), _now()
     remove_stale_temporaries(out_path)
     ctx = JobContext.open(spec)
-    resume = ResumeStore(out_path, resume_key(spec, ctx))
+    resume = ResumeStore(out_path, resume_key(ctx))
     stored = resume.load()
     todo = [i for i, run in enumerate(ctx.runs) if run.run_key not in stored]
     print(f"{spec.job_id}: {len(ctx.runs)} of {ctx.settings.valid} valid settings"
@@ -487,8 +484,7 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], out_path: Path, nsys_p
     summaries = {}
     if sqlite_path is not None:
         conv_names = list(spec.variants)
-        activities = nsys_mod.read_activities(sqlite_path, {layer.name for layer in load_network(
-            resolve_network_path(spec.network)).layers})
+        activities = nsys_mod.read_activities(sqlite_path, {layer.name for layer in ctx.network.layers})
         summaries = nsys_mod.summarize_settings(activities, conv_names)
     files = {"nsys_report": str(report_base.with_suffix(".nsys-rep")), "nsys_sqlite": str(sqlite_path)} \
         if sqlite_path is not None else {}
