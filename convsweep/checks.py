@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .numbers import finite
+
+if TYPE_CHECKING:  # numpy is imported where it is used: Snakemake's planning reads TOLERANCE
+    import numpy as np  # (through the registry) and would pay ~0.35 s for it on the lent GPU's host
 
 TOLERANCE = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2}  # normwise error allowed per precision class
 ACCURACY_SLACK = {"fp16": 0.005}  # fp16-class runs may differ from the reference's accuracy by 0.5 points
@@ -35,6 +37,8 @@ class Check:
 
 def normwise_error(y: np.ndarray, ref: np.ndarray) -> float:
     """max |y - ref| / max |ref| (NaN propagates, so an unwritten element is never within tolerance)."""
+    import numpy as np
+
     if not y.size:
         return 0.0
     scale = float(np.max(np.abs(ref))) or 1.0
@@ -65,6 +69,8 @@ def check_logits(logits: np.ndarray, ref: np.ndarray, labels: np.ndarray | None,
     """One run's logits: finite and within the loosest tolerance of the `variants` that made them
     (anything with .precision and .tolerance), and with labels classifying like the reference: the
     same prediction on 99.9% of images, or for fp16-class runs an accuracy within 0.5 points."""
+    import numpy as np
+
     variants = list(variants)
     precisions = [v.precision for v in variants]
     err = normwise_error(logits, ref)
@@ -87,6 +93,8 @@ def check_logits(logits: np.ndarray, ref: np.ndarray, labels: np.ndarray | None,
 
 def check_indices(batch: int, n: int) -> np.ndarray:
     """The first and the last n images of a batch (each once): both ends of the index range."""
+    import numpy as np
+
     return np.unique(np.concatenate([np.arange(min(n, batch)), np.arange(max(batch - n, 0), batch)]))
 
 

@@ -122,7 +122,8 @@ def cmd_measure(args) -> None:
     from .job import measure_to_file
 
     data = _read_spec(args)
-    measure_to_file(_job_spec(data.get("job", {})), list(data.get("settings", [])), Path(args.out))
+    settings = data.get("settings")  # None: every setting of the job
+    measure_to_file(_job_spec(data.get("job", {})), None if settings is None else list(settings), Path(args.out))
 
 
 def cmd_compile(args) -> None:

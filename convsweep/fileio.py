@@ -6,11 +6,13 @@ import hashlib
 import io
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def canonical_hash(obj: Any) -> str:
@@ -39,6 +41,8 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 
 
 def write_npy_atomic(path: str | os.PathLike, array: np.ndarray) -> None:
+    import numpy as np
+
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
     write_atomic(path, buffer.getvalue())
@@ -51,9 +55,10 @@ def remove_stale_temporaries(path: str | os.PathLike) -> None:
 
 
 def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
+    np = sys.modules.get("numpy")  # a process that never imported numpy holds no numpy value
+    if np is not None and isinstance(value, np.generic):
         return value.item()
-    if isinstance(value, np.ndarray):
+    if np is not None and isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, Path):
         return str(value)

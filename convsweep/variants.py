@@ -19,8 +19,7 @@ from .errors import ConfigError, ShapeError
 from .expr import evaluate
 from .fileio import canonical_hash
 from .paths import REGISTRY_PATH
-from .schema import validate
-from .yamlio import read_yaml_file
+from .schema import validated_file
 
 DTYPES = {"float32": 4, "float64": 8}  # element types a network may store; variants list theirs (schema enum)
 
@@ -240,7 +239,7 @@ def load_registry(path: Path = REGISTRY_PATH) -> dict[str, Variant]:
     (which fills the defaults in), then check what a schema cannot see: the .cu files and the
     tunables' defaults."""
     path = Path(path)
-    raw = validate(read_yaml_file(path), "variants", path.name)
+    raw = validated_file(path, "variants")
     registry = {}
     for name, entry in raw.items():
         where = f"{path.name}: {name}"

@@ -210,7 +210,7 @@ def test_whole_bench_over_a_fake_gpu(tmp_path):
 def test_jobs_pipeline_over_a_fake_gpu(streams, memory):
     """job._measure_gpu after its pass moved to runner.pipeline_pass: the same samples as before."""
     from convsweep.config import RunSpec
-    from convsweep.job import measure
+    from convsweep.measure import measure
 
     spec = RunSpec(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
                    variants={"conv1": "naive", "conv2": "naive"}, params={"conv1": {}, "conv2": {}}, batch=40,

@@ -116,7 +116,7 @@ def test_shape_fixing_variants_build_per_shape_and_need_the_shape():
 def test_the_default_sweep_jobs_build_what_they_run():
     """A job's build requests (layers.cu, and each conv layer's variant at the shape it runs, a fused
     max-pool included) all compile, and inside compile_all the runner's compiles are those builds."""
-    from convsweep.job import build_requests
+    from convsweep.measure import build_requests
     from convsweep.network import load_network
     from convsweep.paths import ROOT
     from convsweep.plan import SweepPlan

@@ -222,7 +222,7 @@ def test_other_workloads_run_and_match_float64(tmp_path, network, variant, batch
 
 
 def test_streams_with_pinned_memory_give_the_same_logits():
-    from convsweep.job import measure
+    from convsweep.measure import measure
 
     one = measure(spec("events", batch=3000, repeats=1, variants={"conv1": "naive", "conv2": "naive"}), keep_logits=True)
     for streams, memory in ((4, "pinned"), (3, "registered")):

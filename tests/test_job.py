@@ -1,6 +1,8 @@
 """Jobs end to end on the CPU: the reference variant, grids of settings over a numpy GPU, failures
 that are stored, not lost, and interrupted jobs that resume."""
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -261,3 +263,64 @@ def test_a_random_search_measures_its_seeded_sample(tmp_path):
     ms = run_one_job(job, tmp_path / "grid.json", backend=GRID)["measurements"]
     assert [m["spec"]["params"]["conv1"]["BLOCK"] for m in ms] == picked == GridNetwork.built
     assert all(m["grid"]["valid"] == 5 and m["grid"]["search"] == search for m in ms)
+
+
+# -- the slow starts first: light imports, nsys started before the job has prepared -----------------
+def test_a_job_process_imports_no_heavy_module_before_it_starts_nsys_or_the_cuda_context():
+    """run_job starts `nsys profile` (~2 s) or the CUDA context (~0.45 s) before it imports numpy,
+    cuda.core or the network, so those imports overlap the slow starts instead of adding to them."""
+    code = ("import sys, convsweep.cli, convsweep.job; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'numpy', 'cuda', 'jsonschema', 'sqlalchemy', 'alembic', 'pynvml'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+FAKE_NSYS = """
+import json, sqlite3, subprocess, sys
+from pathlib import Path
+args = sys.argv[1:]
+base, command = Path(args[args.index("-o") + 1]), args[args.index("-o") + 2:]
+spec = json.loads(Path(command[command.index("--spec-file") + 1]).read_text())
+(base.parent / "child-settings.json").write_text(json.dumps(spec["settings"]))
+rc = subprocess.run(command).returncode
+sqlite3.connect(base.with_suffix(".sqlite")).close()
+base.with_suffix(".nsys-rep").write_bytes(b"")
+sys.exit(rc)
+"""
+
+
+@pytest.fixture
+def fake_nsys(tmp_path, monkeypatch):
+    """An `nsys` that runs the command unprofiled, writes an empty export, and notes which settings
+    the child was asked for."""
+    script = tmp_path / "bin" / "nsys"
+    script.parent.mkdir()
+    script.write_text(f"#!{sys.executable}\n{FAKE_NSYS}")
+    script.chmod(0o755)
+    monkeypatch.setenv("NSYS", str(script))
+    return script
+
+
+@pytest.mark.skipif(gpu_available()[0], reason="checks the nsys plumbing where the child cannot open a GPU")
+def test_under_nsys_a_fresh_job_starts_its_child_for_every_setting_at_once(tmp_path, fake_nsys):
+    out = tmp_path / "runs" / "grid.json"
+    result = run_one_job(grid_job(profiler="nsys"), out)
+    assert json.loads((out.parent / "child-settings.json").read_text()) is None  # all: before the job read its grid
+    ms = result["measurements"]
+    assert len(ms) == 5 and all(m["status"] == "failed" and "CUDA device" in m["error"] for m in ms)
+    assert all(m["files"]["nsys_report"] == str(out.with_suffix(".nsys-rep")) for m in ms)
+    assert "profile" in result["phases_s"] and result["settings"]["measured"] == 5
+
+
+@pytest.mark.skipif(gpu_available()[0], reason="checks the nsys plumbing where the child cannot open a GPU")
+def test_under_nsys_a_resumed_job_asks_its_child_for_the_missing_settings_only(tmp_path, fake_nsys):
+    out = tmp_path / "runs" / "grid.json"
+    job = grid_job(profiler="nsys")
+    ctx = job_mod.JobContext.open(job)
+    kept = ctx.skeleton(0)
+    kept["timings"]["total_s"] = 0.0
+    job_mod.ResumeStore(out, job_mod.resume_key(ctx)).put(kept)
+    result = run_one_job(job, out)
+    assert json.loads((out.parent / "child-settings.json").read_text()) == [1, 2, 3, 4]
+    assert result["settings"] == {"valid": 5, "measured": 4, "resumed": 1}
+    assert result["measurements"][0]["measurement_id"] == kept["measurement_id"]

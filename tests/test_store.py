@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timezone
@@ -13,6 +15,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from jsonschema import Draft202012Validator
 from sqlalchemy import Connection, Engine, MetaData, Table, delete, func, insert, inspect, select
 from sqlalchemy.orm import Session
@@ -24,7 +27,9 @@ from convsweep.config import variant_label
 from convsweep.fileio import canonical_hash
 from convsweep.job import FORMAT, run_job
 from convsweep.query import run_query
+from convsweep.paths import MIGRATIONS_DIR
 from convsweep.schema import load_schema
+from convsweep.store.engine import SCHEMA_REVISION
 from convsweep.store import (
     Base,
     Build,
@@ -84,6 +89,20 @@ def assert_latest_run_shows_every_run_column(connection: Connection) -> None:
     run_columns = [c["name"] for c in inspect(connection).get_columns("run")]
     assert {"job_key", "grid"} <= set(run_columns)
     assert shown == run_columns + ["measurement_rank", "op_time_1_ms", "op_time_2_ms"]
+
+
+def test_schema_revision_is_alembics_head():
+    """engine.SCHEMA_REVISION lets an up-to-date database open without Alembic: it must name the
+    newest migration, or a new migration would never run."""
+    assert SCHEMA_REVISION == ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+
+
+def test_opening_an_up_to_date_store_does_not_import_alembic(db_url):
+    open_store(db_url).dispose()
+    code = ("import sys; from convsweep.store import open_store; open_store(sys.argv[1]).dispose(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('alembic', 'numpy', 'jsonschema')))")
+    out = subprocess.run([sys.executable, "-c", code, db_url], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_open_store_twice_is_a_no_op(db_url):

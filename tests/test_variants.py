@@ -95,6 +95,30 @@ def test_bad_registry_entries_are_one_line_naming_file_and_key(tmp_path, text, e
     assert message.startswith(f"variants.yaml: {expected}"), message
 
 
+def test_a_checked_registry_is_remembered_until_it_or_its_schema_changes(tmp_path, monkeypatch):
+    """A job process re-reading an unchanged registry skips jsonschema; an edit is checked again."""
+    from convsweep import schema
+
+    monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "variants.yaml"
+    path.write_text("ref: {cpu: true, precision: fp32}\n")
+    first = schema.validated_file(path, "variants")
+    assert first["ref"]["params"] == {}  # with the schema's defaults filled in
+
+    def no_validation(*args, **kwargs):
+        raise AssertionError("validated again")
+
+    monkeypatch.setattr(schema, "validate", no_validation)
+    assert schema.validated_file(path, "variants") == first
+    path.write_text("ref: {cpu: true, precision: fp33}\n")
+    monkeypatch.undo()
+    monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match=r"^variants.yaml: ref.precision: expected one of"):
+        schema.validated_file(path, "variants")
+    with pytest.raises(ConfigError, match=r"^variants.yaml: ref.precision"):  # a bad file is never remembered
+        schema.validated_file(path, "variants")
+
+
 def test_a_cpu_variant_takes_the_schema_defaults(tmp_path):
     path = tmp_path / "variants.yaml"
     path.write_text("ref: {cpu: true, precision: fp32}\n")

@@ -1,0 +1,283 @@
+"""Measuring a job's settings in this process: the CPU reference with the host clock, or the GPU
+with CUDA events.
+
+`measure_settings` is the body of every job: it loads the batch and its float64 reference once,
+opens the GPU once while the settings' builds compile on the CPU cores (through the disk cache),
+then measures the settings one after another, each inside NVTX range "setting <i>" with buffers
+of its own: warm-up, timed repeats, check against float64. job.py decides where this runs (this
+process, or a child under nsys) and what becomes of the measurements.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import numpy as np
+
+from .checks import check_logits
+from .compile import LAYERS_SOURCE, BuildRequest
+from .config import JobSpec, RunSpec, tunables_text
+from .errors import CompileError, ConvsweepError, failure_message
+from .gpulock import gpu_lock
+from .inputs import load_batch
+from .job import JobContext
+from .network import reference_layer
+from .numbers import finite, median
+from .provenance import GpuMonitor, environment, host_gpu_arch
+from .runner import (Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks, pipeline_buffers, pipeline_pass,
+                     poison_logits)
+from .variants import Variant
+
+
+def _timings_from_samples(samples: list[dict], conv_names: list[str]) -> dict:
+    def med(metric, layer=None):
+        return finite(median(s["value"] for s in samples if s["metric"] == metric and s["layer"] == layer))
+
+    return {"op_time_ms": {name: med("op_time_ms", name) for name in conv_names},
+            "h2d_ms": med("h2d_ms"), "d2h_ms": med("d2h_ms"), "compute_ms": med("compute_ms"),
+            "forward_ms": med("forward_ms"), "overlap": med("overlap"), "streams_used": med("streams_used")}
+
+
+def _complete(record: dict, measured: dict, ctx: JobContext) -> None:
+    """Fold one setting's measurement into its record and check its logits against float64."""
+    batch, run = ctx.batch, ctx.runs[record["grid"]["index"]]
+    logits = measured.pop("logits")
+    check = check_logits(logits, batch.reference, batch.dataset.labels, batch.idx, ctx.variants.values())
+    timings = measured.pop("timings")
+    record.update(measured, **check.record(), tolerance=max(v.tolerance for v in ctx.variants.values()),
+                  images={"batch": run.batch, "unique": len(batch.dataset.images),
+                          "cycled": run.batch > len(batch.dataset.images)},
+                  floors={layer.name: {"bytes": s.min_bytes, "flops": s.flops} for layer in batch.network.conv_layers
+                          for s in [batch.network.conv_shape(layer, run.batch)]})
+    record["timings"].update(timings)
+    missed = [b["compile_ms"] for b in record["builds"] if not b["cache_hit"]]
+    record["timings"]["compile_ms"] = sum(missed) if record["builds"] else None
+    if ctx.keep_logits:
+        record["logits"] = logits
+
+
+@dataclass
+class GpuSession:
+    """The GPU side every setting of a job shares: device, streams, the batch's host and device
+    buffers, the NVML monitor, the chunking of a pass, and the backend that builds networks."""
+
+    gpu: object
+    streams: list
+    buffers: PipelineBuffers
+    monitor: GpuMonitor
+    chunks: list[tuple[int, int]]
+    backend: Backend
+    arch: str  # what the builds target
+
+
+def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backend(),
+                     on_measured: Callable[[dict], None] = lambda m: None) -> dict:
+    """Measure settings `todo` (indices into ctx.runs) in this process; each finished measurement
+    goes to `on_measured` as it is made. Returns the seconds of the phases they shared. A failure
+    before any setting could run (data, device) is every remaining setting's failure."""
+    shared: dict[str, float] = {}
+    done: set[int] = set()
+
+    def finish(record: dict, own_s: float) -> None:
+        record["timings"]["total_s"] = own_s  # its own time; run_job adds its share of the job's
+        done.add(record["grid"]["index"])
+        on_measured(record)
+
+    try:
+        t = time.perf_counter()
+        ctx.batch = load_batch(ctx.network, ctx.spec.dataset, ctx.spec.batch)
+        _ = ctx.batch.images
+        shared["load"] = time.perf_counter() - t
+        t = time.perf_counter()
+        _ = ctx.batch.reference  # from the disk cache, or computed once for every setting
+        shared["reference"] = time.perf_counter() - t
+        cpu = {v.is_cpu for v in ctx.variants.values()}
+        if cpu == {True}:
+            _measure_cpu_settings(ctx, todo, finish)
+        elif cpu == {False}:
+            _measure_gpu_settings(ctx, todo, backend, shared, finish)
+        else:
+            raise ConvsweepError("a job cannot mix the CPU 'reference' variant with GPU variants")
+    except Exception as e:  # the job's own failure: every setting not yet measured is stored with it
+        message, env = failure_message(e), environment()
+        for i in todo:
+            if i not in done:
+                record = ctx.skeleton(i)
+                record.update(error=ctx.compile_errors.get(i, message), environment=env)
+                finish(record, 0.0)
+    return shared
+
+
+def _measure_cpu_settings(ctx: JobContext, todo: list[int], finish) -> None:
+    """The CPU reference: synchronous numpy, so a host clock around each layer is an honest timer."""
+    network, images = ctx.batch.network, ctx.batch.images
+    conv_names = [layer.name for layer in network.conv_layers]
+    dtype = np.dtype(network.dtype)
+    cast = {k: v.astype(dtype) for k, v in ctx.batch.weights.items()}
+    for i in todo:
+        started, record, run, samples, phases = time.perf_counter(), ctx.skeleton(i), ctx.runs[i], [], {}
+
+        def forward(repeat):
+            x = images.astype(dtype)
+            t0 = time.perf_counter()
+            for layer in network.layers:
+                t = time.perf_counter()
+                x = reference_layer(layer, cast, x)
+                if repeat is not None and layer.name in conv_names:
+                    samples.append({"metric": "op_time_ms", "layer": layer.name, "repeat": repeat,
+                                    "value": (time.perf_counter() - t) * 1e3})
+            if repeat is not None:
+                samples.append({"metric": "forward_ms", "layer": None, "repeat": repeat,
+                                "value": (time.perf_counter() - t0) * 1e3})
+            return x
+
+        t = time.perf_counter()
+        for _ in range(run.warmup):
+            forward(None)
+        phases["warmup"] = time.perf_counter() - t
+        t = time.perf_counter()
+        for r in range(run.repeats):
+            logits = forward(r)
+        phases["timed"] = time.perf_counter() - t
+        t = time.perf_counter()
+        _complete(record, {"profiler": "cpu", "logits": logits, "samples": samples, "builds": [],
+                           "timings": _timings_from_samples(samples, conv_names), "environment": environment()}, ctx)
+        record["phases_s"] = {**phases, "check": time.perf_counter() - t}
+        finish(record, time.perf_counter() - started)
+
+
+def build_requests(network, variants: dict[str, Variant], run: RunSpec) -> list[BuildRequest]:
+    """Every module a setting loads: layers.cu, and each conv layer's variant with its macros
+    (tunables, and the layer's shape for variants that compile it in)."""
+    requests = [BuildRequest.of(LAYERS_SOURCE, "layers", {"CONV_T": "double"} if network.dtype == "float64" else {})]
+    for layer in network.conv_layers:
+        variant = variants[layer.name]
+        params = variant.resolve_params(run.params.get(layer.name), f"params.{layer.name}")
+        requests.append(BuildRequest.of(variant.source, variant.name,
+                                        variant.defines(params, network.variant_shape(layer, variant.fuses))))
+    return list(dict.fromkeys(requests))
+
+
+def _compile_errors(ctx: JobContext, todo: list[int], builds: dict) -> dict[int, str]:
+    """setting index -> its first build's compile error, for the settings with one."""
+    errors = {}
+    for i in todo:
+        for request in build_requests(ctx.batch.network, ctx.variants, ctx.runs[i]):
+            if isinstance(builds.get(request), CompileError):
+                errors[i] = str(builds[request])
+                break
+    return errors
+
+
+def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, shared: dict, finish) -> None:
+    spec = ctx.spec
+    chunks = pass_chunks(spec.batch, spec.streams, spec.chunk_images)
+    # The builds compile on the CPU cores while this thread opens the GPU (for NVML's idea of its
+    # architecture: no CUDA context is needed to know it; sm_90 where there is no GPU, so that a
+    # kernel that does not compile says so on any machine).
+    arch = spec.arch if spec.arch != "auto" else host_gpu_arch() or "sm_90"
+    requests = [r for i in todo for r in build_requests(ctx.batch.network, ctx.variants, ctx.runs[i])]
+    with ExitStack() as stack:
+        t = time.perf_counter()
+        compiling = stack.enter_context(backend.compile_all(requests, arch))
+        try:
+            gpu = stack.enter_context(backend.gpu())
+        except Exception:
+            ctx.compile_errors = _compile_errors(ctx, todo, compiling.wait())
+            raise
+        # Everything this job does on the GPU, uploads included, happens under the GPU's lock.
+        waiting = time.perf_counter()
+        stack.enter_context(gpu_lock(gpu.uuid, f"job {spec.job_id} ({spec.experiment})"))
+        shared["gpu_wait"] = time.perf_counter() - waiting
+        monitor = stack.enter_context(GpuMonitor(gpu.uuid, gpu.pci_bus_id))
+        env = environment(gpu)
+        shared["context"] = time.perf_counter() - t - shared["gpu_wait"]
+        t = time.perf_counter()
+        compiling.wait()
+        shared["compile"] = time.perf_counter() - t  # what compiling took beyond opening the GPU
+        t = time.perf_counter()
+        streams = [gpu.stream() for _ in range(spec.streams)]
+        buffers = pipeline_buffers(gpu, ctx.batch.network, ctx.batch.images, spec.host_memory, streams[0])
+        shared["allocate"] = time.perf_counter() - t
+        # Where NVML could not tell (GPUs of several kinds), each op compiles for this GPU itself.
+        session = GpuSession(gpu, streams, buffers, monitor, chunks, backend, arch if spec.arch != "auto" else gpu.arch)
+        for n, i in enumerate(todo):
+            started, record = time.perf_counter(), ctx.skeleton(i)
+            try:
+                with nvtx_range(f"setting {i}"), gpu.scope():
+                    measured = _measure_gpu_setting(session, ctx, i)
+                t = time.perf_counter()
+                _complete(record, measured, ctx)
+                record["phases_s"]["check"] = time.perf_counter() - t
+            except Exception as e:  # this setting's failure (compile, launch, shape): the others go on
+                record.update(status="failed", error=failure_message(e))
+            record["environment"] = env
+            finish(record, time.perf_counter() - started)
+            print(f"[{n + 1}/{len(todo)}] {_describe(record)}", flush=True)
+
+
+def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> dict:
+    """One setting: its network (compiled builds loaded, weights, lanes), warm-up and timed passes."""
+    gpu, streams, buffers, chunks = session.gpu, session.streams, session.buffers, session.chunks
+    run, network = ctx.runs[index], ctx.batch.network
+    conv_names = [layer.name for layer in network.conv_layers]
+    phases, samples = {}, []
+    t = time.perf_counter()
+    plan = ConvPlan(ctx.variants, {layer: var.resolve_params(run.params.get(layer), f"params.{layer}")
+                                   for layer, var in ctx.variants.items()}, session.arch)
+    net = session.backend.network(gpu, network, ctx.batch.weights, plan, len(streams), max(hi - lo for lo, hi in chunks))
+    poison_logits(gpu, buffers, streams[0])  # so a setting that writes nothing cannot pass with the last one's logits
+    phases["setup"] = time.perf_counter() - t
+
+    def forward(tag: str, repeat: int | None):
+        with nvtx_range(tag):
+            marks = {}
+            start, h2d_end, d2h_start, end = pipeline_pass(gpu, net, streams, chunks, buffers, marks)
+            end.sync()
+            if repeat is None:
+                return
+
+            def add(metric, layer, value):
+                samples.append({"metric": metric, "layer": layer, "repeat": repeat, "value": value})
+
+            add("forward_ms", None, end - start)
+            if len(chunks) == 1:  # with several chunks the copies of one interleave with others' kernels
+                add("h2d_ms", None, h2d_end - start)
+                add("compute_ms", None, d2h_start - h2d_end)
+                add("d2h_ms", None, end - d2h_start)
+            if len(streams) == 1:  # with several streams, event intervals include other streams' work
+                for name in conv_names:
+                    add("op_time_ms", name, sum(e - b for b, e in marks[name]))
+
+    t = time.perf_counter()
+    for w in range(run.warmup):
+        forward(f"warmup {w}", None)
+    phases["warmup"] = time.perf_counter() - t
+    clocks = session.monitor.clocks()  # at the start of the timed part
+    t = time.perf_counter()
+    for r in range(run.repeats):
+        forward(f"repeat {r}", r)
+    phases["timed"] = time.perf_counter() - t
+    return {"profiler": "events", "logits": np.array(buffers.logits_host, copy=True), "samples": samples,
+            "builds": [b.record() for b in net.builds], "timings": _timings_from_samples(samples, conv_names),
+            "clocks": clocks, "phases_s": phases}
+
+
+def _describe(record: dict) -> str:
+    """One progress line: the setting's tunables, status and op times."""
+    ops = ", ".join(f"{layer} {ms:.3f} ms" for layer, ms in record["timings"]["op_time_ms"].items() if ms is not None)
+    return " ".join(part for part in (tunables_text(record["spec"]["params"]), record["status"], ops,
+                                      f"- {record['error']}" if record["error"] else "") if part)
+
+
+def measure(run: RunSpec, keep_logits: bool = False, backend: Backend = Backend()) -> dict:
+    """One setting measured in this process with CUDA events (or the CPU clock), as a lone job would;
+    `keep_logits` leaves the output array in the measurement (result files never hold it)."""
+    ctx = JobContext.open(JobSpec.for_run(run))
+    ctx.keep_logits = keep_logits
+    measured: list[dict] = []
+    measure_settings(ctx, [0], backend, measured.append)
+    return measured[0]
+
