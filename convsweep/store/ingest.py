@@ -75,7 +75,17 @@ def _timestamp(value: str | None, source: str, key: str) -> datetime | None:
 
 
 def _get_or_create(session: Session, model: type[Base], keys: dict[str, Any], values: dict[str, Any]) -> int:
-    """The id of the row with these key columns, inserted if missing; safe against concurrent inserts."""
+    """The id of the row with these key columns, inserted if missing; safe against concurrent inserts.
+    Remembered for the session's transaction: a file's settings share their sweep, environment and
+    layers build, which would otherwise cost two statements per setting each."""
+    known = session.info.setdefault("ids", {})
+    memo_key = (model.__tablename__, tuple(sorted(keys.items())))
+    if memo_key not in known:
+        known[memo_key] = _find_or_insert(session, model, keys, values)
+    return known[memo_key]
+
+
+def _find_or_insert(session: Session, model: type[Base], keys: dict[str, Any], values: dict[str, Any]) -> int:
     dialect = session.get_bind().dialect.name
     row = {**values, **keys}
     if dialect in ("postgresql", "sqlite"):
