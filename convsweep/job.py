@@ -275,10 +275,12 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
     inner_shared = next((line["shared"] for line in lines if "shared" in line), {})
     measured = {m["grid"]["index"]: m for line in lines if (m := line.get("measurement"))}
     summaries = {}
+    t = time.perf_counter()
     if sqlite_path is not None:
         conv_names = list(spec.variants)
         activities = nsys_mod.read_activities(sqlite_path, {layer.name for layer in ctx.network.layers})
         summaries = nsys_mod.summarize_settings(activities, conv_names)
+    read_s = time.perf_counter() - t
     files = {"nsys_report": str(child.report_base.with_suffix(".nsys-rep")), "nsys_sqlite": str(sqlite_path)} \
         if sqlite_path is not None else {}
     for i in todo:
@@ -293,7 +295,7 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
         m["files"] = files
         keep(m)
     own = sum(v for v in inner_shared.values() if v) + sum(m["timings"]["total_s"] or 0 for m in measured.values())
-    return {**inner_shared, "profile": max(0.0, wall - own)}, files
+    return {**inner_shared, "profile": max(0.0, wall - own), "nsys_read": read_s}, files
 
 
 def _apply_nsys(m: dict, summary: dict | None, problem: str | None, repeats: int) -> None:
