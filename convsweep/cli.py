@@ -231,6 +231,15 @@ def cmd_query(args) -> None:
     print(run_query(args.db, args.query, fmt=args.format, params=params or None))
 
 
+def cmd_compare(args) -> None:
+    from .compare import any_slower, compare, render
+
+    result = compare(args.db, args.a, args.b, metric=args.metric, threshold=args.threshold)
+    print(render(result, args.format))
+    if any_slower(result):
+        raise SystemExit(1)
+
+
 def cmd_report(args) -> None:
     from .fileio import write_atomic
     from .query import fetch, render
@@ -343,6 +352,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--harness", action="store_true",
                    help="also run a LeNet job twice with events and twice under nsys (if found) and judge the cached runs' total_s")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("compare", help="B against A, job by job: ratio of medians, its interval, SAME/FASTER/SLOWER/UNSURE",
+                       description="A and B select stored runs: sweep:N, commit:SHA, experiment:NAME, results:DIR "
+                                   "(a sweep's results directory), runs:LO-HI, or the bare value. Each matched job gets "
+                                   "the ratio of B's median to A's over the stored samples, a 95% bootstrap interval "
+                                   "and a verdict. Exit status 1 when any job is SLOWER beyond the threshold.")
+    p.add_argument("a", help="the baseline selection")
+    p.add_argument("b", help="the selection compared with it")
+    p.add_argument("--db", help=DB_HELP)
+    p.add_argument("--metric", default="forward_ms",
+                   help="forward_ms (the whole pass), or a conv layer's name for its op time (default: %(default)s)")
+    p.add_argument("--threshold", type=float, default=0.05,
+                   help="the change that counts: SLOWER/FASTER beyond it, SAME within it (default: %(default)s)")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="(default: %(default)s)")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("report", help="write an experiment's table as Markdown")
     p.add_argument("--experiment", required=True, help="the experiment of experiments.yaml to report")

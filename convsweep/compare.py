@@ -1,0 +1,184 @@
+"""`convsweep compare A B`: is B faster, slower or the same as A, job by job, and how sure is that.
+
+A and B each select stored runs: `sweep:N`, `commit:SHA`, `experiment:NAME`, `results:DIR` (the
+results directory a sweep wrote, for two runs of one sweep from one clone), `runs:LO-HI` (run
+ids), or the bare value (digits: a sweep id; 7-40 hex digits: a commit; an existing directory;
+else an experiment). In each selection the newest ok run of every job stands for it. Jobs match
+by their cell (network, dataset, variants, batch, streams, host memory, chunking); within a cell
+that holds several tunable settings on either side, by the setting too, so a sweep run again with
+another tunable compares as the same job. The statistics are convsweep.stats: the ratio of
+medians over the stored samples, its bootstrap interval, a verdict against a threshold.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from .config import tunables_text
+from .errors import ConvsweepError
+from .query import fetch
+from .stats import SLOWER, compare_samples
+
+_RUN_COLUMNS = ("id, experiment, network, dataset, variants, params, variant, batch, streams, host_memory, "
+                "chunk_images, git_commit")
+_KINDS = ("sweep", "commit", "experiment", "results", "runs")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which runs one side of a comparison holds, as a SQL condition on `run`."""
+
+    kind: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> "Selection":
+        kind, sep, value = text.partition(":")
+        if sep and kind in _KINDS:
+            return cls(kind, value)
+        if text.isdigit():
+            return cls("sweep", text)
+        if re.fullmatch(r"[0-9a-f]{7,40}", text):
+            return cls("commit", text)
+        if Path(text).is_dir():
+            return cls("results", text)
+        return cls("experiment", text)
+
+    def condition(self, name: str) -> tuple[str, dict[str, Any]]:
+        if self.kind == "sweep":
+            return f"sweep_id = :{name}", {name: _integer(self.value, "a sweep id")}
+        if self.kind == "commit":
+            return f"git_commit LIKE :{name}", {name: f"{self.value}%"}
+        if self.kind == "experiment":
+            return f"experiment = :{name}", {name: self.value}
+        if self.kind == "results":  # ingest keeps the path it was given: relative or absolute
+            given, absolute = self.value.rstrip("/"), str(Path(self.value).resolve())
+            return (f"(result_path LIKE :{name}_given OR result_path LIKE :{name}_abs)",
+                    {f"{name}_given": f"{given}/%", f"{name}_abs": f"{absolute}/%"})
+        lo, _, hi = self.value.partition("-")
+        return (f"id BETWEEN :{name}_lo AND :{name}_hi",
+                {f"{name}_lo": _integer(lo, "a run id"), f"{name}_hi": _integer(hi or lo, "a run id")})
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.value}"
+
+
+def _integer(text: str, what: str) -> int:
+    if not text.isdigit():
+        raise ConvsweepError(f"compare: expected {what}, got {text!r}")
+    return int(text)
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _newest_ok_runs(db: str | None, selection: Selection) -> list[dict]:
+    condition, params = selection.condition("sel")
+    columns, rows = fetch(db, f"SELECT {_RUN_COLUMNS} FROM run WHERE status = 'ok' AND {condition} ORDER BY id", params)
+    newest: dict[tuple, dict] = {}
+    for row in rows:
+        run = dict(zip(columns, row))
+        run["variants"], run["params"] = _json(run["variants"]), _json(run["params"]) or {}
+        newest[(_cell(run), json.dumps(run["params"], sort_keys=True))] = run  # later ids win
+    return list(newest.values())
+
+
+def _cell(run: dict) -> tuple:
+    return (run["network"], run["dataset"], json.dumps(run["variants"], sort_keys=True), run["batch"], run["streams"],
+            run["host_memory"], run["chunk_images"])
+
+
+def _samples(db: str | None, run_ids: list[int], metric: str) -> dict[int, list[float]]:
+    """run id -> the values of `metric`: forward_ms, or a conv layer's name for its op times."""
+    if not run_ids:
+        return {}
+    layer_test = "layer IS NULL" if metric == "forward_ms" else "layer = :layer"
+    params = {f"r{i}": run_id for i, run_id in enumerate(run_ids)}
+    params.update({"metric": "forward_ms" if metric == "forward_ms" else "op_time_ms", "layer": metric})
+    ids = ", ".join(f":r{i}" for i in range(len(run_ids)))
+    _, rows = fetch(db, f"SELECT run_id, value FROM sample WHERE metric = :metric AND {layer_test} "
+                        f"AND run_id IN ({ids}) ORDER BY run_id, repeat", params)
+    found: dict[int, list[float]] = {}
+    for run_id, value in rows:
+        found.setdefault(run_id, []).append(float(value))
+    return found
+
+
+def _pairs(runs_a: list[dict], runs_b: list[dict]) -> tuple[list[tuple[dict, dict]], int, int]:
+    """Matched (A run, B run) pairs, and how many jobs only A or only B holds."""
+    def by_cell(runs):
+        cells: dict[tuple, dict[str, dict]] = {}
+        for run in runs:
+            cells.setdefault(_cell(run), {})[json.dumps(run["params"], sort_keys=True)] = run
+        return cells
+
+    cells_a, cells_b = by_cell(runs_a), by_cell(runs_b)
+    pairs, only_a, only_b = [], 0, 0
+    for cell in sorted(cells_a.keys() | cells_b.keys(), key=str):
+        a, b = cells_a.get(cell, {}), cells_b.get(cell, {})
+        if len(a) == 1 and len(b) == 1:  # one setting each side: the same job, whatever its tunables
+            pairs.append((next(iter(a.values())), next(iter(b.values()))))
+            continue
+        pairs += [(a[p], b[p]) for p in sorted(a.keys() & b.keys())]
+        only_a += len(a.keys() - b.keys())
+        only_b += len(b.keys() - a.keys())
+    return pairs, only_a, only_b
+
+
+def compare(db: str | None, a: str, b: str, metric: str = "forward_ms", threshold: float = 0.05) -> dict:
+    """The comparison of selections `a` and `b` as data: one row per matched job, and totals."""
+    if threshold <= 0:
+        raise ConvsweepError(f"compare: --threshold must be above 0, got {threshold}")
+    sel_a, sel_b = Selection.parse(a), Selection.parse(b)
+    runs_a, runs_b = _newest_ok_runs(db, sel_a), _newest_ok_runs(db, sel_b)
+    for selection, runs in ((sel_a, runs_a), (sel_b, runs_b)):
+        if not runs:
+            raise ConvsweepError(f"compare: {selection} selects no ok run in the database")
+    pairs, only_a, only_b = _pairs(runs_a, runs_b)
+    samples = _samples(db, sorted({r["id"] for pair in pairs for r in pair}), metric)
+    rows = []
+    for run_a, run_b in pairs:
+        change = compare_samples(samples.get(run_a["id"], []), samples.get(run_b["id"], []), threshold)
+        setting_a, setting_b = tunables_text(run_a["params"]), tunables_text(run_b["params"])
+        rows.append({
+            "experiment": run_b["experiment"], "variant": run_b["variant"], "batch": run_b["batch"],
+            "streams": run_b["streams"], "host_memory": run_b["host_memory"],
+            "setting": setting_b if setting_a == setting_b else f"{setting_a} -> {setting_b}",
+            "run_a": run_a["id"], "run_b": run_b["id"], **asdict(change)})
+    verdicts = [row["verdict"] for row in rows]
+    return {"a": str(sel_a), "b": str(sel_b), "metric": metric, "threshold": threshold, "rows": rows,
+            "only_a": only_a, "only_b": only_b,
+            "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))}}
+
+
+def any_slower(result: dict) -> bool:
+    return any(row["verdict"] == SLOWER for row in result["rows"])
+
+
+def render(result: dict, fmt: str = "table") -> str:
+    """A Markdown table people can paste (and a line of totals), or the data as JSON."""
+    if fmt == "json":
+        return json.dumps(result, indent=1)
+    if fmt != "table":
+        raise ConvsweepError(f"compare: unknown --format {fmt!r}: expected table or json")
+
+    def pct(x):
+        return "" if x is None else f"{(x - 1) * 100:+.1f}%"
+
+    rows = [[r["experiment"], r["variant"], r["batch"], r["streams"], r["host_memory"], r["setting"],
+             pct(r["ratio"]), "" if r["low"] is None else f"[{pct(r['low'])}, {pct(r['high'])}]", r["verdict"],
+             f"{r['samples_a']}/{r['samples_b']}", f"{r['run_a']} -> {r['run_b']}"] for r in result["rows"]]
+    table = tabulate(rows, headers=["experiment", "variant", "batch", "streams", "host memory", "setting",
+                                    f"B vs A ({result['metric']})", "95% interval", "verdict", "samples A/B",
+                                    "runs"], tablefmt="github")
+    totals = ", ".join(f"{n} {v}" for v, n in result["verdicts"].items()) or "no job in both"
+    unmatched = "".join(f"; {n} job{'s' * (n != 1)} only in {side}"
+                        for side, n in (("A", result["only_a"]), ("B", result["only_b"])) if n)
+    return (f"A = {result['a']}, B = {result['b']}: {totals}{unmatched} "
+            f"(threshold {result['threshold'] * 100:g}%)\n\n{table}")

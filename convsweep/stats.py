@@ -1,0 +1,77 @@
+"""How sure a timing is: the spread of its samples, and whether two sets of samples differ.
+
+Spread is the median absolute deviation relative to the median (robust: one preempted sample
+does not widen it, as it would a standard deviation). Two results are compared by the ratio of
+their medians, B over A, with a bootstrap percentile interval over the stored samples: it bounds
+the very number reported (unlike a Mann-Whitney p-value, which says only that the distributions
+differ somewhere), needs no distribution, and stays honest with the ten-odd samples a run keeps.
+The verdict puts that interval against a threshold, as asv and nvbench's compare script do.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+SAME, FASTER, SLOWER, UNSURE = "SAME", "FASTER", "SLOWER", "UNSURE"
+MIN_SAMPLES = 5  # fewer per side and a bootstrap interval means nothing: the verdict is UNSURE
+RESAMPLES = 4000
+CONFIDENCE = 0.95
+
+
+def relative_spread(values: Sequence[float]) -> float | None:
+    """Median absolute deviation over the median; None for no samples or a zero median."""
+    x = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    if not x.size:
+        return None
+    centre = float(np.median(x))
+    return float(np.median(np.abs(x - centre))) / centre if centre else None
+
+
+@dataclass(frozen=True)
+class Change:
+    """B against A: the ratio of medians (above 1: B is slower), its interval, and the verdict."""
+
+    ratio: float | None
+    low: float | None
+    high: float | None
+    verdict: str
+    samples_a: int
+    samples_b: int
+
+
+def bootstrap_ratio(a: Sequence[float], b: Sequence[float], resamples: int = RESAMPLES,
+                    confidence: float = CONFIDENCE, seed: int = 0) -> tuple[float, float, float]:
+    """median(b) / median(a) and its bootstrap percentile interval (each side resampled with
+    replacement on its own); seeded, so one pair of sample sets always gets the same interval."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    med_a = np.median(rng.choice(a, size=(resamples, a.size)), axis=1)
+    med_b = np.median(rng.choice(b, size=(resamples, b.size)), axis=1)
+    ratios = med_b / med_a
+    tail = (1.0 - confidence) / 2 * 100
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return float(np.median(b) / np.median(a)), float(low), float(high)
+
+
+def compare_samples(a: Sequence[float], b: Sequence[float], threshold: float = 0.05) -> Change:
+    """SLOWER: B's median is slower by at least `threshold` and the interval lies above 1;
+    FASTER: the mirror image; SAME: the whole interval lies within the threshold either way;
+    UNSURE: anything else (a wide interval, or fewer than MIN_SAMPLES samples on a side)."""
+    a = [v for v in a if v is not None and v > 0]
+    b = [v for v in b if v is not None and v > 0]
+    if len(a) < MIN_SAMPLES or len(b) < MIN_SAMPLES:
+        ratio = float(np.median(b) / np.median(a)) if a and b else None
+        return Change(ratio, None, None, UNSURE, len(a), len(b))
+    ratio, low, high = bootstrap_ratio(a, b)
+    band_low, band_high = 1 / (1 + threshold), 1 + threshold
+    if low > 1 and ratio >= band_high:
+        verdict = SLOWER
+    elif high < 1 and ratio <= band_low:
+        verdict = FASTER
+    elif band_low <= low and high <= band_high:
+        verdict = SAME
+    else:
+        verdict = UNSURE
+    return Change(ratio, low, high, verdict, len(a), len(b))

@@ -1,0 +1,103 @@
+"""The statistics of `convsweep compare` on synthetic samples with a known shift (and none), and the
+command end to end on stored runs, on SQLite and PostgreSQL."""
+import json
+
+import numpy as np
+import pytest
+
+from convsweep.cli import main as cli_main
+from convsweep.compare import Selection, compare
+from convsweep.errors import ConvsweepError
+from convsweep.stats import FASTER, SAME, SLOWER, UNSURE, compare_samples, relative_spread
+from convsweep.store import ingest_result, open_store
+
+from store_fixtures import make_result
+
+
+def noisy(centre: float, n: int, noise: float, seed: int) -> list[float]:
+    """n timings around `centre` with relative Gaussian noise, like a quiet GPU's."""
+    return list(centre * (1 + noise * np.random.default_rng(seed).standard_normal(n)))
+
+
+def test_spread_is_the_median_absolute_deviation_over_the_median():
+    assert relative_spread([1.0, 2.0, 3.0, 4.0, 100.0]) == pytest.approx(1 / 3)  # one outlier barely moves it
+    assert relative_spread([2.0, 2.0, 2.0]) == 0.0
+    assert relative_spread([]) is None and relative_spread([0.0, 0.0]) is None
+
+
+@pytest.mark.parametrize("shift, verdict", [(1.0, SAME), (1.02, SAME), (0.98, SAME), (1.10, SLOWER), (0.90, FASTER)])
+def test_a_known_shift_gets_its_verdict(shift, verdict):
+    for seed in range(5):  # fresh draws each time: the verdict must not hang on one lucky sample
+        a, b = noisy(1.0, 20, 0.005, seed), noisy(shift, 20, 0.005, 100 + seed)
+        change = compare_samples(a, b, threshold=0.05)
+        assert change.verdict == verdict, (seed, change)
+        assert change.low <= change.ratio <= change.high
+        assert change.low < shift * 1.01 and change.high > shift * 0.99  # the interval holds the true ratio
+
+
+def test_too_few_or_too_noisy_samples_are_unsure():
+    assert compare_samples([1.0, 1.0], [2.0, 2.0]).verdict == UNSURE  # a doubling, but two samples each
+    wide = compare_samples(noisy(1.0, 6, 0.2, 1), noisy(1.06, 6, 0.2, 2), threshold=0.05)
+    assert wide.verdict == UNSURE and wide.high - wide.low > 0.1
+
+
+def test_the_interval_is_reproducible():
+    a, b = noisy(1.0, 12, 0.01, 3), noisy(1.03, 12, 0.01, 4)
+    assert compare_samples(a, b) == compare_samples(a, b)
+
+
+def test_selections_read_like_what_they_name(tmp_path):
+    assert Selection.parse("7") == Selection("sweep", "7")
+    assert Selection.parse("abc1234") == Selection("commit", "abc1234")
+    assert Selection.parse(str(tmp_path)) == Selection("results", str(tmp_path))
+    assert Selection.parse("lenet86-baseline") == Selection("experiment", "lenet86-baseline")
+    assert Selection.parse("runs:3-9") == Selection("runs", "3-9")
+    with pytest.raises(ConvsweepError, match="expected a run id, got 'x'"):
+        Selection.parse("runs:x-9").condition("s")
+
+
+def stored(variant: str, commit: str, forward: list[float], **kwargs) -> dict:
+    result = make_result(variant, git={"commit": commit, "dirty": False}, **kwargs)
+    result["samples"] = [{"metric": "forward_ms", "layer": None, "repeat": r, "value": v} for r, v in enumerate(forward)]
+    return result
+
+
+def test_compare_two_commits_job_by_job(db_url, capsys):
+    engine = open_store(db_url)
+    a, b = "a" * 40, "b" * 40
+    for result in [
+        stored("naive", a, noisy(40.0, 10, 0.003, 1)), stored("naive", b, noisy(40.0, 10, 0.003, 2)),
+        stored("tiled", a, noisy(20.0, 10, 0.003, 3)), stored("tiled", b, noisy(23.0, 10, 0.003, 4)),
+        # one setting on each side: the same job, though its tunable changed
+        stored("fused", a, noisy(9.0, 10, 0.003, 5), params={"conv1": {"PR": 2}}),
+        stored("fused", b, noisy(8.0, 10, 0.003, 6), params={"conv1": {"PR": 1}}),
+        stored("im2col", a, noisy(30.0, 10, 0.003, 7)),  # measured at A only
+        stored("naive", b, noisy(40.0, 10, 0.003, 8), status="incorrect"),  # never stands for a job
+    ]:
+        ingest_result(engine, result)
+    engine.dispose()
+
+    result = compare(db_url, f"commit:{a[:7]}", b[:12])
+    verdicts = {row["variant"]: row["verdict"] for row in result["rows"]}
+    assert verdicts == {"naive": SAME, "tiled": SLOWER, "fused": FASTER}
+    assert result["only_a"] == 1 and result["only_b"] == 0
+    tiled = next(row for row in result["rows"] if row["variant"] == "tiled")
+    assert tiled["ratio"] == pytest.approx(23 / 20, rel=0.01) and tiled["samples_a"] == tiled["samples_b"] == 10
+    assert next(row for row in result["rows"] if row["variant"] == "fused")["setting"] == "conv1 PR=2 -> conv1 PR=1"
+
+    with pytest.raises(SystemExit) as exit_status:
+        cli_main(["compare", a[:7], b[:7], "--db", db_url])
+    assert exit_status.value.code == 1  # a SLOWER job fails CI
+    table = capsys.readouterr().out
+    assert "1 FASTER, 1 SAME, 1 SLOWER; 1 job only in A" in table and "| tiled" in table
+    assert cli_main(["compare", a[:7], b[:7], "--db", db_url, "--threshold", "0.2", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {row["variant"]: row["verdict"] for row in data["rows"]}["tiled"] == SAME  # 15% is within 20%
+
+
+def test_a_selection_without_runs_is_one_line(db_url):
+    engine = open_store(db_url)
+    ingest_result(engine, stored("naive", "a" * 40, noisy(40.0, 10, 0.003, 1)))
+    engine.dispose()
+    with pytest.raises(ConvsweepError, match=r"^compare: sweep:99 selects no ok run in the database$"):
+        compare(db_url, "99", "a" * 7)
