@@ -245,10 +245,17 @@ def cmd_report(args) -> None:
     from .query import fetch, render
 
     params = {"experiment": args.experiment}
-    table = render(*fetch(args.db, "SELECT variant, batch, streams, host_memory, status, op_time_1_ms, op_time_2_ms, "
-                                   "forward_ms, total_s, accuracy FROM run_summary WHERE experiment = :experiment "
-                                   "ORDER BY variant, batch, streams, host_memory", params), "table")
-    text = f"# {args.experiment}\n\nThe latest measurement of each job (`convsweep query history` has them all).\n\n{table}\n"
+    def spread(column: str, name: str) -> str:  # percent, one decimal, the same text on both databases
+        return f'CAST(ROUND(CAST(100 * {column} AS NUMERIC), 1) AS VARCHAR) AS "{name} ±%"'
+
+    table = render(*fetch(args.db, "SELECT variant, batch, streams, host_memory, status, op_time_1_ms, "
+                                   f"{spread('op_time_1_spread', 'op time 1')}, op_time_2_ms, "
+                                   f"{spread('op_time_2_spread', 'op time 2')}, forward_ms, "
+                                   f"{spread('forward_spread', 'forward')}, total_s, accuracy FROM run_summary "
+                                   "WHERE experiment = :experiment ORDER BY variant, batch, streams, host_memory",
+                          params), "table")
+    text = (f"# {args.experiment}\n\nThe latest measurement of each job (`convsweep query history` has them all); "
+            f"±% is the spread of the median's samples (median absolute deviation over the median).\n\n{table}\n")
     columns, failures = fetch(args.db, "SELECT variant, batch, streams, host_memory, status, error FROM latest_run "
                                        "WHERE experiment = :experiment AND status <> 'ok' "
                                        "ORDER BY variant, batch, streams, host_memory", params)

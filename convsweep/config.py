@@ -34,10 +34,11 @@ class RunSpec:
     batch: int
     streams: int
     host_memory: str
-    repeats: int
+    repeats: int | str  # timed passes, or "auto": until `stopping` says the median is known
     warmup: int
     profiler: str
     chunk_images: int | None = None  # images per pipeline chunk; None: several chunks per stream
+    stopping: dict | None = None  # repeats auto: max_noise, min_samples, min_time_s, timeout_s
 
     def to_dict(self) -> dict:
         return _without_defaults(asdict(self))
@@ -75,10 +76,11 @@ class JobSpec:
     batch: int
     streams: int
     host_memory: str
-    repeats: int
+    repeats: int | str
     warmup: int
     profiler: str
     chunk_images: int | None = None
+    stopping: dict | None = None
     search: dict = field(default_factory=lambda: dict(GRID_SEARCH))
     arch: str = "auto"  # NVRTC's target: auto is the GPU's own (sm_90a, say, for arch-specific features)
     sweep: dict = field(default_factory=dict, compare=False)
@@ -124,8 +126,8 @@ class JobSpec:
 
 
 # Keys left out of a spec's dict at these values, so specs written before they existed keep their
-# hashes (the automatic chunking, the GPU's own architecture).
-_OMITTED_DEFAULTS = {"chunk_images": None, "arch": "auto"}
+# hashes (the automatic chunking, the GPU's own architecture, a fixed number of repeats).
+_OMITTED_DEFAULTS = {"chunk_images": None, "arch": "auto", "stopping": None}
 
 
 def _without_defaults(d: dict) -> dict:
@@ -278,7 +280,8 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
                 jobs.append(JobSpec(
                     experiment=name, network=network, dataset=exp["dataset"], variants=layer_map, grid=grid,
                     batch=batch, streams=streams, host_memory=memory, repeats=exp["repeats"], warmup=exp["warmup"],
-                    profiler=exp["profiler"], chunk_images=None if chunk == "auto" else chunk, search=search,
+                    profiler=exp["profiler"], chunk_images=None if chunk == "auto" else chunk,
+                    stopping=dict(exp["stopping"]) if exp["repeats"] == "auto" else None, search=search,
                     arch=config.data["arch"], sweep=sweep))
     if not jobs:
         raise ConfigError(f"{config.path}: the sweep matrix is empty")

@@ -101,7 +101,7 @@ class JobContext:
                 "spec": run.to_dict(), "sweep": self.spec.sweep, **self.provenance,
                 "grid": {"job_key": self.spec.job_key, "index": index, "settings": len(self.runs),
                          "valid": self.settings.valid, "search": self.spec.search},
-                "clocks": {"sm_mhz": None, "memory_mhz": None}, "environment": None,
+                "clocks": {"sm_mhz": None, "memory_mhz": None}, "environment": None, "stopping": None,
                 "status": "failed", "error": None, "profiler": None, "started_at": _now(),
                 "accuracy": None, "max_rel_err": None, "tolerance": None, "images": None,
                 "timings": {"op_time_ms": {}, "h2d_ms": None, "d2h_ms": None, "compute_ms": None, "forward_ms": None,
@@ -291,7 +291,7 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
                      environment=environment())
             m["timings"]["total_s"] = 0.0
         elif m["status"] != "failed":
-            _apply_nsys(m, summaries.get(i), problem, spec.repeats)
+            _apply_nsys(m, summaries.get(i), problem, (m.get("stopping") or {}).get("samples", spec.repeats))
         m["files"] = files
         keep(m)
     own = sum(v for v in inner_shared.values() if v) + sum(m["timings"]["total_s"] or 0 for m in measured.values())
@@ -299,7 +299,8 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
 
 
 def _apply_nsys(m: dict, summary: dict | None, problem: str | None, repeats: int) -> None:
-    """Replace a setting's event timings with its nsys records; keep the event forward pass beside them."""
+    """Replace a setting's event timings with its nsys records; keep the event forward pass beside
+    them. `repeats`: the timed passes the child took (the stopping rule's count)."""
     seen = summary["repeats_seen"] if summary else 0
     if problem or seen != repeats:
         m.update(status="failed", error=problem or f"nsys report holds {seen} timed repeats of this setting, "

@@ -26,6 +26,7 @@ from .job import JobContext
 from .network import reference_layer
 from .numbers import finite, median
 from .provenance import GpuMonitor, environment, host_gpu_arch
+from .stats import StoppingRule
 from .runner import (Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks, pipeline_buffers, pipeline_pass,
                      poison_logits)
 from .variants import Variant
@@ -138,12 +139,15 @@ def _measure_cpu_settings(ctx: JobContext, todo: list[int], finish) -> None:
             forward(None)
         phases["warmup"] = time.perf_counter() - t
         t = time.perf_counter()
-        for r in range(run.repeats):
-            logits = forward(r)
+        rule, stop = StoppingRule.of(run.repeats, run.stopping), None
+        while stop is None:
+            logits = forward(len(rule.samples_ms))
+            stop = rule.reason(_last_forward(samples), time.perf_counter() - t)
         phases["timed"] = time.perf_counter() - t
         t = time.perf_counter()
         _complete(record, {"profiler": "cpu", "logits": logits, "samples": samples, "builds": [],
-                           "timings": _timings_from_samples(samples, conv_names), "environment": environment()}, ctx)
+                           "timings": _timings_from_samples(samples, conv_names), "environment": environment(),
+                           "stopping": rule.record(stop)}, ctx)
         record["phases_s"] = {**phases, "check": time.perf_counter() - t}
         finish(record, time.perf_counter() - started)
 
@@ -257,12 +261,20 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> di
     phases["warmup"] = time.perf_counter() - t
     clocks = session.monitor.clocks()  # at the start of the timed part
     t = time.perf_counter()
-    for r in range(run.repeats):
-        forward(f"repeat {r}", r)
+    rule, stop = StoppingRule.of(run.repeats, run.stopping), None
+    while stop is None:
+        repeat = len(rule.samples_ms)
+        forward(f"repeat {repeat}", repeat)
+        stop = rule.reason(_last_forward(samples), time.perf_counter() - t)
     phases["timed"] = time.perf_counter() - t
     return {"profiler": "events", "logits": np.array(buffers.logits_host, copy=True), "samples": samples,
             "builds": [b.record() for b in net.builds], "timings": _timings_from_samples(samples, conv_names),
-            "clocks": clocks, "phases_s": phases}
+            "clocks": clocks, "phases_s": phases, "stopping": rule.record(stop)}
+
+
+def _last_forward(samples: list[dict]) -> float:
+    """The forward time of the pass just sampled: what the stopping rule watches."""
+    return next(s["value"] for s in reversed(samples) if s["metric"] == "forward_ms")
 
 
 def _describe(record: dict) -> str:

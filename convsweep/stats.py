@@ -10,7 +10,7 @@ The verdict puts that interval against a threshold, as asv and nvbench's compare
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -75,3 +75,42 @@ def compare_samples(a: Sequence[float], b: Sequence[float], threshold: float = 0
     else:
         verdict = UNSURE
     return Change(ratio, low, high, verdict, len(a), len(b))
+
+
+@dataclass
+class StoppingRule:
+    """When a setting has been sampled enough. `repeats` fixed: after that many samples ("fixed").
+    Auto (nvbench's rule, with the robust spread for its noise): once the forward times' relative
+    spread is at most `max_noise` with at least `min_samples` samples and `min_time_s` of measured
+    time ("converged"), or once `timeout_s` of wall time has passed ("timeout")."""
+
+    repeats: int | None = None  # None: auto
+    max_noise: float = 0.005
+    min_samples: int = 10
+    min_time_s: float = 0.5
+    timeout_s: float = 15.0
+    samples_ms: list[float] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, repeats: int | str, stopping: dict | None) -> "StoppingRule":
+        return cls(**(stopping or {})) if repeats == "auto" else cls(repeats=int(repeats))
+
+    def reason(self, forward_ms: float, elapsed_s: float) -> str | None:
+        """Take one more sample (ms) after `elapsed_s` of sampling; why to stop now, or None."""
+        self.samples_ms.append(forward_ms)
+        n = len(self.samples_ms)
+        if self.repeats is not None:
+            return "fixed" if n >= self.repeats else None
+        if n >= self.min_samples and sum(self.samples_ms) / 1e3 >= self.min_time_s \
+                and (self.noise if self.noise is not None else 1.0) <= self.max_noise:
+            return "converged"
+        return "timeout" if elapsed_s >= self.timeout_s else None
+
+    @property
+    def noise(self) -> float | None:
+        return relative_spread(self.samples_ms)
+
+    def record(self, reason: str) -> dict:
+        """What a measurement stores about its sampling."""
+        return {"rule": "fixed" if self.repeats is not None else "auto", "reason": reason,
+                "samples": len(self.samples_ms), "noise": self.noise, "measured_s": sum(self.samples_ms) / 1e3}

@@ -116,6 +116,7 @@ def test_result_rows_best_floors_ratios_and_verdicts(tmp_path):
     wmma = rows[("conv1", "wmma_8x32x16")]
     rate = 2 * (1 << 30) / 0.72e-3
     assert wmma["median_ms"] == 0.5 and wmma["min_ms"] == pytest.approx(0.475)
+    assert wmma["spread"] == pytest.approx(0.05)  # samples 0.55, 0.5, 0.475: deviations 0.05, 0, 0.025
     assert wmma["floor_ms"] == pytest.approx(wmma["bytes"] / rate * 1e3)
     assert wmma["x_floor"] == pytest.approx(0.5 / wmma["floor_ms"])
     assert wmma["GBps"] == pytest.approx(wmma["bytes"] / 0.5e-3 / 1e9)
@@ -132,6 +133,7 @@ def test_result_rows_best_floors_ratios_and_verdicts(tmp_path):
     assert e2e["met"] is True and e2e["floor_ms"] == pytest.approx(e2e["host_bytes"] / ((256 << 20) / 5.0e-3) * 1e3)
     events = next(r for r in result["rows"] if r["label"] == "harness_events")
     assert events["median_ms"] == pytest.approx(1500) and events["target_ms"] == 2000 and events["met"] is True
+    assert events["spread"] is None  # one sample: the cached job's total
     nsys = next(r for r in result["rows"] if r["label"] == "harness_nsys")
     assert nsys["status"] == "skipped" and nsys["met"] is None and "nsys not found" in nsys["error"]
 
@@ -142,6 +144,10 @@ def test_result_rows_best_floors_ratios_and_verdicts(tmp_path):
     text = report.format_report(result)
     lines = text.splitlines()
     assert any(line.startswith("| conv1 best") and "wmma_8x32x16" in line and "| yes" in line for line in lines)
+    # ms and ±% of the forward (samples 2.0, 2.0, 2.2: MAD 0) and end-to-end rows (7.5, 7.0, 7.9: MAD 0.4 of 7.5)
+    ms_and_spread = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[4:6]] for line in lines
+                     if line.startswith(("| forward", "| end to end"))}
+    assert ms_and_spread == {"forward (on device)": ["2.000", "0.0"], "end to end (4 streams)": ["7.500", "5.3"]}
     header = next(line for line in lines if line.startswith("| row"))
     for column in report.TABLE_HEADERS:
         assert column in header

@@ -1,49 +1,16 @@
-"""The statistics of `convsweep compare` on synthetic samples with a known shift (and none), and the
-command end to end on stored runs, on SQLite and PostgreSQL."""
+"""`convsweep compare` end to end on stored runs, on SQLite and PostgreSQL."""
 import json
 
-import numpy as np
 import pytest
 
 from convsweep.cli import main as cli_main
 from convsweep.compare import Selection, compare
 from convsweep.errors import ConvsweepError
-from convsweep.stats import FASTER, SAME, SLOWER, UNSURE, compare_samples, relative_spread
+from convsweep.stats import FASTER, SAME, SLOWER
 from convsweep.store import ingest_result, open_store
 
 from store_fixtures import make_result
-
-
-def noisy(centre: float, n: int, noise: float, seed: int) -> list[float]:
-    """n timings around `centre` with relative Gaussian noise, like a quiet GPU's."""
-    return list(centre * (1 + noise * np.random.default_rng(seed).standard_normal(n)))
-
-
-def test_spread_is_the_median_absolute_deviation_over_the_median():
-    assert relative_spread([1.0, 2.0, 3.0, 4.0, 100.0]) == pytest.approx(1 / 3)  # one outlier barely moves it
-    assert relative_spread([2.0, 2.0, 2.0]) == 0.0
-    assert relative_spread([]) is None and relative_spread([0.0, 0.0]) is None
-
-
-@pytest.mark.parametrize("shift, verdict", [(1.0, SAME), (1.02, SAME), (0.98, SAME), (1.10, SLOWER), (0.90, FASTER)])
-def test_a_known_shift_gets_its_verdict(shift, verdict):
-    for seed in range(5):  # fresh draws each time: the verdict must not hang on one lucky sample
-        a, b = noisy(1.0, 20, 0.005, seed), noisy(shift, 20, 0.005, 100 + seed)
-        change = compare_samples(a, b, threshold=0.05)
-        assert change.verdict == verdict, (seed, change)
-        assert change.low <= change.ratio <= change.high
-        assert change.low < shift * 1.01 and change.high > shift * 0.99  # the interval holds the true ratio
-
-
-def test_too_few_or_too_noisy_samples_are_unsure():
-    assert compare_samples([1.0, 1.0], [2.0, 2.0]).verdict == UNSURE  # a doubling, but two samples each
-    wide = compare_samples(noisy(1.0, 6, 0.2, 1), noisy(1.06, 6, 0.2, 2), threshold=0.05)
-    assert wide.verdict == UNSURE and wide.high - wide.low > 0.1
-
-
-def test_the_interval_is_reproducible():
-    a, b = noisy(1.0, 12, 0.01, 3), noisy(1.03, 12, 0.01, 4)
-    assert compare_samples(a, b) == compare_samples(a, b)
+from test_stats import noisy
 
 
 def test_selections_read_like_what_they_name(tmp_path):

@@ -24,8 +24,23 @@ def test_defaults_are_filled_from_the_schema(tmp_path):
     cfg = load_config(write(tmp_path, BASE))
     exp = cfg.experiments["e1"]
     assert exp["streams"] == [1] and exp["host_memory"] == ["pageable"]
-    assert exp["repeats"] == 5 and exp["profiler"] == "nsys" and exp["dataset"] == "mnist5k"
+    assert exp["repeats"] == "auto" and exp["profiler"] == "nsys" and exp["dataset"] == "mnist5k"
+    assert exp["stopping"] == {"max_noise": 0.005, "min_samples": 10, "min_time_s": 0.5, "timeout_s": 15}
     assert cfg.data["arch"] == "auto"
+
+
+def test_repeats_auto_carries_its_stopping_rule_and_a_fixed_count_none(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"]["stopping"] = {"max_noise": 0.01}
+    auto = expand_config(load_config(write(tmp_path, data)))[0]
+    assert auto.repeats == "auto" and auto.stopping["max_noise"] == 0.01 and auto.stopping["min_samples"] == 10
+    assert all(run.stopping == auto.stopping for run in auto.runs())
+    data["experiments"]["e1"]["repeats"] = 5
+    fixed = expand_config(load_config(write(tmp_path, data)))[0]
+    assert fixed.stopping is None and "stopping" not in fixed.runs()[0].to_dict()  # fixed-count run keys unchanged
+    data["experiments"]["e1"]["repeats"] = "often"
+    with pytest.raises(ConfigError, match=r"experiments.e1.repeats"):
+        load_config(write(tmp_path, data))
 
 
 def test_matrix_is_the_product_of_the_axes(tmp_path):

@@ -324,3 +324,25 @@ def test_under_nsys_a_resumed_job_asks_its_child_for_the_missing_settings_only(t
     assert json.loads((out.parent / "child-settings.json").read_text()) == [1, 2, 3, 4]
     assert result["settings"] == {"valid": 5, "measured": 4, "resumed": 1}
     assert result["measurements"][0]["measurement_id"] == kept["measurement_id"]
+
+
+# -- repeats auto: the stopping rule decides, and each measurement says why it stopped ------------
+def test_repeats_auto_samples_each_setting_until_its_rule_stops(tmp_path):
+    rule = {"max_noise": 0.005, "min_samples": 4, "min_time_s": 0.0, "timeout_s": 15}
+    ms = run_one_job(grid_job(repeats="auto", stopping=rule), tmp_path / "grid.json", backend=GRID)["measurements"]
+    for m in ms[:4]:  # the fake clock's passes are all alike: quiet at once, so the fourth sample ends it
+        forward = [s["value"] for s in m["samples"] if s["metric"] == "forward_ms"]
+        assert len(forward) == 4 and len(set(forward)) == 1
+        assert m["stopping"] == {"rule": "auto", "reason": "converged", "samples": 4, "noise": 0.0,
+                                 "measured_s": pytest.approx(sum(forward) / 1e3)}
+        assert m["spec"]["repeats"] == "auto" and m["spec"]["stopping"] == rule
+    assert ms[4]["status"] == "failed" and ms[4]["stopping"] is None  # never timed
+
+
+def test_a_fixed_count_says_so_and_a_timeout_stops_the_cpu_reference(tmp_path):
+    fixed = run_job(spec(), tmp_path / "fixed.json")
+    assert fixed["stopping"]["rule"] == "fixed" and fixed["stopping"]["samples"] == 2
+    rule = {"max_noise": 1e-9, "min_samples": 50, "min_time_s": 0.0, "timeout_s": 0.05}  # cannot converge
+    timed_out = run_job(spec(repeats="auto", stopping=rule), tmp_path / "auto.json")
+    assert timed_out["status"] == "ok" and timed_out["stopping"]["reason"] == "timeout"
+    assert 1 <= timed_out["stopping"]["samples"] < 50

@@ -74,13 +74,16 @@ def tuned_url(db_url):
 
 def test_summary_is_the_seeds_table_of_ok_runs(loaded_url):
     rows = rows_of(loaded_url, "summary")
-    assert list(rows[0]) == ["variant", "batch", "streams", "op time 1 (ms)", "op time 2 (ms)",
-                             "forward (ms)", "total (s)", "accuracy"]
+    assert list(rows[0]) == ["variant", "batch", "streams", "op time 1 (ms)", "op time 1 ±%", "op time 2 (ms)",
+                             "op time 2 ±%", "forward (ms)", "forward ±%", "total (s)", "accuracy"]
     assert [(r["variant"], r["batch"]) for r in rows] == [
         ("naive", 100), ("naive", 1000), ("tiled", 100), ("tiled", 1000)]
     assert rows[1]["op time 1 (ms)"] == pytest.approx(0.74)
     assert rows[1]["op time 2 (ms)"] == pytest.approx(1.76)
     assert rows[1]["accuracy"] == pytest.approx(0.982)
+    # Beside each time its spread in %, one decimal: op time t sampled as t, t + 0.001, t + 0.002
+    # (naive 100: 0.001 / 0.083 = 1.2%, 0.001 / 0.192 = 0.52%), forward as 42.1, 43.1, 44.1 (1 / 43.1 = 2.3%)
+    assert [rows[0][f"{name} ±%"] for name in ("op time 1", "op time 2", "forward")] == ["1.2", "0.5", "2.3"]
 
 
 def test_summary_table_pastes_into_markdown(loaded_url):
@@ -90,7 +93,7 @@ def test_summary_table_pastes_into_markdown(loaded_url):
     assert set(lines[1]) <= set("|-: ")
     assert len(lines) == 2 + 4
     naive_1000 = [cell.strip() for cell in lines[3].strip("|").split("|")]
-    assert naive_1000 == ["naive", "1000", "1", "0.7400", "1.760", "6.500", "6.200", "0.9820"]
+    assert naive_1000 == ["naive", "1000", "1", "0.7400", "0.1", "1.760", "0.1", "6.500", "2.3", "6.200", "0.9820"]
 
 
 def test_best_never_counts_incorrect_or_failed_runs(loaded_url):
@@ -103,6 +106,8 @@ def test_best_never_counts_incorrect_or_failed_runs(loaded_url):
         ("op time 2", 100): ("tiled", pytest.approx(0.150)),
         ("op time 2", 1000): ("tiled", pytest.approx(1.20)),
     }
+    # Beside each, its spread: op time t sampled as t, t + 0.001, t + 0.002 is 0.001 / (t + 0.001)
+    assert [r["op time ±%"] for r in rows] == ["1.6", "0.2", "0.7", "0.1"]
 
 
 def test_best_names_the_winning_tunables(db_url):

@@ -64,7 +64,9 @@ RUN_SUMMARY_0001_COLUMNS = [
     "op_time_2_ms", "forward_ms", "total_s", "accuracy", "max_rel_err", "profiler", "run_id",
 ]
 RUN_SUMMARY_0002_COLUMNS = RUN_SUMMARY_0001_COLUMNS[:-1] + ["prediction_agreement", "run_id"]
-RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0002_COLUMNS[:-1] + ["job_id", "started_at", "run_id"]
+RUN_SUMMARY_0003_COLUMNS = RUN_SUMMARY_0002_COLUMNS[:-1] + ["job_id", "started_at", "run_id"]
+RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0003_COLUMNS + ["op_time_1_spread", "op_time_2_spread", "forward_spread"]
+LATEST_RUN_0004_OWN_COLUMNS = ["measurement_rank", "op_time_1_ms", "op_time_2_ms"]
 
 
 @pytest.fixture
@@ -87,8 +89,8 @@ def assert_latest_run_shows_every_run_column(connection: Connection) -> None:
     (PostgreSQL expands its r.* when the view is created)."""
     shown = list(connection.exec_driver_sql("SELECT * FROM latest_run WHERE 1 = 0").keys())
     run_columns = [c["name"] for c in inspect(connection).get_columns("run")]
-    assert {"job_key", "grid"} <= set(run_columns)
-    assert shown == run_columns + ["measurement_rank", "op_time_1_ms", "op_time_2_ms"]
+    assert {"job_key", "grid", "forward_spread"} <= set(run_columns)
+    assert shown == run_columns + LATEST_RUN_0004_OWN_COLUMNS + ["op_time_1_spread", "op_time_2_spread"]
 
 
 def test_schema_revision_is_alembics_head():
@@ -173,6 +175,43 @@ def test_ingest_stores_phases_chunk_size_and_each_layers_variant(engine):
         assert {p.name: p.seconds for p in mixed.phase_times} == result["phases_s"]
         assert (mixed.chunk_images, plain.chunk_images) == (250, None)
         assert {t.layer: t.variant for t in mixed.layer_times} == {"conv1": "naive", "conv2": "tiled"}
+
+
+def test_ingest_stores_the_passes_taken_and_why_they_stopped(engine):
+    auto = make_result("naive", 100)
+    auto["spec"]["repeats"] = "auto"
+    auto["spec"]["stopping"] = {"max_noise": 0.005, "min_samples": 10, "min_time_s": 0.5, "timeout_s": 15}
+    auto["stopping"] = {"rule": "auto", "reason": "converged", "samples": 37, "noise": 0.002, "measured_s": 0.6}
+    fixed = make_result("naive", 200)
+    fixed["stopping"] = {"rule": "fixed", "reason": "fixed", "samples": 3, "noise": 0.01, "measured_s": 0.1}
+    for result in (auto, fixed, make_result("naive", 300)):  # the last: written before the stopping rule
+        ingest_result(engine, result, None)
+    with Session(engine) as session:
+        rows = session.execute(select(Run.batch, Run.repeats, Run.stop_reason).order_by(Run.batch)).all()
+    assert [tuple(r) for r in rows] == [(100, 37, "converged"), (200, 3, "fixed"), (300, 3, None)]
+
+
+def test_ingest_stores_the_relative_spread_of_each_median(engine):
+    """Spread: the samples' median absolute deviation over their median; null without samples."""
+    def samples(metric: str, layer: str | None, values: list[float]) -> list[dict[str, Any]]:
+        return [{"metric": metric, "layer": layer, "repeat": r, "value": v} for r, v in enumerate(values)]
+
+    result = make_result("naive", 100)
+    result["samples"] = (samples("op_time_ms", "conv1", [1.0, 1.1, 0.9, 1.0, 5.0])
+                         + samples("forward_ms", None, [10.0, 12.0, 8.0]) + samples("h2d_ms", None, [3.0, 9.0, 3.0]))
+    ingest_result(engine, result, None)
+    ingest_result(engine, make_result("broken", 200, status="failed"), None)  # no samples
+    with Session(engine) as session:
+        timed, failed = session.scalars(select(Run).order_by(Run.batch)).all()
+        # conv1: median 1.0, deviations 0, 0.1, 0.1, 0, 4 (the outlier does not widen it); conv2 has no samples
+        assert [(t.layer, t.op_time_spread) for t in timed.layer_times] == [("conv1", pytest.approx(0.1)),
+                                                                             ("conv2", None)]
+        assert timed.forward_spread == pytest.approx(0.2)  # median 10, deviations 0, 2, 2
+        assert failed.forward_spread is None and [t.op_time_spread for t in failed.layer_times] == [None, None]
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql(
+            "SELECT op_time_1_spread, op_time_2_spread, forward_spread FROM run_summary WHERE batch = 100").one() \
+            == (pytest.approx(0.1), None, pytest.approx(0.2))
 
 
 def test_failed_runs_keep_their_floors_in_layer_time(engine):
@@ -801,6 +840,13 @@ def report_text(db_url: str, tmp_path: Path) -> str:
     return out.read_text(encoding="utf-8")
 
 
+def seeds_table(db_url: str) -> str:
+    """The summary query's medians as run_summary has shown them since 0003 (0006 added their spreads)."""
+    return run_query(db_url, "SELECT variant, batch, streams, op_time_1_ms, op_time_2_ms, forward_ms, total_s, accuracy "
+                             "FROM run_summary WHERE status = 'ok' "
+                             "ORDER BY experiment, variant, batch, streams, host_memory, run_id")
+
+
 def test_migrating_a_0003_database_moves_op_times_into_layer_time_and_back(db_url, tmp_path):
     older = make_result("naive", 100, op_time_ms=(0.9, 1.9), started_at="2026-11-21T10:00:00+00:00")
     lost, columns_only = make_result("tiled", 10, op_time_ms=(0.3, 0.6)), make_result("naive", 20, op_time_ms=(0.4, 0.8))
@@ -817,7 +863,7 @@ def test_migrating_a_0003_database_moves_op_times_into_layer_time_and_back(db_ur
     columns, summary = op_times_by_run(old, "run"), op_times_by_run(old, "run_summary")
     old.dispose()
     assert columns[1] == (0.082, 0.191) and len(summary) == len(results) - 1  # the older measurement is not latest
-    report, seeds_table = report_text(db_url, tmp_path), run_query(db_url, "summary")
+    seeds = seeds_table(db_url)  # `convsweep report` shows 0006's spreads: compared after migrating
 
     engine = open_store(db_url)
     try:
@@ -826,7 +872,7 @@ def test_migrating_a_0003_database_moves_op_times_into_layer_time_and_back(db_ur
         assert op_times_by_run(engine, "run_summary") == summary
         history = json.loads(run_query(db_url, "history", fmt="json"))
         assert {r["run_id"]: (r["op time 1 (ms)"], r["op time 2 (ms)"]) for r in history} == columns
-        assert report_text(db_url, tmp_path) == report and run_query(db_url, "summary") == seeds_table
+        assert seeds_table(db_url) == seeds and "op time 1 ±%" in report_text(db_url, tmp_path)
         migrated = layer_rows(engine)
         assert migrated == expected_layer_rows(results)  # positions from spec.variants; lost rows rebuilt
         assert row_counts(engine)["sample"] == sum(len(result["samples"]) for result in results) > 0
@@ -839,11 +885,11 @@ def test_migrating_a_0003_database_moves_op_times_into_layer_time_and_back(db_ur
         assert op_times_by_run(engine, "run_summary") == summary
         with engine.connect() as connection:
             assert "layer_index" not in {c["name"] for c in inspect(connection).get_columns("layer_time")}
-            assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+            assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_0003_COLUMNS
             run = Table("run", MetaData(), autoload_with=connection)
             restored = dict(connection.execute(select(run.c.batch, run.c.op_time_ms).where(run.c.variant == "naive")).all())
         assert restored[1000] == {"conv1": 0.74, "conv2": 1.76} and restored[20] == {"conv1": 0.4, "conv2": 0.8}
-        assert report_text(db_url, tmp_path) == report
+        assert seeds_table(db_url) == seeds
 
         migrate(engine, "head")
         assert layer_rows(engine) == migrated
@@ -881,7 +927,7 @@ def test_migrating_a_0004_database_gives_each_layer_its_tunables_and_back(db_url
             insert_the_old_way(connection, result)
     before = row_counts(old)
     old.dispose()
-    summary = run_query(db_url, "summary")
+    summary = seeds_table(db_url)
 
     engine = open_store(db_url)
     try:
@@ -898,7 +944,7 @@ def test_migrating_a_0004_database_gives_each_layer_its_tunables_and_back(db_url
                 == len(results)
             # Only the layer rows without tunables are SQL NULL
             assert connection.exec_driver_sql("SELECT COUNT(*) FROM layer_time WHERE params IS NULL").scalar() == 3
-        assert run_query(db_url, "summary") == summary
+        assert seeds_table(db_url) == summary
         tuning = json.loads(run_query(db_url, "tuning", fmt="json"))
         assert len(tuning) == row_counts(engine)["layer_time"]
         # Format 3 files ingest beside the migrated runs
@@ -910,7 +956,7 @@ def test_migrating_a_0004_database_gives_each_layer_its_tunables_and_back(db_url
             assert not {"job_key", "grid"} & {c["name"] for c in schema.get_columns("run")}
             assert "params" not in {c["name"] for c in schema.get_columns("layer_time")}
             assert "job_key" not in connection.exec_driver_sql("SELECT * FROM latest_run WHERE 1 = 0").keys()
-            assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+            assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_0003_COLUMNS
         assert row_counts(engine)["run"] == before["run"] + 3
         assert json.loads(run_query(db_url, "SELECT COUNT(*) AS n FROM run_summary", fmt="json")) == [{"n": len(results) + 3}]
 
@@ -926,3 +972,80 @@ def test_migrating_a_0004_database_gives_each_layer_its_tunables_and_back(db_url
     finally:
         engine.dispose()
 
+
+def spreads(engine: Engine) -> dict[tuple[str, str | None], float | None]:
+    """(measurement id, layer) -> that layer_time row's op_time_spread, and (measurement id, None) ->
+    its run's forward_spread."""
+    with engine.connect() as connection:
+        found = {(key, layer): spread for key, layer, spread in connection.execute(
+            select(Run.measurement_id, LayerTime.layer, LayerTime.op_time_spread).join(Run, Run.id == LayerTime.run_id))}
+        found.update({(key, None): spread for key, spread in connection.execute(
+            select(Run.measurement_id, Run.forward_spread))})
+    return found
+
+
+def expected_spreads(results: list[dict[str, Any]]) -> dict[tuple[str, str | None], Any]:
+    """What spreads should hold for make_result's samples: op time t sampled as t, t + 0.001 and
+    t + 0.002 (spread 0.001 / (t + 0.001)), forward as 42.1, 43.1 and 44.1 (1 / 43.1); failed runs
+    have no samples, so no spreads."""
+    expected: dict[tuple[str, str | None], Any] = {}
+    for result in results:
+        op_time_ms = result["timings"]["op_time_ms"] or {}
+        for layer in result["spec"]["variants"]:
+            expected[(result["measurement_id"], layer)] = 0.001 / (op_time_ms[layer] + 0.001) if op_time_ms else None
+        expected[(result["measurement_id"], None)] = 1 / 43.1 if op_time_ms else None
+    return expected
+
+
+def test_migrating_a_0005_database_backfills_each_spread_from_the_samples_and_back(db_url):
+    results = standard_results() + tuning_results(batch=1000)
+    old = engine_at(db_url, "0005")
+    with _writer(old).begin() as connection:
+        for result in results:
+            insert_the_old_way(connection, result)
+    before = row_counts(old)
+    old.dispose()
+    medians, history = seeds_table(db_url), run_query(db_url, "history", fmt="json")
+
+    engine = open_store(db_url)
+    try:
+        migrated = spreads(engine)
+        assert migrated == pytest.approx(expected_spreads(results))
+        assert row_counts(engine) == before
+        with engine.connect() as connection:  # every earlier run had a fixed count: the timed ones say so
+            reasons = connection.exec_driver_sql(
+                "SELECT r.stop_reason, EXISTS (SELECT 1 FROM sample s WHERE s.run_id = r.id) FROM run r").all()
+            assert {(reason, bool(timed)) for reason, timed in reasons} == {("fixed", True), (None, False)}
+        with engine.connect() as connection:
+            assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+            assert_latest_run_shows_every_run_column(connection)
+            assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+        # The medians and the history read as before; the summary shows each spread beside its median
+        assert seeds_table(db_url) == medians and run_query(db_url, "history", fmt="json") == history
+        naive_100 = json.loads(run_query(db_url, "summary", fmt="json"))[0]
+        assert (naive_100["variant"], naive_100["batch"]) == ("naive", 100)
+        assert [naive_100[f"{name} ±%"] for name in ("op time 1", "op time 2", "forward")] == ["1.2", "0.5", "2.3"]
+        # Runs ingested at 0006 get their spreads from ingest
+        assert ingest_result(engine, make_job_file(tuning_results(batch=5000)), None).added == 3
+        ingested = spreads(engine)
+        assert len(ingested) == len(migrated) + 3 * 3
+
+        migrate(engine, "0005", downgrade=True)
+        with engine.connect() as connection:
+            schema = inspect(connection)
+            run_columns = [c["name"] for c in schema.get_columns("run")]
+            assert "forward_spread" not in run_columns and "stop_reason" not in run_columns
+            assert "op_time_spread" not in {c["name"] for c in schema.get_columns("layer_time")}
+            assert [c["name"] for c in schema.get_columns("run_op_time")] == ["run_id", "op_time_1_ms", "op_time_2_ms"]
+            assert list(connection.exec_driver_sql("SELECT * FROM latest_run WHERE 1 = 0").keys()) \
+                == run_columns + LATEST_RUN_0004_OWN_COLUMNS
+            assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_0003_COLUMNS
+        # The samples stay (nine per timed setting, none for the failed one); history reads 0005's run_op_time
+        assert row_counts(engine)["sample"] == before["sample"] + 2 * 9
+        assert len(json.loads(run_query(db_url, "history", fmt="json"))) == len(results) + 3
+
+        # Upgrading again computes every spread from the samples the downgrade kept
+        migrate(engine, "head")
+        assert spreads(engine) == ingested
+    finally:
+        engine.dispose()

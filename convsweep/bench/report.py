@@ -1,6 +1,6 @@
-"""The bench's numbers, derived: medians, memory floors, throughput, ratios to cuDNN, verdicts
-against the targets, and the printed table. Pure functions of what was measured, so the tests
-feed them fake numbers.
+"""The bench's numbers, derived: medians and their spread, memory floors, throughput, ratios to
+cuDNN, verdicts against the targets, and the printed table. Pure functions of what was measured,
+so the tests feed them fake numbers.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from tabulate import tabulate
 
 from ..network import Network, weight_shapes
 from ..numbers import finite, median
+from ..stats import relative_spread
 
 BENCH_FORMAT = 1  # the version of the bench JSON (`convsweep bench --json`)
 CUDNN_MODES = ("fp32", "tf32", "fp16")  # cuDNN columns; a variant is compared with the mode of its precision class
@@ -83,9 +84,12 @@ def build_result(meas: dict, targets: dict) -> dict:
     cudnn = meas.get("cudnn") or {"available": False, "note": "n/a (not measured)"}
 
     def derived(row: dict, nbytes, flops, floor, target, cudnn_samples=None):
-        med = median(row.get("samples_ms"))
+        samples = row.get("samples_ms") or []
+        med = median(samples)
         gbps, gflops = throughput(nbytes, flops, med)
-        row.update(median_ms=finite(med), min_ms=finite(min(row["samples_ms"])) if row.get("samples_ms") else None,
+        # One sample (a harness row's: the cached job's total) has no spread to speak of.
+        row.update(median_ms=finite(med), spread=finite(relative_spread(samples)) if len(samples) > 1 else None,
+                   min_ms=finite(min(samples)) if samples else None,
                    GBps=finite(gbps), GFLOPps=finite(gflops), floor_ms=finite(floor),
                    x_floor=finite(med / floor) if med and floor else None, target_ms=target,
                    met=None if not (judged and target) or row.get("status") == "skipped"
@@ -153,6 +157,10 @@ def _ms(v, digits: int = 3) -> str:
     return "" if v is None else f"{v:.{digits}f}"
 
 
+def _percent(fraction: float | None) -> str:
+    return "" if fraction is None else f"{100 * fraction:.1f}"
+
+
 def params_text(params: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in params.items())
 
@@ -180,9 +188,9 @@ def table_rows(result: dict) -> list[list[str]]:
         if row.get("error"):
             status += f": {row['error']}"[:60]
         met = "" if row.get("target_ms") is None else ("n/a" if row.get("met") is None else ("yes" if row["met"] else "no"))
-        return [label, variant, status, _ms(row.get("median_ms")), _ms(row.get("min_ms")), _ms(row.get("GBps"), 0),
-                _ms(row.get("GFLOPps"), 0), _ms(row.get("floor_ms")), _ms(row.get("x_floor"), 2), *cells, ratio,
-                _ms(row.get("target_ms"), 2), met]
+        return [label, variant, status, _ms(row.get("median_ms")), _percent(row.get("spread")), _ms(row.get("min_ms")),
+                _ms(row.get("GBps"), 0), _ms(row.get("GFLOPps"), 0), _ms(row.get("floor_ms")), _ms(row.get("x_floor"), 2),
+                *cells, ratio, _ms(row.get("target_ms"), 2), met]
 
     rows = result["rows"]
     for layer in dict.fromkeys(r["label"] for r in rows if r["kind"] == "conv"):
@@ -203,8 +211,8 @@ def table_rows(result: dict) -> list[list[str]]:
     return out
 
 
-TABLE_HEADERS = ["row", "variant", "status", "ms", "min ms", "GB/s", "GFLOP/s", "floor ms", "×floor", "cuDNN fp32",
-                 "cuDNN tf32", "cuDNN fp16", "ours/cuDNN", "target ms", "met?"]
+TABLE_HEADERS = ["row", "variant", "status", "ms", "±%", "min ms", "GB/s", "GFLOP/s", "floor ms", "×floor",
+                 "cuDNN fp32", "cuDNN tf32", "cuDNN fp16", "ours/cuDNN", "target ms", "met?"]
 
 
 def format_report(result: dict) -> str:
@@ -221,6 +229,7 @@ def format_report(result: dict) -> str:
              "forward: every launched layer's traffic (the whole network fused into one kernel: "
              + (_ms(next((r.get("network_floor_ms") for r in result["rows"] if r["kind"] == "forward"), None)) or "?")
              + " ms); end to end: input and logits at the pinned H2D rate",
+             "±%: the samples' median absolute deviation in % of their median (one slow repeat does not widen it)",
              "ours/cuDNN: against the cuDNN mode of the variant's precision class (fp32, tf32, fp16)"]
     if matmul and matmul.get("fp32"):
         for r in result["rows"]:

@@ -5,7 +5,7 @@ measurement (formats 1 and 2) or one per tunable setting of its job (format 3); 
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -22,6 +22,7 @@ from convsweep.config import variant_label
 from convsweep.errors import ConfigError, StoreError, StoreUnavailable
 from convsweep.fileio import canonical_hash
 from convsweep.schema import validate
+from convsweep.stats import relative_spread
 
 from .engine import _writer, one_line
 from .models import Base, Build, Environment, KernelStat, LayerTime, Memcpy, Phase, Run, Sample, Sweep
@@ -181,6 +182,14 @@ def conv_layers(variants: dict[str, Any], floors: dict[str, Any], op_time_ms: di
     return layers
 
 
+def _sample_spreads(samples: list[dict[str, Any]]) -> dict[tuple[str, str | None], float | None]:
+    """(metric, layer) -> the relative spread of its samples (convsweep.stats.relative_spread)."""
+    values: dict[tuple[str, str | None], list[float]] = defaultdict(list)
+    for sample in samples:
+        values[(sample.get("metric"), sample.get("layer"))].append(sample.get("value"))
+    return {key: relative_spread(group) for key, group in values.items()}
+
+
 def _run_row(session: Session, result: dict[str, Any], result_path: str | None, source: str,
              where: str = "") -> Run:
     """The run row of one measurement; `where` is its key path in the file (measurements[i].)."""
@@ -193,6 +202,9 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     dataset = spec.get("dataset")
     params = spec.get("params") or {}
     grid = result.get("grid")
+    stopping = result.get("stopping")
+    samples = result.get("samples") or []
+    spreads = _sample_spreads(samples)
     now = datetime.now(timezone.utc)
 
     sweep_id = _get_or_create(
@@ -239,7 +251,9 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         streams=spec["streams"],
         host_memory=spec["host_memory"],
         chunk_images=spec.get("chunk_images"),
-        repeats=spec.get("repeats"),
+        # the timed passes taken: the stopping rule's count, else the fixed number asked for
+        repeats=stopping["samples"] if stopping else (spec.get("repeats") if spec.get("repeats") != "auto" else None),
+        stop_reason=stopping["reason"] if stopping else None,
         warmup=spec.get("warmup"),
         profiler_requested=spec.get("profiler"),
         profiler=result.get("profiler"),
@@ -255,6 +269,7 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         d2h_ms=timings.get("d2h_ms"),
         compute_ms=timings.get("compute_ms"),
         forward_ms=timings.get("forward_ms"),
+        forward_spread=spreads.get(("forward_ms", None)),
         overlap=timings.get("overlap"),
         total_s=timings.get("total_s"),
         compile_ms=timings.get("compile_ms"),
@@ -274,7 +289,7 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     run.builds = [session.get(Build, build_id) for build_id in sorted(build_ids)]
     run.samples = [
         Sample(metric=s.get("metric"), layer=s.get("layer"), repeat=s.get("repeat"), value=s.get("value"))
-        for s in result.get("samples") or []
+        for s in samples
     ]
     run.kernels = [
         KernelStat(**{k: kernel.get(k) for k in (
@@ -289,7 +304,8 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     floors = result.get("floors") or {}
     run.layer_times = [
         LayerTime(layer_index=index, layer=layer, variant=spec["variants"].get(layer), params=params.get(layer),
-                  op_time_ms=op_time_ms.get(layer), flops=(floors.get(layer) or {}).get("flops"),
+                  op_time_ms=op_time_ms.get(layer), op_time_spread=spreads.get(("op_time_ms", layer)),
+                  flops=(floors.get(layer) or {}).get("flops"),
                   bytes=(floors.get(layer) or {}).get("bytes"))
         for index, layer in enumerate(conv_layers(spec["variants"], floors, op_time_ms))
     ]

@@ -117,7 +117,7 @@ class Run(Base):
     batch: Mapped[int] = mapped_column(Integer)
     streams: Mapped[int] = mapped_column(Integer)
     host_memory: Mapped[str] = mapped_column(String)
-    repeats: Mapped[int | None] = mapped_column(Integer)
+    repeats: Mapped[int | None] = mapped_column(Integer)  # timed passes taken (repeats: auto decides how many)
     warmup: Mapped[int | None] = mapped_column(Integer)
     profiler_requested: Mapped[str | None] = mapped_column(String)
     profiler: Mapped[str | None] = mapped_column(String)
@@ -134,6 +134,9 @@ class Run(Base):
     d2h_ms: Mapped[float | None] = mapped_column(Float)
     compute_ms: Mapped[float | None] = mapped_column(Float)
     forward_ms: Mapped[float | None] = mapped_column(Float)
+    # How noisy forward_ms is: its samples' median absolute deviation over their median (null: none).
+    forward_spread: Mapped[float | None] = mapped_column(Float)
+    stop_reason: Mapped[str | None] = mapped_column(String)  # fixed, converged or timeout (the stopping rule)
     overlap: Mapped[float | None] = mapped_column(Float)
     total_s: Mapped[float | None] = mapped_column(Float)
     compile_ms: Mapped[float | None] = mapped_column(Float)
@@ -217,6 +220,8 @@ class LayerTime(Base):
     # This layer's tunables (the run's spec.params[layer]); None is SQL NULL, not JSON's 'null'.
     params: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     op_time_ms: Mapped[float | None] = mapped_column(Float)
+    # How noisy op_time_ms is: its samples' median absolute deviation over their median (null: none).
+    op_time_spread: Mapped[float | None] = mapped_column(Float)
     flops: Mapped[int | None] = mapped_column(BigInteger)
     bytes: Mapped[int | None] = mapped_column(BigInteger)
 

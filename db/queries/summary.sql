@@ -1,10 +1,15 @@
--- How fast and how accurate is each variant at each batch size and stream count (the seeds' report table)?
+-- How fast (and how noisy: ±%) and how accurate is each variant at each batch size and stream count (the seeds' report table)?
+-- ±%: how noisy the time beside it is, its samples' median absolute deviation in % of their median; text with
+-- one decimal, which a table cell would otherwise pad to four significant digits.
 SELECT variant,
        batch,
        streams,
        op_time_1_ms AS "op time 1 (ms)",
+       CAST(ROUND(CAST(100 * op_time_1_spread AS NUMERIC), 1) AS VARCHAR) AS "op time 1 ±%",
        op_time_2_ms AS "op time 2 (ms)",
+       CAST(ROUND(CAST(100 * op_time_2_spread AS NUMERIC), 1) AS VARCHAR) AS "op time 2 ±%",
        forward_ms AS "forward (ms)",
+       CAST(ROUND(CAST(100 * forward_spread AS NUMERIC), 1) AS VARCHAR) AS "forward ±%",
        total_s AS "total (s)",
        accuracy
 FROM run_summary
