@@ -368,8 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", help="the baseline selection")
     p.add_argument("b", help="the selection compared with it")
     p.add_argument("--db", help=DB_HELP)
-    p.add_argument("--metric", default="forward_ms",
-                   help="forward_ms (the whole pass), or a conv layer's name for its op time (default: %(default)s)")
+    p.add_argument("--metric", default="op_time",
+                   help="op_time (the conv layers' op times added up, per pass), forward_ms (the whole pass), or "
+                        "a conv layer's name for its op time alone (default: %(default)s)")
     p.add_argument("--threshold", type=float, default=0.05,
                    help="the change that counts: SLOWER/FASTER beyond it, SAME within it (default: %(default)s)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="(default: %(default)s)")

@@ -95,19 +95,25 @@ def _cell(run: dict) -> tuple:
 
 
 def _samples(db: str | None, run_ids: list[int], metric: str) -> dict[int, list[float]]:
-    """run id -> the values of `metric`: forward_ms, or a conv layer's name for its op times."""
+    """run id -> one value of `metric` per timed pass: op_time (the conv layers' op times added
+    up: the job's "Op Time"), forward_ms (the whole pass), or a conv layer's name (its op time)."""
     if not run_ids:
         return {}
-    layer_test = "layer IS NULL" if metric == "forward_ms" else "layer = :layer"
-    params = {f"r{i}": run_id for i, run_id in enumerate(run_ids)}
-    params.update({"metric": "forward_ms" if metric == "forward_ms" else "op_time_ms", "layer": metric})
+    if metric == "forward_ms":
+        test, params = "metric = 'forward_ms' AND layer IS NULL", {}
+    elif metric == "op_time":
+        test, params = "metric = 'op_time_ms'", {}
+    else:
+        test, params = "metric = 'op_time_ms' AND layer = :layer", {"layer": metric}
+    params.update({f"r{i}": run_id for i, run_id in enumerate(run_ids)})
     ids = ", ".join(f":r{i}" for i in range(len(run_ids)))
-    _, rows = fetch(db, f"SELECT run_id, value FROM sample WHERE metric = :metric AND {layer_test} "
-                        f"AND run_id IN ({ids}) ORDER BY run_id, repeat", params)
-    found: dict[int, list[float]] = {}
-    for run_id, value in rows:
-        found.setdefault(run_id, []).append(float(value))
-    return found
+    _, rows = fetch(db, f"SELECT run_id, repeat, value FROM sample WHERE {test} AND run_id IN ({ids}) "
+                        "ORDER BY run_id, repeat", params)
+    per_pass: dict[int, dict[int, float]] = {}
+    for run_id, repeat, value in rows:
+        passes = per_pass.setdefault(run_id, {})
+        passes[repeat] = passes.get(repeat, 0.0) + float(value)
+    return {run_id: list(passes.values()) for run_id, passes in per_pass.items()}
 
 
 def _pairs(runs_a: list[dict], runs_b: list[dict]) -> tuple[list[tuple[dict, dict]], int, int]:
@@ -131,7 +137,7 @@ def _pairs(runs_a: list[dict], runs_b: list[dict]) -> tuple[list[tuple[dict, dic
     return pairs, only_a, only_b
 
 
-def compare(db: str | None, a: str, b: str, metric: str = "forward_ms", threshold: float = 0.05) -> dict:
+def compare(db: str | None, a: str, b: str, metric: str = "op_time", threshold: float = 0.05) -> dict:
     """The comparison of selections `a` and `b` as data: one row per matched job, and totals."""
     if threshold <= 0:
         raise ConvsweepError(f"compare: --threshold must be above 0, got {threshold}")

@@ -23,9 +23,14 @@ def test_selections_read_like_what_they_name(tmp_path):
         Selection.parse("runs:x-9").condition("s")
 
 
-def stored(variant: str, commit: str, forward: list[float], **kwargs) -> dict:
+def stored(variant: str, commit: str, op_time: list[float], **kwargs) -> dict:
+    """A run whose conv layers add up to `op_time` per pass (conv1 40%, conv2 60%), each pass's
+    forward 5 ms more, its copies."""
     result = make_result(variant, git={"commit": commit, "dirty": False}, **kwargs)
-    result["samples"] = [{"metric": "forward_ms", "layer": None, "repeat": r, "value": v} for r, v in enumerate(forward)]
+    result["samples"] = [
+        {"metric": "op_time_ms", "layer": layer, "repeat": r, "value": share * v}
+        for r, v in enumerate(op_time) for layer, share in (("conv1", 0.4), ("conv2", 0.6))
+    ] + [{"metric": "forward_ms", "layer": None, "repeat": r, "value": v + 5.0} for r, v in enumerate(op_time)]
     return result
 
 
@@ -60,6 +65,11 @@ def test_compare_two_commits_job_by_job(db_url, capsys):
     assert cli_main(["compare", a[:7], b[:7], "--db", db_url, "--threshold", "0.2", "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {row["variant"]: row["verdict"] for row in data["rows"]}["tiled"] == SAME  # 15% is within 20%
+    # One layer, or the whole pass (whose copies dilute the 15%: 25 ms -> 28 ms)
+    conv2 = next(r for r in compare(db_url, a[:7], b[:7], metric="conv2")["rows"] if r["variant"] == "tiled")
+    assert conv2["ratio"] == pytest.approx(1.15, rel=0.01) and conv2["verdict"] == SLOWER
+    forward = next(r for r in compare(db_url, a[:7], b[:7], metric="forward_ms")["rows"] if r["variant"] == "tiled")
+    assert forward["ratio"] == pytest.approx(28 / 25, rel=0.01)
 
 
 def test_a_selection_without_runs_is_one_line(db_url):
