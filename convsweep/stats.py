@@ -82,13 +82,16 @@ class StoppingRule:
     """When a setting has been sampled enough. `repeats` fixed: after that many samples ("fixed").
     Auto (nvbench's rule, with the robust spread for its noise): once the forward times' relative
     spread is at most `max_noise` with at least `min_samples` samples and `min_time_s` of measured
-    time ("converged"), or once `timeout_s` of wall time has passed ("timeout")."""
+    time ("converged"), once `timeout_s` of wall time has passed ("timeout"), or at `max_samples`
+    ("max_samples": nvbench has no such cap, but a job under nsys traces every pass, and 15 s of
+    0.1 ms passes made a report that took minutes to read on the lent H100)."""
 
     repeats: int | None = None  # None: auto
     max_noise: float = 0.005
     min_samples: int = 10
     min_time_s: float = 0.5
     timeout_s: float = 15.0
+    max_samples: int = 200
     samples_ms: list[float] = field(default_factory=list)
 
     @classmethod
@@ -104,7 +107,9 @@ class StoppingRule:
         if n >= self.min_samples and sum(self.samples_ms) / 1e3 >= self.min_time_s \
                 and (self.noise if self.noise is not None else 1.0) <= self.max_noise:
             return "converged"
-        return "timeout" if elapsed_s >= self.timeout_s else None
+        if elapsed_s >= self.timeout_s:
+            return "timeout"
+        return "max_samples" if n >= self.max_samples else None
 
     @property
     def noise(self) -> float | None:

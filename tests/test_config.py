@@ -25,7 +25,8 @@ def test_defaults_are_filled_from_the_schema(tmp_path):
     exp = cfg.experiments["e1"]
     assert exp["streams"] == [1] and exp["host_memory"] == ["pageable"]
     assert exp["repeats"] == "auto" and exp["profiler"] == "nsys" and exp["dataset"] == "mnist5k"
-    assert exp["stopping"] == {"max_noise": 0.005, "min_samples": 10, "min_time_s": 0.5, "timeout_s": 15}
+    assert exp["stopping"] == {"max_noise": 0.005, "min_samples": 10, "min_time_s": 0.5, "timeout_s": 15,
+                               "max_samples": 200}
     assert cfg.data["arch"] == "auto"
 
 

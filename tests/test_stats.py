@@ -54,10 +54,19 @@ def test_auto_stops_once_quiet_long_and_many_enough():
 
 
 def test_auto_waits_for_the_measured_time_and_gives_up_at_the_timeout():
-    short = StoppingRule.of("auto", {"max_noise": 0.005, "min_samples": 10, "min_time_s": 0.5, "timeout_s": 15})
+    short = StoppingRule.of("auto", {"max_noise": 0.005, "min_samples": 10, "min_time_s": 0.5, "timeout_s": 15,
+                                     "max_samples": 1000})
     reasons = [short.reason(1.0, 0.001 * i) for i in range(600)]  # 1 ms passes: 0.5 s takes 500 of them
     assert reasons.index("converged") == 499
     loud = StoppingRule.of("auto", {"max_noise": 0.005, "min_samples": 10, "min_time_s": 0.5, "timeout_s": 2.0})
     reasons = [loud.reason(t, 0.1 * i) for i, t in enumerate(noisy(100.0, 40, 0.05, 2))]  # 5% noise never converges
     assert "converged" not in reasons and reasons.index("timeout") == 20
     assert loud.record("timeout")["noise"] > 0.005
+
+
+def test_auto_stops_at_its_sample_cap():
+    """A job under nsys traces every pass: 0.1 ms passes for 15 s would be 150,000 of them."""
+    rule = StoppingRule.of("auto", {"max_noise": 0.005, "min_samples": 10, "min_time_s": 0.5, "timeout_s": 15})
+    while (reason := rule.reason(0.1, 0.0001 * len(rule.samples_ms))) is None:
+        pass
+    assert reason == "max_samples" and rule.record(reason)["samples"] == 200  # the default cap

@@ -136,7 +136,7 @@ class Run(Base):
     forward_ms: Mapped[float | None] = mapped_column(Float)
     # How noisy forward_ms is: its samples' median absolute deviation over their median (null: none).
     forward_spread: Mapped[float | None] = mapped_column(Float)
-    stop_reason: Mapped[str | None] = mapped_column(String)  # fixed, converged or timeout (the stopping rule)
+    stop_reason: Mapped[str | None] = mapped_column(String)  # fixed, converged, timeout or max_samples (the stopping rule)
     overlap: Mapped[float | None] = mapped_column(Float)
     total_s: Mapped[float | None] = mapped_column(Float)
     compile_ms: Mapped[float | None] = mapped_column(Float)

@@ -12,8 +12,8 @@ op_time_1_ms and op_time_2_ms; latest_run shows them after its own op times, and
 appends op_time_1_spread, op_time_2_spread and forward_spread to its columns. PostgreSQL expands
 latest_run's r.* when the view is created, so all three views are recreated, on both databases alike.
 
-stop_reason is why a run's timed passes ended: fixed (repeats: N), converged or timeout
-(repeats: auto, the stopping rule). Every run measured before had a fixed count: those with
+stop_reason is why a run's timed passes ended: fixed (repeats: N), converged, timeout or
+max_samples (repeats: auto, the stopping rule). Every run measured before had a fixed count: those with
 samples get 'fixed'; run.repeats stays the number of timed passes taken.
 
 Revision ID: 0006
