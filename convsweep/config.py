@@ -38,7 +38,7 @@ class RunSpec:
     warmup: int
     profiler: str
     chunk_images: int | None = None  # images per pipeline chunk; None: several chunks per stream
-    stopping: dict | None = None  # repeats auto: max_noise, min_samples, min_time_s, timeout_s
+    stopping: dict | None = None  # repeats auto: max_noise, min_samples, min_time_s, timeout_s, max_samples
 
     def to_dict(self) -> dict:
         return _without_defaults(asdict(self))

@@ -26,9 +26,9 @@ from .job import JobContext
 from .network import reference_layer
 from .numbers import finite, median
 from .provenance import GpuMonitor, environment, host_gpu_arch
-from .stats import StoppingRule
 from .runner import (Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks, pipeline_buffers, pipeline_pass,
                      poison_logits)
+from .stats import StoppingRule
 from .variants import Variant
 
 
