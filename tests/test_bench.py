@@ -172,6 +172,24 @@ def test_without_pytorch_and_off_target_batch_the_table_says_so():
     assert conv_lines and all("n/a (PyTorch not installed)" in line for line in conv_lines)
 
 
+def test_the_best_names_the_candidates_its_samples_cannot_tell_from_it():
+    def sampled(variant, ms, seed):
+        rec = conv_rec("conv1", variant, "fp32", ms)
+        rec["samples_ms"] = list(ms * (1 + 0.01 * np.random.default_rng(seed).standard_normal(12)))
+        return rec
+
+    meas = fake_measurements(cudnn=False, harness=False)
+    meas["convs"] = [sampled("naive", 1.0, 1), sampled("tiled", 1.002, 2), sampled("fused", 1.2, 3),
+                     {**sampled("wrong", 0.9, 4), "status": "incorrect"}] + [c for c in meas["convs"] if c["layer"] == "conv2"]
+    result = report.build_result(meas, {})
+    best = result["best"]["conv1"]
+    tied = {r["variant"] for r in result["rows"] if r.get("tied")}
+    assert best["variant"] in ("naive", "tiled") and tied == {"naive", "tiled"} - {best["variant"]}
+    assert [t["variant"] for t in best["tied"]] == sorted(tied)  # fused is 20% slower; the wrong one never counts
+    labels = [row[0] for row in report.table_rows(result)]
+    assert labels[:3] == ["conv1 best", "conv1 tied", "conv1"]
+
+
 def test_a_layer_without_a_correct_candidate_has_no_best():
     meas = fake_measurements(harness=False)
     meas["convs"] = [c if c["layer"] == "conv1" else {**c, "status": "failed", "error": "boom", "samples_ms": []}

@@ -170,7 +170,9 @@ def test_tuning_shortens_long_errors_and_shows_tunables_as_json(db_url):
 
 
 def test_best_picks_the_fastest_ok_setting_of_a_job(tuned_url):
-    best = {(r["layer"], r["batch"]): (as_json(r["tunables"]), r["op time (ms)"]) for r in rows_of(tuned_url, "best")}
+    rows = rows_of(tuned_url, "best")
+    best = {(r["layer"], r["batch"]): (as_json(r["tunables"]), r["op time (ms)"]) for r in rows
+            if r["standing"] == "fastest"}
     # The incorrect BLOCK 128 is faster everywhere: it never wins. On conv2 the tie goes to the first stored.
     assert best == {
         ("op time 1", 100): ({"BLOCK": 64}, pytest.approx(0.4)),
@@ -178,6 +180,25 @@ def test_best_picks_the_fastest_ok_setting_of_a_job(tuned_url):
         ("op time 2", 100): ({"BLOCK": 32}, pytest.approx(0.7)),
         ("op time 2", 1000): ({"BLOCK": 32}, pytest.approx(7.0)),
     }
+    # BLOCK 64 takes exactly as long on conv2: not a loser, a tie, listed under the winner
+    tied = [(r["layer"], r["batch"], as_json(r["tunables"])) for r in rows if r["standing"] == "tied"]
+    assert tied == [("op time 2", 100, {"BLOCK": 64}), ("op time 2", 1000, {"BLOCK": 64})]
+
+
+def test_best_marks_the_settings_tied_with_the_winner_within_noise(db_url):
+    engine = open_store(db_url)
+    # medians 1.00, 1.015 and 1.10 ms, each sampled at -1%, 0, +1%: a 1% spread (median absolute deviation)
+    for block, op_ms in ((128, 1.0), (256, 1.015), (512, 1.10)):
+        result = make_result("naive", batch=1000, op_time_ms=(op_ms, op_ms), params=every_layer(BLOCK=block))
+        result["run_key"] = f"{block:064d}"
+        result["samples"] = [{"metric": "op_time_ms", "layer": layer, "repeat": r, "value": op_ms * f}
+                             for layer in ("conv1", "conv2") for r, f in enumerate((0.99, 1.0, 1.01))]
+        ingest_result(engine, result, None)
+    engine.dispose()
+    rows = [(r["layer"], r["standing"], as_json(r["tunables"])["BLOCK"], r["op time ±%"]) for r in rows_of(db_url, "best")]
+    # 1.015 - 1.00 is within 2 x (0.01 + 0.01015) ms; 1.10 is not
+    assert rows == [("op time 1", "fastest", 128, "1.0"), ("op time 1", "tied", 256, "1.0"),
+                    ("op time 2", "fastest", 128, "1.0"), ("op time 2", "tied", 256, "1.0")]
 
 
 def test_streams_pivots_forward_time_and_overlap_by_stream_count(db_url):

@@ -11,7 +11,7 @@ from tabulate import tabulate
 
 from ..network import Network, weight_shapes
 from ..numbers import finite, median
-from ..stats import relative_spread
+from ..stats import MIN_SAMPLES, bootstrap_ratio, relative_spread
 
 BENCH_FORMAT = 1  # the version of the bench JSON (`convsweep bench --json`)
 CUDNN_MODES = ("fp32", "tf32", "fp16")  # cuDNN columns; a variant is compared with the mode of its precision class
@@ -39,6 +39,15 @@ def pick_best(records: list[dict]) -> dict | None:
     """The correct record with the lowest median (the first on a tie); None when none is correct."""
     ok = [r for r in records if r.get("status") == "ok" and median(r.get("samples_ms")) is not None]
     return min(ok, key=lambda r: median(r["samples_ms"])) if ok else None
+
+
+def tied_with(best: dict | None, record: dict) -> bool:
+    """Whether a correct record cannot be told from the best one: the bootstrap interval of its
+    median over the best's reaches down to 1 (with at least MIN_SAMPLES samples each)."""
+    if best is None or record is best or record.get("status") != "ok":
+        return False
+    a, b = best.get("samples_ms") or [], record.get("samples_ms") or []
+    return len(a) >= MIN_SAMPLES and len(b) >= MIN_SAMPLES and bootstrap_ratio(a, b)[1] <= 1.0
 
 
 def network_traffic(network: Network, batch: int, fuses: dict[str, tuple]) -> dict:
@@ -110,7 +119,8 @@ def build_result(meas: dict, targets: dict) -> dict:
         chosen = pick_best(recs)
         best[layer] = chosen
         for rec in recs:
-            row = {"kind": "conv", "label": layer, **{k: v for k, v in rec.items()}, "best": rec is chosen}
+            row = {"kind": "conv", "label": layer, **{k: v for k, v in rec.items()}, "best": rec is chosen,
+                   "tied": tied_with(chosen, rec)}
             row["max_rel_err"] = finite(row.get("max_rel_err"))
             derived(row, rec.get("bytes"), rec.get("flops"), floor_ms(rec["bytes"], dtod) if rec.get("bytes") else None,
                     target_for(targets, layer, rec.get("precision")),
@@ -147,7 +157,9 @@ def build_result(meas: dict, targets: dict) -> dict:
     return {"format": BENCH_FORMAT, "config": meas.get("config"), "device": meas.get("device"), "batch": batch,
             "repeats": meas.get("repeats"), "warmup": meas.get("warmup"), "seed": meas.get("seed"),
             "environment": meas.get("environment"), "ceilings": ceilings,
-            "best": {layer: ({"variant": b["variant"], "params": b["resolved_params"], "median_ms": finite(median(b["samples_ms"]))}
+            "best": {layer: ({"variant": b["variant"], "params": b["resolved_params"], "median_ms": finite(median(b["samples_ms"])),
+                              "tied": [{"variant": r["variant"], "params": r["resolved_params"]}
+                                       for r in meas["convs"] if r["layer"] == layer and tied_with(b, r)]}
                              if b else None) for layer, b in best.items()},
             "cudnn": {k: v for k, v in cudnn.items()}, "targets": {**targets, "judged": judged, "device_note": device_note},
             "rows": rows}
@@ -200,7 +212,8 @@ def table_rows(result: dict) -> list[list[str]]:
             out.append(line(f"{layer} best", best[0]))
         else:
             out.append([f"{layer} best", "", "no correct candidate"] + [""] * (len(TABLE_HEADERS) - 3))
-        out += [line(layer, r) for r in recs if not r.get("best")]
+        out += [line(f"{layer} tied", r) for r in recs if r.get("tied")]  # noise could reorder these and the best
+        out += [line(layer, r) for r in recs if not r.get("best") and not r.get("tied")]
     for r in rows:
         if r["kind"] == "forward":
             out.append(line("forward (on device)", r))
@@ -230,7 +243,9 @@ def format_report(result: dict) -> str:
              + (_ms(next((r.get("network_floor_ms") for r in result["rows"] if r["kind"] == "forward"), None)) or "?")
              + " ms); end to end: input and logits at the pinned H2D rate",
              "±%: the samples' median absolute deviation in % of their median (one slow repeat does not widen it)",
-             "ours/cuDNN: against the cuDNN mode of the variant's precision class (fp32, tf32, fp16)"]
+             "ours/cuDNN: against the cuDNN mode of the variant's precision class (fp32, tf32, fp16)",
+             "tied: a candidate the samples cannot tell from the best (the 95% bootstrap interval of its "
+             "median over the best's reaches 1)"]
     if matmul and matmul.get("fp32"):
         for r in result["rows"]:
             if r["kind"] == "conv" and r.get("best") and r.get("flops"):
