@@ -1,6 +1,6 @@
 """The CUDA context, created on a thread while the job process imports and loads.
 
-cuInit and the primary context cost a job process ~0.45 s on the lent H100 (~0.7 s under nsys),
+cuInit and the primary context cost a job process 0.2–0.5 s on the lent H100 (~0.7 s under nsys),
 about as long as its imports of numpy and cuda.core. cuda.bindings releases the GIL in driver
 calls, so started first on a thread the two overlap. `gpu.Gpu` then retains the same primary
 context (cuda.core's Device.set_current) and finds it made; the thread's own reference lasts

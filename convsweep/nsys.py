@@ -57,7 +57,7 @@ def profile(command: list[str], report_base: Path, nsys: str, log) -> Path:
     """Run `command` under nsys with CUDA and NVTX tracing; return the SQLite export's path."""
     report_base.parent.mkdir(parents=True, exist_ok=True)
     # CUDA API and kernels, NVTX; no CPU sampling, context switches or CUDA event records (the
-    # job times with events itself; tracing them cost each job ~0.2 s on the lent H100).
+    # job times with events itself, and nothing reads their trace).
     args = [nsys, "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--cuda-event-trace=false",
             "--export=sqlite", "--force-overwrite=true", "-o", str(report_base), *command]
     # Lines pass through as they come, so a job waiting for its GPU says so while it waits; nsys

@@ -83,8 +83,8 @@ class StoppingRule:
     Auto (nvbench's rule, with the robust spread for its noise): once the forward times' relative
     spread is at most `max_noise` with at least `min_samples` samples and `min_time_s` of measured
     time ("converged"), once `timeout_s` of wall time has passed ("timeout"), or at `max_samples`
-    ("max_samples": nvbench has no such cap, but a job under nsys traces every pass, and 15 s of
-    0.1 ms passes made a report that took minutes to read on the lent H100)."""
+    ("max_samples": nvbench has no such cap, but a job under nsys traces every pass; uncapped, a
+    batch-100 job of the default sweep took 3 minutes under nsys on the lent H100)."""
 
     repeats: int | None = None  # None: auto
     max_noise: float = 0.005

@@ -173,6 +173,21 @@ def test_network_on_gpu_with_events(tmp_path):
     assert result["environment"]["gpu"] and result["environment"]["nvrtc"]
 
 
+@pytest.mark.parametrize("profiler", ["events", "nsys"])
+def test_repeats_auto_stops_by_its_rule_and_nsys_holds_every_pass(profiler, tmp_path):
+    """Not yet run on the lent GPU (written when the session's device time was spent)."""
+    if profiler == "nsys" and find_nsys() is None:
+        pytest.skip("nsys is not installed")
+    rule = {"max_noise": 0.005, "min_samples": 10, "min_time_s": 0.05, "timeout_s": 5, "max_samples": 40}
+    result = run_job(spec(profiler, repeats="auto", stopping=rule), tmp_path / "r.json")
+    assert result["status"] == "ok", result["error"]
+    stopping = result["stopping"]
+    assert stopping["rule"] == "auto" and stopping["reason"] in ("converged", "timeout", "max_samples")
+    assert 1 <= stopping["samples"] <= 40 and (stopping["samples"] >= 10 or stopping["reason"] == "timeout")
+    passes = {s["repeat"] for s in result["samples"] if s["metric"] == "op_time_ms"}
+    assert passes == set(range(stopping["samples"]))  # under nsys: every pass the rule took is in the report
+
+
 @pytest.mark.skipif(find_nsys() is None, reason="nsys is not installed")
 def test_job_under_nsys_reads_the_report(tmp_path):
     out = tmp_path / "job.json"

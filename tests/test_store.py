@@ -76,6 +76,26 @@ def engine(db_url):
     engine.dispose()
 
 
+def ingest_at_once(engine: Engine, results: list) -> tuple[list, list]:
+    """Ingest each result on a thread of its own, all released together: (reports, StoreErrors)."""
+    barrier = threading.Barrier(len(results))
+    reports, errors = [], []
+
+    def ingest(result):
+        barrier.wait()
+        try:
+            reports.append(ingest_result(engine, result, None))
+        except StoreError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ingest, args=(r,)) for r in results]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return reports, errors
+
+
 def test_migration_matches_models(engine):
     with engine.connect() as connection:
         diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
@@ -382,21 +402,7 @@ def test_ingest_racing_an_uncommitted_insert_of_the_same_run(engine):
 
 def test_concurrent_ingests_of_runs_sharing_a_sweep(engine):
     results = [make_result("naive", batch) for batch in (1, 2, 3, 4, 5, 6)]
-    barrier = threading.Barrier(len(results))
-    errors = []
-
-    def ingest(result):
-        barrier.wait()
-        try:
-            ingest_result(engine, result, None)
-        except StoreError as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=ingest, args=(r,)) for r in results]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _, errors = ingest_at_once(engine, results)
     assert errors == []
     counts = row_counts(engine)
     assert (counts["run"], counts["sweep"], counts["environment"], counts["build"]) == (6, 1, 1, 1)
@@ -657,21 +663,7 @@ def test_concurrent_ingests_of_overlapping_job_files_store_each_setting_once(eng
     files = [make_job_file(measurements[:3]), make_job_file(measurements[1:])]
     for _ in range(3):
         files.append(make_job_file(measurements))
-    barrier = threading.Barrier(len(files))
-    reports, errors = [], []
-
-    def ingest(job_file):
-        barrier.wait()
-        try:
-            reports.append(ingest_result(engine, job_file, None))
-        except StoreError as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=ingest, args=(f,)) for f in files]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    reports, errors = ingest_at_once(engine, files)
     assert errors == []
     assert sum(r.added for r in reports) == 4
     assert sum(r.added + r.unchanged for r in reports) == 3 + 3 + 3 * 4

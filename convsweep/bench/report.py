@@ -158,8 +158,8 @@ def build_result(meas: dict, targets: dict) -> dict:
             "repeats": meas.get("repeats"), "warmup": meas.get("warmup"), "seed": meas.get("seed"),
             "environment": meas.get("environment"), "ceilings": ceilings,
             "best": {layer: ({"variant": b["variant"], "params": b["resolved_params"], "median_ms": finite(median(b["samples_ms"])),
-                              "tied": [{"variant": r["variant"], "params": r["resolved_params"]}
-                                       for r in meas["convs"] if r["layer"] == layer and tied_with(b, r)]}
+                              "tied": [{"variant": r["variant"], "params": r["resolved_params"]} for r in rows
+                                       if r["kind"] == "conv" and r["label"] == layer and r["tied"]]}
                              if b else None) for layer, b in best.items()},
             "cudnn": {k: v for k, v in cudnn.items()}, "targets": {**targets, "judged": judged, "device_note": device_note},
             "rows": rows}
