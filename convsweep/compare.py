@@ -25,7 +25,7 @@ from .query import fetch
 from .stats import SLOWER, compare_samples
 
 _RUN_COLUMNS = ("id, experiment, network, dataset, variants, params, variant, batch, streams, host_memory, "
-                "chunk_images, git_commit")
+                "chunk_images, cache, git_commit")
 _KINDS = ("sweep", "commit", "experiment", "results", "runs")
 
 
@@ -91,7 +91,7 @@ def _newest_ok_runs(db: str | None, selection: Selection) -> list[dict]:
 
 def _cell(run: dict) -> tuple:
     return (run["network"], run["dataset"], json.dumps(run["variants"], sort_keys=True), run["batch"], run["streams"],
-            run["host_memory"], run["chunk_images"])
+            run["host_memory"], run["chunk_images"], run["cache"])
 
 
 def _samples(db: str | None, run_ids: list[int], metric: str) -> dict[int, list[float]]:
@@ -154,7 +154,7 @@ def compare(db: str | None, a: str, b: str, metric: str = "op_time", threshold: 
         setting_a, setting_b = tunables_text(run_a["params"]), tunables_text(run_b["params"])
         rows.append({
             "experiment": run_b["experiment"], "variant": run_b["variant"], "batch": run_b["batch"],
-            "streams": run_b["streams"], "host_memory": run_b["host_memory"],
+            "streams": run_b["streams"], "host_memory": run_b["host_memory"], "cache": run_b["cache"],
             "setting": setting_b if setting_a == setting_b else f"{setting_a} -> {setting_b}",
             "run_a": run_a["id"], "run_b": run_b["id"], **asdict(change)})
     verdicts = [row["verdict"] for row in rows]
@@ -177,10 +177,10 @@ def render(result: dict, fmt: str = "table") -> str:
     def pct(x):
         return "" if x is None else f"{(x - 1) * 100:+.1f}%"
 
-    rows = [[r["experiment"], r["variant"], r["batch"], r["streams"], r["host_memory"], r["setting"],
+    rows = [[r["experiment"], r["variant"], r["batch"], r["streams"], r["host_memory"], r["cache"], r["setting"],
              pct(r["ratio"]), "" if r["low"] is None else f"[{pct(r['low'])}, {pct(r['high'])}]", r["verdict"],
              f"{r['samples_a']}/{r['samples_b']}", f"{r['run_a']} -> {r['run_b']}"] for r in result["rows"]]
-    table = tabulate(rows, headers=["experiment", "variant", "batch", "streams", "host memory", "setting",
+    table = tabulate(rows, headers=["experiment", "variant", "batch", "streams", "host memory", "cache", "setting",
                                     f"B vs A ({result['metric']})", "95% interval", "verdict", "samples A/B",
                                     "runs"], tablefmt="github")
     totals = ", ".join(f"{n} {v}" for v, n in result["verdicts"].items()) or "no job in both"

@@ -39,6 +39,7 @@ class RunSpec:
     profiler: str
     chunk_images: int | None = None  # images per pipeline chunk; None: several chunks per stream
     stopping: dict | None = None  # repeats auto: max_noise, min_samples, min_time_s, timeout_s, max_samples
+    cache: str = "warm"  # cold: L2 is written over before each conv layer of a timed pass
 
     def to_dict(self) -> dict:
         return _without_defaults(asdict(self))
@@ -57,8 +58,8 @@ GRID_SEARCH = {"strategy": "grid"}
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One cell of the sweep matrix (conv layer -> variant, batch, streams, host memory, chunk size)
-    and the tunable grid of its variants: one process measures every setting the search picks
+    """One cell of the sweep matrix (conv layer -> variant, batch, streams, host memory, chunk size,
+    cache state) and the tunable grid of its variants: one process measures every setting the search picks
     from the grid, each setting a run of its own (`runs`).
 
     `grid` is a list of {"layers": [...], "values": {tunable: [values]}}: each entry's setting
@@ -81,6 +82,7 @@ class JobSpec:
     profiler: str
     chunk_images: int | None = None
     stopping: dict | None = None
+    cache: str = "warm"
     search: dict = field(default_factory=lambda: dict(GRID_SEARCH))
     arch: str = "auto"  # NVRTC's target: auto is the GPU's own (sm_90a, say, for arch-specific features)
     sweep: dict = field(default_factory=dict, compare=False)
@@ -101,7 +103,8 @@ class JobSpec:
     @property
     def job_id(self) -> str:
         chunk = f"-c{self.chunk_images}" if self.chunk_images else ""
-        return f"{self.label}-b{self.batch}-s{self.streams}{chunk}-{self.host_memory}-{self.job_key[:10]}"
+        cache = "-cold" if self.cache == "cold" else ""
+        return f"{self.label}-b{self.batch}-s{self.streams}{chunk}-{self.host_memory}{cache}-{self.job_key[:10]}"
 
     @classmethod
     def from_dict(cls, d: dict, sweep: dict | None = None) -> "JobSpec":
@@ -126,8 +129,8 @@ class JobSpec:
 
 
 # Keys left out of a spec's dict at these values, so specs written before they existed keep their
-# hashes (the automatic chunking, the GPU's own architecture, a fixed number of repeats).
-_OMITTED_DEFAULTS = {"chunk_images": None, "arch": "auto", "stopping": None}
+# hashes (the automatic chunking, the GPU's own architecture, a fixed number of repeats, warm caches).
+_OMITTED_DEFAULTS = {"chunk_images": None, "arch": "auto", "stopping": None, "cache": "warm"}
 
 
 def _without_defaults(d: dict) -> dict:
@@ -275,13 +278,16 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
                      "values": exp.get("params", {}).get(var, {})} for var in dict.fromkeys(layer_map.values())]
             # Checked here, once per cell shape, so a bad grid stops the sweep while it is planned.
             choose_settings(network, layer_map, grid, search, f"{where}.variants[{v}]")
-            for batch, streams, memory, chunk in itertools.product(exp["batches"], exp["streams"], exp["host_memory"],
-                                                                   exp["chunk_images"]):
+            on_gpu = not all(registry[var].is_cpu for var in layer_map.values())
+            for batch, streams, memory, chunk, cache in itertools.product(
+                    exp["batches"], exp["streams"], exp["host_memory"], exp["chunk_images"], exp["cache"]):
+                if cache == "cold" and not (on_gpu and streams == 1):
+                    continue  # L2 is the GPU's, and a flush on one stream would hit the others' kernels
                 jobs.append(JobSpec(
                     experiment=name, network=network, dataset=exp["dataset"], variants=layer_map, grid=grid,
                     batch=batch, streams=streams, host_memory=memory, repeats=exp["repeats"], warmup=exp["warmup"],
                     profiler=exp["profiler"], chunk_images=None if chunk == "auto" else chunk,
-                    stopping=dict(exp["stopping"]) if exp["repeats"] == "auto" else None, search=search,
+                    stopping=dict(exp["stopping"]) if exp["repeats"] == "auto" else None, cache=cache, search=search,
                     arch=config.data["arch"], sweep=sweep))
     if not jobs:
         raise ConfigError(f"{config.path}: the sweep matrix is empty")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +109,10 @@ class Gpu:
         except Exception:  # older cuda.core; NVML then finds the device by UUID alone
             return None
 
+    @property
+    def l2_bytes(self) -> int:
+        return int(self.device.properties.l2_cache_size)
+
     def driver_version(self) -> str:
         from cuda.bindings import driver
 
@@ -184,6 +189,13 @@ class Gpu:
         from cuda.bindings import driver
 
         _check(driver.cuMemsetD8Async(dev.ptr, byte, dev.nbytes, int(stream.handle)), "cuMemsetD8Async")
+
+    def l2_flusher(self) -> Callable[[object], None]:
+        """A function that, enqueued on a stream, writes over a buffer of twice the L2 size, so the
+        next kernel finds none of its inputs in L2 (nvbench's cold measurements write one L2's
+        worth; twice leaves no line to the cache's hashing). The buffer lives until close()."""
+        scratch = self.alloc((2 * self.l2_bytes // 4,), np.uint32)
+        return lambda stream: self.fill(scratch, 0, stream)
 
     def module(self, build, private: bool = False):
         """The loaded module of a CompiledModule: shared by default, or a private instance whose

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,9 +25,9 @@ from .inputs import load_batch
 from .job import JobContext
 from .network import reference_layer
 from .numbers import finite, median
-from .provenance import GpuMonitor, environment, host_gpu_arch
-from .runner import (Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks, pipeline_buffers, pipeline_pass,
-                     poison_logits)
+from .provenance import GpuMonitor, environment, host_gpu_arch, slowdown_names
+from .runner import (FLUSH, Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks, pipeline_buffers,
+                     pipeline_pass, poison_logits)
 from .stats import StoppingRule
 from .variants import Variant
 
@@ -71,6 +71,7 @@ class GpuSession:
     chunks: list[tuple[int, int]]
     backend: Backend
     arch: str  # what the builds target
+    flush: Callable[[object], None] | None = None  # cache cold: writes over L2 on a stream (Gpu.l2_flusher)
 
 
 def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backend(),
@@ -206,7 +207,8 @@ def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, sh
         buffers = pipeline_buffers(gpu, ctx.batch.network, ctx.batch.images, spec.host_memory, streams[0])
         shared["allocate"] = time.perf_counter() - t
         # Where NVML could not tell (GPUs of several kinds), each op compiles for this GPU itself.
-        session = GpuSession(gpu, streams, buffers, monitor, chunks, backend, arch if spec.arch != "auto" else gpu.arch)
+        session = GpuSession(gpu, streams, buffers, monitor, chunks, backend, arch if spec.arch != "auto" else gpu.arch,
+                             gpu.l2_flusher() if spec.cache == "cold" else None)
         for n, i in enumerate(todo):
             started, record = time.perf_counter(), ctx.skeleton(i)
             try:
@@ -235,21 +237,28 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> di
     poison_logits(gpu, buffers, streams[0])  # so a setting that writes nothing cannot pass with the last one's logits
     phases["setup"] = time.perf_counter() - t
 
+    monitor, slowed = session.monitor, GpuHealth()
+
     def forward(tag: str, repeat: int | None):
         with nvtx_range(tag):
             marks = {}
-            start, h2d_end, d2h_start, end = pipeline_pass(gpu, net, streams, chunks, buffers, marks)
+            start, h2d_end, d2h_start, end = pipeline_pass(gpu, net, streams, chunks, buffers, marks, session.flush)
             end.sync()
             if repeat is None:
                 return
+            slowed.saw(repeat, monitor.slowdowns())
 
             def add(metric, layer, value):
                 samples.append({"metric": metric, "layer": layer, "repeat": repeat, "value": value})
 
-            add("forward_ms", None, end - start)
+            # A cold pass's L2 flushes run between its layers on the one stream: its times leave them out.
+            flush_ms = sum(e - b for b, e in marks.get(FLUSH, []))
+            add("forward_ms", None, end - start - flush_ms)
+            if session.flush is not None:
+                add("l2_flush_ms", None, flush_ms)
             if len(chunks) == 1:  # with several chunks the copies of one interleave with others' kernels
                 add("h2d_ms", None, h2d_end - start)
-                add("compute_ms", None, d2h_start - h2d_end)
+                add("compute_ms", None, d2h_start - h2d_end - flush_ms)
                 add("d2h_ms", None, end - d2h_start)
             if len(streams) == 1:  # with several streams, event intervals include other streams' work
                 for name in conv_names:
@@ -259,7 +268,7 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> di
     for w in range(run.warmup):
         forward(f"warmup {w}", None)
     phases["warmup"] = time.perf_counter() - t
-    clocks = session.monitor.clocks()  # at the start of the timed part
+    clocks, energy_mj = monitor.clocks(), monitor.energy_mj()  # at the start of the timed part
     t = time.perf_counter()
     rule, stop = StoppingRule.of(run.repeats, run.stopping), None
     while stop is None:
@@ -267,9 +276,47 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> di
         forward(f"repeat {repeat}", repeat)
         stop = rule.reason(_last_forward(samples), time.perf_counter() - t)
     phases["timed"] = time.perf_counter() - t
+    passes = len(rule.samples_ms)
     return {"profiler": "events", "logits": np.array(buffers.logits_host, copy=True), "samples": samples,
             "builds": [b.record() for b in net.builds], "timings": _timings_from_samples(samples, conv_names),
-            "clocks": clocks, "phases_s": phases, "stopping": rule.record(stop)}
+            "clocks": clocks, "clocks_after": monitor.clocks(), "energy": _energy(energy_mj, monitor.energy_mj(), passes),
+            **slowed.record(passes), "phases_s": phases, "stopping": rule.record(stop)}
+
+
+@dataclass
+class GpuHealth:
+    """What held the GPU's clocks down during a setting's timed passes: the NVML slowdown bits seen
+    after each pass, and which passes they were seen after (None: NVML could not tell)."""
+
+    known: bool = False
+    reasons: int = 0
+    repeats: list[int] = field(default_factory=list)
+
+    def saw(self, repeat: int, slowdowns: int | None) -> None:
+        if slowdowns is None:
+            return
+        self.known = True
+        if slowdowns:
+            self.reasons |= slowdowns
+            self.repeats.append(repeat)
+
+    def record(self, passes: int) -> dict:
+        """The measurement's `throttle` ({reasons, repeats} or None) and its `note`."""
+        if not self.known:
+            return {"throttle": None, "note": None}
+        names = slowdown_names(self.reasons)
+        note = (f"{len(self.repeats)} of {passes} timed passes ran with the clocks held down ({', '.join(names)})"
+                if self.repeats else None)
+        return {"throttle": {"reasons": names, "repeats": self.repeats}, "note": note}
+
+
+def _energy(before_mj: int | None, after_mj: int | None, passes: int) -> dict | None:
+    """The GPU's energy over the timed part (NVML counts millijoules) and per pass; None without a
+    counter. It is the whole GPU's, the idle gaps between passes included."""
+    if before_mj is None or after_mj is None or passes == 0:
+        return None
+    joules = (after_mj - before_mj) / 1000
+    return {"joules": joules, "passes": passes, "joules_per_pass": joules / passes}
 
 
 def _last_forward(samples: list[dict]) -> float:

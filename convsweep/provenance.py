@@ -63,8 +63,9 @@ def environment(gpu=None) -> dict:
 
 
 class GpuMonitor:
-    """NVML's view of one CUDA device, found by UUID (or PCI bus id): its UUID, the driver version
-    and the current clocks. Every query returns None where NVML cannot answer."""
+    """NVML's view of one CUDA device, found by UUID (or PCI bus id): its UUID, the driver version,
+    the current clocks, what slows them down, and the energy counter. Every query returns None
+    where NVML cannot answer."""
 
     def __init__(self, cuda_uuid: str | None, pci_bus_id: str | None = None):
         self._nvml = self._handle = None
@@ -115,6 +116,21 @@ class GpuMonitor:
         return {"sm_mhz": self._ask(nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM),
                 "memory_mhz": self._ask(nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM)}
 
+    def slowdowns(self) -> int | None:
+        """The bits of SLOWDOWN_REASONS that hold the clocks down now (0: none), or None where NVML
+        cannot tell. Idle, application clocks and sync boost are not slowdowns of a running kernel."""
+        nvml = self._nvml
+        if nvml is None:
+            return None
+        query = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        mask = self._ask(query)
+        return None if mask is None else int(mask) & sum(SLOWDOWN_REASONS)
+
+    def energy_mj(self) -> int | None:
+        """The GPU's energy counter in millijoules since the driver loaded (Volta and newer), or None."""
+        return self._ask(self._nvml.nvmlDeviceGetTotalEnergyConsumption) if self._nvml else None
+
     def close(self) -> None:
         if self._nvml is not None:
             try:
@@ -128,6 +144,22 @@ class GpuMonitor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# NVML's clock event reasons that mean a kernel ran slower than the GPU's clocks allow (the bits
+# of nvmlClocksEventReason*; the same values in every driver since NVML named them "throttle").
+SLOWDOWN_REASONS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}
+
+
+def slowdown_names(mask: int) -> list[str]:
+    """The names of the reasons set in a SLOWDOWN_REASONS mask, in bit order."""
+    return [name for bit, name in SLOWDOWN_REASONS.items() if mask & bit]
 
 
 def host_gpu_arch() -> str | None:

@@ -34,6 +34,10 @@ except ImportError:  # NVTX is optional outside nsys; ranges are only labels
         return contextlib.nullcontext()
 
 
+# The NVTX range, and the events key, of the L2 flushes of a cold-cache pass (Gpu.l2_flusher).
+FLUSH = "l2 flush"
+
+
 class ConvOp:
     """One conv layer bound to a variant, its parameters and its compiled module."""
 
@@ -195,14 +199,23 @@ class GpuNetwork:
                 lane.workspaces[step.layer.name] = self.convs[step.layer.name].workspace(self.shape(step, capacity))
         return lane
 
-    def enqueue(self, stream, lane: Lane, x: DeviceArray, logits: DeviceArray, n: int, events: dict | None = None):
+    def enqueue(self, stream, lane: Lane, x: DeviceArray, logits: DeviceArray, n: int, events: dict | None = None,
+                flush: Callable[[object], None] | None = None):
         """Run n images from x through the network into logits on `stream`.
 
-        With `events`, a (start, end) pair of timing events is appended per conv layer.
+        With `events`, a (start, end) pair of timing events is appended per conv layer. With
+        `flush` (Gpu.l2_flusher), L2 is written over before each conv layer, outside its events;
+        the flushes get event pairs of their own under FLUSH, so a pass's time can leave them out.
         """
         cur, last = x.rows(0, n), self.steps[-1]
         for step in self.steps:
             name = step.layer.name
+            if flush is not None and step.layer.is_conv:
+                with nvtx_range(FLUSH):
+                    begin = self.gpu.event(stream) if events is not None else None
+                    flush(stream)
+                    if events is not None:
+                        events.setdefault(FLUSH, []).append((begin, self.gpu.event(stream)))
             with nvtx_range(name):
                 out = None
                 if step.layer.kind.owns_output:
@@ -266,14 +279,15 @@ def poison_logits(gpu: Gpu, buffers: PipelineBuffers, stream) -> None:
 
 
 def pipeline_pass(gpu: Gpu, net: GpuNetwork, streams: list, chunks: list[tuple[int, int]], buffers: PipelineBuffers,
-                  marks: dict | None = None):
+                  marks: dict | None = None, flush: Callable[[object], None] | None = None):
     """Enqueue one pass of a batch, host to host: chunk i goes H2D -> every layer -> D2H on
     streams[i % len(streams)] with lane i % len(streams) of `net`.
 
     Returns the timing events (start, h2d_end, d2h_start, end): `start` is on streams[0] before
     the first H2D (every other stream waits for it), `end` on streams[0] after it waited for every
     stream's last D2H; h2d_end and d2h_start belong to the last chunk. Nothing is synchronized.
-    `marks` collects per-conv-layer event pairs (GpuNetwork.enqueue).
+    `marks` collects per-conv-layer event pairs and `flush` writes over L2 before each conv layer
+    (GpuNetwork.enqueue).
     """
     start = gpu.event(streams[0])
     for s in streams[1:]:
@@ -287,7 +301,7 @@ def pipeline_pass(gpu: Gpu, net: GpuNetwork, streams: list, chunks: list[tuple[i
             with nvtx_range("h2d"):
                 gpu.upload(x_host[lo:hi], x_dev.rows(lo, hi), s)
             h2d_end = gpu.event(s)
-            net.enqueue(s, net.lanes[lane], x_dev.rows(lo, hi), logits_dev.rows(lo, hi), hi - lo, marks)
+            net.enqueue(s, net.lanes[lane], x_dev.rows(lo, hi), logits_dev.rows(lo, hi), hi - lo, marks, flush)
             d2h_start = gpu.event(s)
             with nvtx_range("d2h"):
                 gpu.download(logits_dev.rows(lo, hi), logits_host[lo:hi], s)

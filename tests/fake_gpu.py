@@ -7,7 +7,7 @@ import numpy as np
 from convsweep.gpu import DeviceArray
 from convsweep.network import reference_forward
 from convsweep.reference import conv2d_reference, maxpool2d_reference
-from convsweep.runner import Backend
+from convsweep.runner import FLUSH, Backend
 
 
 class NoBuilds:
@@ -113,6 +113,18 @@ class FakeGpu:
     def fill(self, dev, byte, stream):
         self.mem(dev)[:] = byte
 
+    l2_bytes = 4096
+    flushes = 0  # how many times any fake GPU wrote over its L2
+
+    def l2_flusher(self):
+        scratch = self.alloc((2 * self.l2_bytes,), np.uint8)
+
+        def flush(stream):
+            FakeGpu.flushes += 1
+            self.fill(scratch, 0, stream)
+
+        return flush
+
     def copy(self, dst, src, stream):
         self.mem(DeviceArray(dst.ptr, (src.nbytes,), np.dtype(np.uint8)))[:] = self.mem(src)
 
@@ -149,10 +161,15 @@ class FakeGpuNetwork:
         self.lanes = [object() for _ in range(lanes)]
         self.capacity, self.builds = capacity, []
 
-    def enqueue(self, stream, lane, x, logits, n, events=None):
+    def enqueue(self, stream, lane, x, logits, n, events=None, flush=None):
         assert n <= self.capacity
-        if events is not None:
-            for layer in self.network.conv_layers:
+        for layer in self.network.conv_layers:
+            if flush is not None:
+                begin = FakeEvent()
+                flush(stream)
+                if events is not None:
+                    events.setdefault(FLUSH, []).append((begin, FakeEvent()))
+            if events is not None:
                 events.setdefault(layer.name, []).append((FakeEvent(), FakeEvent()))
         self.gpu.read(logits.rows(0, n))[...] = reference_forward(self.network, self.weights, self.gpu.read(x.rows(0, n)),
                                                                    dtype=np.float32)

@@ -106,6 +106,26 @@ def test_chunk_size_is_an_axis_and_auto_keeps_the_old_keys(tmp_path):
         load_config(write(tmp_path, data))
 
 
+def test_cache_is_an_axis_of_gpu_cells_at_one_stream_and_warm_keeps_the_old_keys(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"].update(variants=["naive", "reference"], streams=[1, 2], batches=[100],
+                                     cache=["warm", "cold"])
+    jobs = expand_config(load_config(write(tmp_path, data)))
+    cells = sorted((j.label, j.streams, j.cache) for j in jobs)
+    # cold only where L2 is the GPU's and one stream runs the pass: a flush would hit other streams' kernels
+    assert cells == [("naive", 1, "cold"), ("naive", 1, "warm"), ("naive", 2, "warm"),
+                     ("reference", 1, "warm"), ("reference", 2, "warm")]
+    cold = next(j for j in jobs if j.cache == "cold")
+    assert "-pageable-cold-" in cold.job_id and cold.runs()[0].to_dict()["cache"] == "cold"
+    warm = next(j for j in jobs if j.label == "naive" and j.streams == 1 and j.cache == "warm")
+    assert "cache" not in warm.to_dict() and "cold" not in warm.job_id  # the keys warm runs had before
+    assert cold.runs()[0].run_key != warm.runs()[0].run_key
+    assert load_config(write(tmp_path, BASE)).experiments["e1"]["cache"] == ["warm"]
+    data["experiments"]["e1"]["cache"] = ["lukewarm"]
+    with pytest.raises(ConfigError, match=r"experiments.e1.cache\[0\]: expected one of \['warm', 'cold'\]"):
+        load_config(write(tmp_path, data))
+
+
 def test_per_layer_variant_map(tmp_path):
     data = copy.deepcopy(BASE)
     data["experiments"]["e1"]["variants"] = [{"conv1": "naive", "conv2": "naive"}]

@@ -153,8 +153,8 @@ class GridNetwork(FakeGpuNetwork):
         super().__init__(gpu, network, weights, plan, lanes, capacity)
         self.wrong = block == 512
 
-    def enqueue(self, stream, lane, x, logits, n, events=None):
-        super().enqueue(stream, lane, x, logits, n, events)
+    def enqueue(self, stream, lane, x, logits, n, events=None, flush=None):
+        super().enqueue(stream, lane, x, logits, n, events, flush)
         if self.wrong:
             self.gpu.read(logits.rows(0, n))[...] += 1.0
 
@@ -195,12 +195,12 @@ def test_a_setting_cannot_pass_with_the_logits_of_the_one_before(tmp_path):
     """Each setting starts from poisoned logits: a network that writes nothing is incorrect."""
 
     class Silent(GridNetwork):
-        def enqueue(self, stream, lane, x, logits, n, events=None):
+        def enqueue(self, stream, lane, x, logits, n, events=None, flush=None):
             if self.wrong:  # BLOCK=512 writes nothing at all (its events still tick)
                 for layer in self.network.conv_layers:
                     events.setdefault(layer.name, []).append((FakeEvent(), FakeEvent()))
                 return
-            super().enqueue(stream, lane, x, logits, n, events)
+            super().enqueue(stream, lane, x, logits, n, events, flush)
 
     backend = type(FAKE)(gpu=FAKE.gpu, conv_op=FAKE.conv_op, network=Silent, compile_all=FAKE.compile_all)
     ms = run_one_job(grid_job(), tmp_path / "grid.json", backend=backend)["measurements"]
@@ -346,3 +346,71 @@ def test_a_fixed_count_says_so_and_a_timeout_stops_the_cpu_reference(tmp_path):
     timed_out = run_job(spec(repeats="auto", stopping=rule), tmp_path / "auto.json")
     assert timed_out["status"] == "ok" and timed_out["stopping"]["reason"] == "timeout"
     assert 1 <= timed_out["stopping"]["samples"] < 50
+
+
+# -- what the numbers were measured under: cache state, clocks, slowdowns, energy ----------------
+def test_a_cold_job_writes_over_l2_before_every_conv_layer_and_times_around_it(tmp_path):
+    from fake_gpu import FakeGpu
+
+    FakeGpu.flushes = 0
+    job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=3, warmup=1, cache="cold")
+    assert job.job_id.endswith(f"-pageable-cold-{job.job_key[:10]}") and job.runs()[0].to_dict()["cache"] == "cold"
+    m = run_one_job(job, tmp_path / "cold.json", backend=FAKE)["measurements"][0]
+    assert m["status"] == "ok" and m["spec"]["cache"] == "cold"
+    assert FakeGpu.flushes == 2 * (1 + 3)  # two conv layers, warm-up and timed passes alike
+    # Every fake event ticks 0.25: a pass is start, h2d end, 2 x (flush pair, layer pair), d2h start,
+    # end = 12 events, 2.75 from start to end; the two flushes (0.25 each) are left out of the pass.
+    forward = [s["value"] for s in m["samples"] if s["metric"] == "forward_ms"]
+    assert forward == [pytest.approx(2.75 - 0.5)] * 3
+    assert [s["value"] for s in m["samples"] if s["metric"] == "l2_flush_ms"] == [pytest.approx(0.5)] * 3
+    warm = run_one_job(grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=3),
+                       tmp_path / "warm.json", backend=FAKE)["measurements"][0]
+    assert FakeGpu.flushes == 8 and "cache" not in warm["spec"]  # warm: no flush, and the spec of before
+    assert not [s for s in warm["samples"] if s["metric"] == "l2_flush_ms"]
+
+
+class SlowingMonitor:
+    """NVML as a fake: the clocks drop from 1980 to 1755 MHz, the power cap holds them down after
+    passes 1 and 3, and the energy counter gains 2500 mJ per reading."""
+
+    def __init__(self, uuid, pci_bus_id=None):
+        self.readings, self.energy = 0, 1_000_000
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def clocks(self):
+        return {"sm_mhz": 1980 if self.readings == 0 else 1755, "memory_mhz": 2619}
+
+    def slowdowns(self):
+        self.readings += 1
+        return 0x4 if self.readings in (2, 4) else 0
+
+    def energy_mj(self):
+        self.energy += 2500
+        return self.energy
+
+
+def test_a_setting_records_its_clocks_slowdowns_and_energy(tmp_path, monkeypatch):
+    from convsweep import measure
+
+    monkeypatch.setattr(measure, "GpuMonitor", SlowingMonitor)
+    job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=4)
+    m = run_one_job(job, tmp_path / "r.json", backend=FAKE)["measurements"][0]
+    assert m["status"] == "ok"
+    assert m["clocks"] == {"sm_mhz": 1980, "memory_mhz": 2619}
+    assert m["clocks_after"] == {"sm_mhz": 1755, "memory_mhz": 2619}
+    assert m["throttle"] == {"reasons": ["sw_power_cap"], "repeats": [1, 3]}
+    assert m["note"] == "2 of 4 timed passes ran with the clocks held down (sw_power_cap)"
+    assert m["energy"] == {"joules": 2.5, "passes": 4, "joules_per_pass": 0.625}
+
+
+def test_without_nvml_nothing_is_guessed(tmp_path):
+    m = run_one_job(grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}]), tmp_path / "r.json",
+                    backend=FAKE)["measurements"][0]
+    assert m["status"] == "ok"
+    assert (m["throttle"], m["note"], m["energy"]) == (None, None, None)
+    assert m["clocks_after"] == {"sm_mhz": None, "memory_mhz": None}

@@ -22,6 +22,8 @@ class Export:
             gridX INT, gridY INT, gridZ INT, blockX INT, blockY INT, blockZ INT, registersPerThread INT,
             staticSharedMemory INT, dynamicSharedMemory INT, localMemoryPerThread INT);
         CREATE TABLE CUPTI_ACTIVITY_KIND_MEMCPY (start INT, end INT, streamId INT, correlationId INT, bytes INT, copyKind INT);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_MEMSET (start INT, end INT, deviceId INT, contextId INT, streamId INT,
+            correlationId INT, globalPid INT, value INT, bytes INT, graphNodeId INT, memKind INT);
         CREATE TABLE ENUM_CUDA_MEMCPY_OPER (id INT, name TEXT);
         INSERT INTO ENUM_CUDA_MEMCPY_OPER VALUES (1, 'CUDA_MEMCPY_OPER_HTOD'), (2, 'CUDA_MEMCPY_OPER_DTOH');
         """)
@@ -53,6 +55,11 @@ class Export:
     def copy(self, at, start, end, kind, nbytes, stream=7):
         corr = self._call(at)
         self.db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (?,?,?,?,?,?)", (start, end, stream, corr, nbytes, kind))
+
+    def memset(self, at, start, end, nbytes, stream=7):
+        corr = self._call(at)
+        self.db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET VALUES (?,?,0,1,?,?,0,0,?,0,1)",
+                        (start, end, stream, corr, nbytes))
 
     def close(self):
         self.db.commit()
@@ -117,3 +124,30 @@ def test_export_without_copies_or_nvtx(tmp_path):
     db.close()
     acts = read_activities(tmp_path / "e.sqlite", {"conv1"})
     assert acts == [] and summarize(acts, ["conv1"])["op_time_ms"] == {"conv1": None}
+
+
+def test_a_cold_pass_leaves_its_l2_flushes_out_of_its_times(tmp_path):
+    """Cold cache: a memset over L2 before each conv layer (NVTX "l2 flush", no layer), on the pass's
+    one stream. The layers' op times never held it; the pass's time leaves it out, and says how long."""
+    ex = Export(tmp_path / "c.sqlite")
+    ex.memset(5, 10, 20, 1 << 20)  # the logits' poison, before any repeat: not a flush
+    ex.nvtx(50, 900, "repeat 0")
+    ex.nvtx(100, 200, "conv1")
+    ex.nvtx(300, 400, "conv2")
+    ex.nvtx(80, 90, "l2 flush")
+    ex.nvtx(280, 290, "l2 flush")
+    g = 1000
+    ex.copy(60, g, g + 500, 1, 4000)
+    ex.memset(85, g + 500, g + 30_500, 100 << 20)
+    ex.kernel(150, g + 30_500, g + 31_500, "conv_forward")
+    ex.memset(285, g + 31_500, g + 61_500, 100 << 20)
+    ex.kernel(350, g + 61_500, g + 63_500, "conv_forward")
+    ex.copy(500, g + 63_500, g + 63_550, 2, 40)
+    ex.close()
+    acts = read_activities(tmp_path / "c.sqlite", {"conv1", "conv2"})
+    assert [a.repeat for a in acts if a.kind == "memset"] == [None, 0, 0]
+    s = summarize(acts, ["conv1", "conv2"])
+    assert s["op_time_ms"] == {"conv1": pytest.approx(1000e-6), "conv2": pytest.approx(2000e-6)}
+    assert s["forward_ms"] == pytest.approx((63_550 - 60_000) / 1e6)  # the span, less the two flushes
+    assert [x["value"] for x in s["samples"] if x["metric"] == "l2_flush_ms"] == [pytest.approx(60_000 / 1e6)]
+    assert {m["kind"] for m in s["memcpys"]} == {"H2D", "D2H"}  # a flush is not a copy

@@ -35,6 +35,7 @@ from convsweep.store import (
     Build,
     LayerTime,
     Run,
+    Sample,
     alembic_config,
     ingest_files,
     ingest_result,
@@ -65,7 +66,8 @@ RUN_SUMMARY_0001_COLUMNS = [
 ]
 RUN_SUMMARY_0002_COLUMNS = RUN_SUMMARY_0001_COLUMNS[:-1] + ["prediction_agreement", "run_id"]
 RUN_SUMMARY_0003_COLUMNS = RUN_SUMMARY_0002_COLUMNS[:-1] + ["job_id", "started_at", "run_id"]
-RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0003_COLUMNS + ["op_time_1_spread", "op_time_2_spread", "forward_spread"]
+RUN_SUMMARY_0006_COLUMNS = RUN_SUMMARY_0003_COLUMNS + ["op_time_1_spread", "op_time_2_spread", "forward_spread"]
+RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0006_COLUMNS + ["cache", "note"]
 LATEST_RUN_0004_OWN_COLUMNS = ["measurement_rank", "op_time_1_ms", "op_time_2_ms"]
 
 
@@ -1039,5 +1041,90 @@ def test_migrating_a_0005_database_backfills_each_spread_from_the_samples_and_ba
         # Upgrading again computes every spread from the samples the downgrade kept
         migrate(engine, "head")
         assert spreads(engine) == ingested
+    finally:
+        engine.dispose()
+
+
+def with_cache(result: dict[str, Any], cache: str) -> dict[str, Any]:
+    """The result as a measurement of the same setting with a cold (or warm) L2: another run_key."""
+    result["spec"]["cache"] = cache
+    result["run_key"] = canonical_hash(result["spec"])
+    return result
+
+
+def measured_under(cache: str = "warm", **overrides: Any) -> dict[str, Any]:
+    """A format 3 file of one cold or warm setting whose NVML readings say: clocks 1980 -> 1755 MHz,
+    12.5 J over 5 passes, passes 3 and 4 held down by the power cap."""
+    result = with_cache(make_result("naive", 100, **overrides), cache)
+    result.update(clocks_after={"sm_mhz": 1755, "memory_mhz": 2619},
+                  energy={"joules": 12.5, "passes": 5, "joules_per_pass": 2.5},
+                  throttle={"reasons": ["sw_power_cap"], "repeats": [3, 4]},
+                  note="2 of 5 timed passes ran with the clocks held down (sw_power_cap)")
+    for repeat in (3, 4):
+        result["samples"].append({"metric": "forward_ms", "layer": None, "repeat": repeat, "value": 50.0})
+    return make_job_file([result])
+
+
+def test_cache_clocks_energy_and_throttled_samples_are_stored(engine, db_url):
+    assert ingest_result(engine, measured_under("cold"), None).added == 1
+    assert ingest_result(engine, make_job_file([make_result("naive", 100)]), None).added == 1
+    with Session(engine) as session:
+        cold, warm = session.scalars(select(Run).order_by(Run.id)).all()
+        assert (cold.cache, warm.cache) == ("cold", "warm")
+        assert (cold.sm_clock_mhz, cold.sm_clock_after_mhz, cold.memory_clock_after_mhz) == (1980, 1755, 2619)
+        assert (cold.energy_j, cold.energy_per_pass_j) == (12.5, 2.5)
+        assert (cold.throttle_reasons, cold.throttled_passes) == ("sw_power_cap", 2)
+        assert cold.note.startswith("2 of 5 timed passes")
+        # A format 2 file knows none of it: nulls, never zeros
+        assert (warm.energy_j, warm.throttled_passes, warm.sm_clock_after_mhz, warm.note) == (None, None, None, None)
+        flags = session.execute(select(Sample.run_id, Sample.repeat, Sample.throttled)).all()
+        assert {(repeat, throttled) for run_id, repeat, throttled in flags if run_id == cold.id} == \
+            {(0, False), (1, False), (2, False), (3, True), (4, True)}
+        assert {throttled for run_id, _, throttled in flags if run_id == warm.id} == {None}
+    assert sorted(row["cache"] for row in json.loads(run_query(db_url, "summary", fmt="json"))) == ["cold", "warm"]
+    energy = json.loads(run_query(db_url, "energy", fmt="json"))
+    cold_row = next(row for row in energy if row["cache"] == "cold")
+    flops = sum(f["flops"] for f in make_result("naive", 100)["floors"].values())
+    assert cold_row["J/pass"] == 2.5 and cold_row["throttled"] == 2 and cold_row["reasons"] == "sw_power_cap"
+    assert cold_row["conv GFLOP/J"] == pytest.approx(flops / 2.5e9)
+    assert (cold_row["sm MHz before"], cold_row["sm MHz after"]) == (1980, 1755)
+
+
+def test_query_cache_pairs_the_cold_and_warm_runs_of_a_job(db_url, engine):
+    ingest_result(engine, make_job_file([make_result("naive", 100, op_time_ms=(0.08, 0.19))]), None)
+    cold = with_cache(make_result("naive", 100, op_time_ms=(0.12, 0.38)), "cold")
+    ingest_result(engine, make_job_file([cold]), None)
+    ingest_result(engine, make_job_file([make_result("tiled", 100)]), None)  # warm only: no pair
+    rows = json.loads(run_query(db_url, "cache", fmt="json"))
+    assert [(r["variant"], r["layer"]) for r in rows] == [("naive", "conv1"), ("naive", "conv2")]
+    assert [r["cold / warm"] for r in rows] == pytest.approx([0.12 / 0.08, 0.38 / 0.19])
+
+
+def test_migrating_a_0006_database_calls_its_runs_warm_and_back(db_url):
+    results = standard_results()
+    old = engine_at(db_url, "0006")
+    with _writer(old).begin() as connection:
+        for result in results:
+            insert_the_old_way(connection, result)
+    before = row_counts(old)
+    old.dispose()
+    engine = open_store(db_url)
+    try:
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("SELECT DISTINCT cache FROM run").scalars().all() == ["warm"]
+            assert connection.exec_driver_sql(
+                "SELECT COUNT(*) FROM run WHERE energy_j IS NOT NULL OR note IS NOT NULL").scalar() == 0
+            assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+            assert_latest_run_shows_every_run_column(connection)
+            assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+        assert row_counts(engine) == before
+        migrate(engine, "0006", downgrade=True)
+        with engine.connect() as connection:
+            schema = inspect(connection)
+            assert "cache" not in {c["name"] for c in schema.get_columns("run")}
+            assert "throttled" not in {c["name"] for c in schema.get_columns("sample")}
+            assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_0006_COLUMNS
+            assert_latest_run_shows_every_run_column(connection)
+        assert row_counts(engine) == before
     finally:
         engine.dispose()

@@ -220,6 +220,10 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     )
     git = result.get("git") or {"commit": env.get("git_commit"), "dirty": None}  # format 1 kept it there
     clocks = result.get("clocks") or {}
+    clocks_after = result.get("clocks_after") or {}
+    energy = result.get("energy") or {}
+    throttle = result.get("throttle")
+    throttled_repeats = set(throttle["repeats"]) if throttle else set()
     sources = result.get("sources") or None
     # A build keeps the compile_ms and cache_hit of the run that first stored it; each run's own
     # compile time is run.compile_ms.
@@ -251,6 +255,7 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         streams=spec["streams"],
         host_memory=spec["host_memory"],
         chunk_images=spec.get("chunk_images"),
+        cache=spec.get("cache", "warm"),
         # the timed passes taken: the stopping rule's count, else the fixed number asked for
         repeats=stopping["samples"] if stopping else (spec.get("repeats") if spec.get("repeats") != "auto" else None),
         stop_reason=stopping["reason"] if stopping else None,
@@ -285,10 +290,18 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         git_dirty=git.get("dirty"),
         sm_clock_mhz=clocks.get("sm_mhz"),
         memory_clock_mhz=clocks.get("memory_mhz"),
+        sm_clock_after_mhz=clocks_after.get("sm_mhz"),
+        memory_clock_after_mhz=clocks_after.get("memory_mhz"),
+        throttle_reasons=",".join(throttle["reasons"]) if throttle else None,
+        throttled_passes=len(throttled_repeats) if throttle else None,
+        note="; ".join(n for n in (result.get("note"), result.get("profiler_note")) if n) or None,
+        energy_j=energy.get("joules"),
+        energy_per_pass_j=energy.get("joules_per_pass"),
     )
     run.builds = [session.get(Build, build_id) for build_id in sorted(build_ids)]
     run.samples = [
-        Sample(metric=s.get("metric"), layer=s.get("layer"), repeat=s.get("repeat"), value=s.get("value"))
+        Sample(metric=s.get("metric"), layer=s.get("layer"), repeat=s.get("repeat"), value=s.get("value"),
+               throttled=s.get("repeat") in throttled_repeats if throttle else None)
         for s in samples
     ]
     run.kernels = [

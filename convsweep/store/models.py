@@ -153,6 +153,17 @@ class Run(Base):
     git_dirty: Mapped[bool | None] = mapped_column(Boolean)
     sm_clock_mhz: Mapped[int | None] = mapped_column(Integer)  # at the start of the timed part
     memory_clock_mhz: Mapped[int | None] = mapped_column(Integer)
+    sm_clock_after_mhz: Mapped[int | None] = mapped_column(Integer)  # at its end
+    memory_clock_after_mhz: Mapped[int | None] = mapped_column(Integer)
+    # What the numbers were measured under: the L2 state the conv layers found, NVML's slowdown
+    # reasons seen during the timed passes (comma-separated) and after how many passes, and the
+    # GPU's energy over the timed part (the whole GPU's, idle gaps between passes included).
+    cache: Mapped[str] = mapped_column(String, server_default="warm")
+    throttle_reasons: Mapped[str | None] = mapped_column(String)
+    throttled_passes: Mapped[int | None] = mapped_column(Integer)
+    note: Mapped[str | None] = mapped_column(Text)  # throttled passes; nsys asked for but not found
+    energy_j: Mapped[float | None] = mapped_column(Float)
+    energy_per_pass_j: Mapped[float | None] = mapped_column(Float)
 
     sweep: Mapped[Sweep] = relationship()
     environment: Mapped[Environment] = relationship()
@@ -174,6 +185,7 @@ class Sample(Base):
     layer: Mapped[str | None] = mapped_column(String)
     repeat: Mapped[int] = mapped_column(Integer)
     value: Mapped[float] = mapped_column(Float)
+    throttled: Mapped[bool | None] = mapped_column(Boolean)  # its pass ran with the clocks held down (NVML)
 
 
 class KernelStat(Base):

@@ -4,6 +4,7 @@
 SELECT variant,
        batch,
        streams,
+       cache,
        op_time_1_ms AS "op time 1 (ms)",
        CAST(ROUND(CAST(100 * op_time_1_spread AS NUMERIC), 1) AS VARCHAR) AS "op time 1 ±%",
        op_time_2_ms AS "op time 2 (ms)",
@@ -14,4 +15,4 @@ SELECT variant,
        accuracy
 FROM run_summary
 WHERE status = 'ok'
-ORDER BY experiment, variant, batch, streams, host_memory, run_id
+ORDER BY experiment, variant, batch, streams, host_memory, cache DESC, run_id
