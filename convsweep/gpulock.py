@@ -4,6 +4,10 @@ Snakemake's `gpu=1` resource only orders the jobs of one invocation; a second `s
 job left running by a killed one, would time its kernels on the same GPU at the same moment.
 The kernel releases a flock when its holder exits, however it exits, so a crash never leaves
 a GPU locked. The lock file names its holder, so a waiting job's log says whom it waits for.
+
+On a host with several GPUs (`snakemake --resources gpu=G`), a job process first takes the lock
+of a free GPU (`bind_free_gpu`) and binds to it through CUDA_VISIBLE_DEVICES before CUDA starts,
+so G jobs run at once, one per GPU, and never two on one.
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 DEFAULT_LOCK_DIR = Path("/tmp/convsweep-locks")
+# Set by bind_free_gpu to the UUID whose lock this process (or its parent job) already holds.
+LOCKED_ENV = "CONVSWEEP_GPU_LOCKED"
 
 
 def lock_dir() -> Path:
@@ -23,8 +29,18 @@ def lock_dir() -> Path:
     return Path(os.environ.get("CONVSWEEP_LOCK_DIR") or DEFAULT_LOCK_DIR)
 
 
+def bare_uuid(gpu_uuid: str) -> str:
+    """CUDA's form of a GPU UUID; NVML and CUDA_VISIBLE_DEVICES write it 'GPU-<uuid>'."""
+    return gpu_uuid.removeprefix("GPU-")
+
+
 def lock_path(gpu_uuid: str) -> Path:
-    return lock_dir() / f"gpu-{gpu_uuid}.lock"
+    return lock_dir() / f"gpu-{bare_uuid(gpu_uuid)}.lock"
+
+
+def holds_lock_of(gpu_uuid: str) -> bool:
+    """Whether this process's job already holds the GPU's lock (bind_free_gpu took it)."""
+    return os.environ.get(LOCKED_ENV) == bare_uuid(gpu_uuid)
 
 
 def _open_shared(path: Path) -> int:
@@ -69,3 +85,76 @@ def gpu_lock(gpu_uuid: str, holder: str, log=None) -> Iterator[Path]:
         yield path
     finally:
         os.close(fd)  # releases the lock
+
+
+def _try_lock(gpu_uuid: str) -> int | None:
+    """The locked file's descriptor, or None (and nothing left open) when another process holds it."""
+    fd = _open_shared(lock_path(gpu_uuid))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextmanager
+def claim_gpu(gpu_uuids: list[str], holder: str, log=None, poll_s: float = 0.2) -> Iterator[str]:
+    """Hold the lock of the first of `gpu_uuids` that no other process holds, and yield its UUID;
+    while all are held, say whom for once on `log` and try again every `poll_s` seconds."""
+    log = log or sys.stderr
+    started, said = time.monotonic(), False
+    while True:
+        for uuid in gpu_uuids:
+            fd = _try_lock(uuid)
+            if fd is not None:
+                break
+        else:
+            if not said:
+                held = "; ".join(f"{bare_uuid(u)} by {_holder_of(u)}" for u in gpu_uuids)
+                print(f"waiting for a free GPU: {held}", file=log, flush=True)
+                said = True
+            time.sleep(poll_s)
+            continue
+        break
+    try:
+        if said:
+            print(f"got GPU {bare_uuid(uuid)} after waiting {time.monotonic() - started:.1f} s", file=log, flush=True)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}: {holder}\n".encode(), 0)
+        yield uuid
+    finally:
+        os.close(fd)
+
+
+def _holder_of(gpu_uuid: str) -> str:
+    fd = _open_shared(lock_path(gpu_uuid))
+    try:
+        return _holder(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def bind_free_gpu(holder: str, gpu_uuids: list[str] | None = None, log=None) -> Iterator[str | None]:
+    """In a job process, before CUDA starts: when this host has several GPUs and nothing bound the
+    process yet (CUDA_VISIBLE_DEVICES unset; SLURM sets it), take a free one's lock and make it the
+    process's only visible GPU, for it and the nsys child it starts. Yields its UUID, or None where
+    there is nothing to choose (one GPU, none, or already bound): the job then locks the GPU it opens."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        yield None
+        return
+    if gpu_uuids is None:
+        from .provenance import gpu_uuids as nvml_gpu_uuids
+
+        gpu_uuids = nvml_gpu_uuids()
+    if len(gpu_uuids) < 2:
+        yield None
+        return
+    with claim_gpu(gpu_uuids, holder, log) as uuid:
+        os.environ["CUDA_VISIBLE_DEVICES"] = f"GPU-{bare_uuid(uuid)}"
+        os.environ[LOCKED_ENV] = bare_uuid(uuid)
+        try:
+            yield bare_uuid(uuid)
+        finally:
+            del os.environ["CUDA_VISIBLE_DEVICES"], os.environ[LOCKED_ENV]

@@ -29,6 +29,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,6 +40,7 @@ from .config import JobSpec, RunSpec, Settings
 from .errors import ConvsweepError
 from .fileio import canonical_hash, remove_stale_temporaries, write_json_atomic
 from .gpu_early import start_primary_context
+from .gpulock import bind_free_gpu
 from .numbers import finite
 from .paths import relative_to_root, resolve_network_path
 from .provenance import environment, git_state
@@ -161,20 +163,24 @@ def resume_key(ctx: JobContext) -> str:
 
 
 # -- the job ------------------------------------------------------------------------------------
-def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None, backend: Backend | None = None) -> dict:
+def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None, backend: Backend | None = None,
+            choose_gpu: bool = False) -> dict:
     """Measure the job's settings and write its result file; returns what it wrote. A setting's
     failure is stored, never raised; a spec whose settings cannot be worked out raises ConvsweepError.
 
     `process_age` is how long the process had run before this call (cli.process_age()): the
     phase process_start, counted into the job's total_s. `backend` None is the real GPU (tests
-    hand in a fake one).
+    hand in a fake one). `choose_gpu`: this process has not started CUDA, and on a host with
+    several GPUs takes a free one (gpulock.bind_free_gpu) for the whole job.
     """
     out_path = Path(out_path)
     started, started_at = time.perf_counter(), _now()
     remove_stale_temporaries(out_path)
     on_gpu = not all(get_variant(name).is_cpu for name in spec.variants.values())
     nsys_path = nsys_mod.find_nsys() if spec.profiler == "nsys" and on_gpu else None
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsys") as pool:
+    with ExitStack() as gpu_claim, ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsys") as pool:
+        if choose_gpu and on_gpu and backend is None:  # before CUDA or nsys starts: they see only that GPU
+            gpu_claim.enter_context(bind_free_gpu(f"job {spec.job_id} ({spec.experiment})"))
         child = None
         if nsys_path and not ResumeStore.has_partial(out_path):  # nothing to resume: start every setting now
             child = ProfiledChild(pool, spec, None, out_path, nsys_path)

@@ -20,7 +20,7 @@ from .checks import check_logits
 from .compile import LAYERS_SOURCE, BuildRequest
 from .config import JobSpec, RunSpec, tunables_text
 from .errors import CompileError, ConvsweepError, failure_message
-from .gpulock import gpu_lock
+from .gpulock import gpu_lock, holds_lock_of
 from .inputs import load_batch
 from .job import JobContext
 from .network import reference_layer
@@ -192,9 +192,11 @@ def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, sh
         except Exception:
             ctx.compile_errors = _compile_errors(ctx, todo, compiling.wait())
             raise
-        # Everything this job does on the GPU, uploads included, happens under the GPU's lock.
+        # Everything this job does on the GPU, uploads included, happens under the GPU's lock (taken
+        # here, unless the job process took it when it chose this GPU among several).
         waiting = time.perf_counter()
-        stack.enter_context(gpu_lock(gpu.uuid, f"job {spec.job_id} ({spec.experiment})"))
+        if not holds_lock_of(gpu.uuid):
+            stack.enter_context(gpu_lock(gpu.uuid, f"job {spec.job_id} ({spec.experiment})"))
         shared["gpu_wait"] = time.perf_counter() - waiting
         monitor = stack.enter_context(GpuMonitor(gpu.uuid, gpu.pci_bus_id))
         env = environment(gpu)

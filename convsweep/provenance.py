@@ -162,6 +162,23 @@ def slowdown_names(mask: int) -> list[str]:
     return [name for bit, name in SLOWDOWN_REASONS.items() if mask & bit]
 
 
+def gpu_uuids() -> list[str]:
+    """NVML's UUIDs ('GPU-...') of this host's GPUs, in NVML's order; [] without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+    except pynvml.NVMLError:
+        return []
+    finally:
+        pynvml.nvmlShutdown()
+    return [u.decode() if isinstance(u, bytes) else u for u in uuids]
+
+
 def host_gpu_arch() -> str | None:
     """sm_XY of this host's GPUs from NVML, without creating a CUDA context (compile jobs run beside
     timed ones); None without NVML or when the GPUs differ."""

@@ -74,3 +74,61 @@ def test_the_lock_file_is_shared_by_every_user(tmp_path):
         assert path.stat().st_mode & 0o777 == 0o666
         assert path.read_text().startswith(f"pid {os.getpid()} ")
     assert path.parent.stat().st_mode & 0o7777 == 0o1777
+
+
+# -- several GPUs: a job takes a free one ----------------------------------------------------------
+GPUS = ["GPU-5e1c2d6a-0000-4000-8000-0000000000a0", "GPU-5e1c2d6a-0000-4000-8000-0000000000b1"]
+CLAIM = """
+import sys, time
+from convsweep.gpulock import claim_gpu
+with claim_gpu(sys.argv[1].split(","), sys.argv[2], poll_s=0.05) as uuid:
+    print(uuid, flush=True)
+    time.sleep(float(sys.argv[3]))
+"""
+
+
+def claim(job: str, seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CLAIM, ",".join(GPUS), job, str(seconds)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_jobs_take_different_free_gpus_and_the_next_waits_for_one():
+    first, second = claim("job a", 2.0), None
+    try:
+        got_first = first.stdout.readline().strip()
+        second = claim("job b", 2.0)
+        got_second = second.stdout.readline().strip()
+        assert {got_first, got_second} == set(GPUS)  # never two timed jobs on one GPU
+        started = time.monotonic()
+        third = claim("job c", 0)
+        out, err = third.communicate(timeout=30)
+        assert time.monotonic() - started >= 1.0 and out.strip() in GPUS  # it got one once a holder let go
+        waiting, got = err.strip().splitlines()
+        assert waiting.startswith("waiting for a free GPU: 5e1c2d6a-0000-4000-8000-0000000000a0 by pid")
+        assert "job a" in waiting and "job b" in waiting and got.startswith("got GPU ")
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.wait(timeout=30)
+
+
+def test_binding_shows_the_process_one_gpu_and_lets_go(monkeypatch):
+    from convsweep.gpulock import LOCKED_ENV, bind_free_gpu, holds_lock_of
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    holder = claim("job a", 30)
+    try:
+        taken = holder.stdout.readline().strip()
+        with bind_free_gpu("job b", GPUS) as uuid:
+            free = next(g for g in GPUS if g != taken)
+            assert uuid == free.removeprefix("GPU-")
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == free and holds_lock_of(uuid) and holds_lock_of(free)
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ and LOCKED_ENV not in os.environ
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    with bind_free_gpu("job c", GPUS[:1]) as uuid:  # one GPU: nothing to choose, the job locks what it opens
+        assert uuid is None and "CUDA_VISIBLE_DEVICES" not in os.environ
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # bound already (SLURM does it): left as it is
+    with bind_free_gpu("job d", GPUS) as uuid:
+        assert uuid is None and os.environ["CUDA_VISIBLE_DEVICES"] == "0" and LOCKED_ENV not in os.environ

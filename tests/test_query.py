@@ -481,3 +481,14 @@ def test_sqlite_authorizer_names_what_it_refused(sqlite_url):
                 connection.exec_driver_sql(sql)
             assert connection.info["refused"][0] == refused
     engine.dispose()
+
+
+def test_gpus_counts_the_runs_each_gpu_measured(db_url):
+    engine = open_store(db_url)
+    for i, batch in enumerate((100, 1000, 10000)):
+        result = make_result("naive", batch)
+        result["environment"]["gpu_uuid"] = f"GPU-{'ab'[i % 2]}"
+        assert ingest_result(engine, make_job_file([result]), None).added == 1
+    engine.dispose()
+    rows = rows_of(db_url, "gpus")
+    assert [(r["gpu_uuid"], r["runs"], r["ok"]) for r in rows] == [("GPU-a", 2, 2), ("GPU-b", 1, 1)]
