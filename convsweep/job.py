@@ -267,7 +267,7 @@ class ProfiledChild:
         """(the SQLite export or None, what went wrong or None, nsys's wall seconds, the child's lines)."""
         try:
             sqlite_path, problem, wall = self._future.result()
-            return sqlite_path, problem, wall, _read_progress(self.progress)
+            return sqlite_path, problem, wall, read_progress(self.progress)
         finally:
             self._tmp.cleanup()
 
@@ -322,7 +322,7 @@ def _apply_nsys(m: dict, summary: dict | None, problem: str | None, repeats: int
     m.update(profiler="nsys", samples=summary["samples"], kernels=summary["kernels"], memcpys=summary["memcpys"])
 
 
-def _read_progress(path: Path) -> list[dict]:
+def read_progress(path: Path) -> list[dict]:
     """The child's lines: one per finished setting, then its shared phases; a line cut short by a
     crash is left out."""
     lines = []

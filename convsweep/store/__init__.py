@@ -1,6 +1,6 @@
 """The result store: SQLAlchemy models of runs and what was measured with them (`models`), opening
 and migrating SQLite or PostgreSQL (`engine`), and the idempotent ingest of result JSON files
-(`ingest`). Queries read it through convsweep.query.
+(`ingest`), and Nsight Compute's profiles of the kernels (`profiles`). Queries read it through convsweep.query.
 
 The names below load their module on first use (PEP 562): `convsweep report` and the read-only
 queries need only `engine`, not the ORM models and the ingest (~0.2 s of imports per process).
@@ -14,7 +14,9 @@ _HOME = {
                "sqlite_path"],
     "ingest": ["IngestReport", "build_key", "check_result", "ingest_files", "ingest_result", "measurement_id",
                "read_result"],
-    "models": ["Base", "Build", "Environment", "KernelStat", "LayerTime", "Memcpy", "Phase", "Run", "Sample", "Sweep"],
+    "models": ["Base", "Build", "Environment", "KernelProfile", "KernelStat", "LayerTime", "Memcpy", "Phase", "Run",
+               "Sample", "Sweep"],
+    "profiles": ["ingest_profile"],
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = list(_MODULE_OF)

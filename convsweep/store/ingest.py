@@ -37,13 +37,17 @@ class IngestReport:
     unchanged: int = 0
     added_by_status: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # files with nothing to store, and why (a skipped profile)
 
     def merge(self, other: IngestReport) -> None:
         self.added += other.added
         self.unchanged += other.unchanged
         self.added_by_status.update(other.added_by_status)
         self.errors.extend(other.errors)
+        self.skipped.extend(other.skipped)
 
+
+PROFILE_FORMAT = "ncu-1"  # convsweep.ncu.FORMAT, named here so ingest never imports the profiler
 
 # Transactions per file when another writer stores some of its measurements between our check and
 # our insert (that insert fails; the next attempt sees them stored and skips them).
@@ -130,6 +134,10 @@ def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | Non
     """Store one result file in one transaction: each of its measurements not stored yet becomes a
     run row, or, when anything fails, none does. A new measurement of a stored setting is a new
     row beside the old ones; one already stored counts as unchanged."""
+    if isinstance(result, dict) and result.get("format") == PROFILE_FORMAT:  # an Nsight Compute profile job's file
+        from .profiles import ingest_profile
+
+        return ingest_profile(engine, result, result_path)
     source = result_path or f"result {result.get('job_id', '?') if isinstance(result, dict) else '?'}"
     check_result(result, source)
     found = measurements(result, source)

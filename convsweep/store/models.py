@@ -247,3 +247,51 @@ class Phase(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
     name: Mapped[str] = mapped_column(String, primary_key=True)
     seconds: Mapped[float | None] = mapped_column(Float)
+
+
+class KernelProfile(Base):
+    """One conv kernel launch of one setting, profiled once by Nsight Compute in a job of its own
+    (results/<experiment>/ncu/, workflow/schemas/profile.schema.yaml): the evidence for why the
+    kernel takes the time its timed runs measured (run_key names the setting in both)."""
+
+    __tablename__ = "kernel_profile"
+    __table_args__ = (UniqueConstraint("profile_id", "setting", "layer", "kernel", "launch"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    profile_id: Mapped[str] = mapped_column(String, index=True)  # one profile job's run: the ingest key
+    run_key: Mapped[str] = mapped_column(String, index=True)
+    job_id: Mapped[str] = mapped_column(String)
+    experiment: Mapped[str] = mapped_column(String)
+    variant: Mapped[str] = mapped_column(String)  # the layer's
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))  # the layer's tunables
+    batch: Mapped[int] = mapped_column(Integer)
+    setting: Mapped[int] = mapped_column(Integer)  # index among the job's settings
+    layer: Mapped[str] = mapped_column(String)
+    kernel: Mapped[str] = mapped_column(String)
+    launch: Mapped[int] = mapped_column(Integer)  # its order among the layer's launches of this kernel
+    duration_ms: Mapped[float | None] = mapped_column(Float)
+    sm_pct: Mapped[float | None] = mapped_column(Float)  # throughputs, % of peak sustained
+    memory_pct: Mapped[float | None] = mapped_column(Float)
+    dram_pct: Mapped[float | None] = mapped_column(Float)
+    achieved_occupancy_pct: Mapped[float | None] = mapped_column(Float)
+    theoretical_occupancy_pct: Mapped[float | None] = mapped_column(Float)
+    occupancy_limiter: Mapped[str | None] = mapped_column(String)  # registers, shared memory, warps per block ...
+    registers: Mapped[int | None] = mapped_column(Integer)  # per thread
+    shared_bytes: Mapped[int | None] = mapped_column(Integer)  # per block, static and dynamic
+    block_size: Mapped[int | None] = mapped_column(Integer)
+    grid_size: Mapped[int | None] = mapped_column(BigInteger)
+    waves_per_sm: Mapped[float | None] = mapped_column(Float)
+    l1_hit_pct: Mapped[float | None] = mapped_column(Float)
+    l2_hit_pct: Mapped[float | None] = mapped_column(Float)
+    dram_read_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    dram_write_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    flops: Mapped[float | None] = mapped_column(Float)  # on the CUDA cores (an FMA is two); tensor cores apart
+    tensor_pipe_pct: Mapped[float | None] = mapped_column(Float)
+    stalls: Mapped[list[Any] | None]  # [{reason, share}], the largest first
+    bound: Mapped[str] = mapped_column(String)  # one line: what bounds the kernel
+    metrics: Mapped[dict[str, Any]]  # every metric read, by convsweep.ncu's names
+    gpu: Mapped[str | None] = mapped_column(String)
+    git_commit: Mapped[str | None] = mapped_column(String)
+    ncu: Mapped[str | None] = mapped_column(String)
+    profiled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

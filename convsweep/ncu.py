@@ -1,0 +1,289 @@
+"""Nsight Compute: the evidence a report cites for each conv kernel (throughput against peak,
+occupancy and what limits it, cache hit rates, DRAM traffic, FLOPs, warp stalls), and one line
+saying what bounds it.
+
+A profile job runs a job's settings once each (no warm-up, one pass) in a child process under
+`ncu`, with the conv kernels of its variants selected by name and NVTX recorded, so each profiled
+launch is attributed to its setting and layer through the ranges the job pushes ("setting 2" >
+"repeat 0" > "chunk 0" > "conv1"). It never runs inside a timed job: ncu replays each kernel many
+times and would own the timings. Without ncu, or where it cannot profile (no permission for the
+GPU's counters), the job writes a `skipped` file with the reason and the sweep goes on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from .config import JobSpec
+from .fileio import write_json_atomic
+from .gpulock import bind_free_gpu
+from .job import read_progress
+from .provenance import git_state
+from .variants import get_variant
+
+FORMAT = "ncu-1"
+DOMAIN = "convsweep"  # the NVTX domain of the job's ranges (runner.nvtx_range)
+# Sections of Nsight Compute's own set that hold the metrics below (checked with ncu 2025.3.1).
+SECTIONS = ("LaunchStats", "Occupancy", "SpeedOfLight", "SpeedOfLight_RooflineChart", "MemoryWorkloadAnalysis",
+            "ComputeWorkloadAnalysis", "WarpStateStats")
+# What is stored per kernel launch: our name -> ncu's metric. A metric a GPU or ncu version does not
+# report is stored as null.
+METRICS = {
+    "duration_ns": "gpu__time_duration.sum",
+    "sm_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "memory_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram_pct": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+    "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "theoretical_occupancy_pct": "sm__maximum_warps_per_active_cycle_pct",
+    "registers": "launch__registers_per_thread",
+    "static_shared_bytes": "launch__shared_mem_per_block_static",
+    "dynamic_shared_bytes": "launch__shared_mem_per_block_dynamic",
+    "block_size": "launch__block_size",
+    "grid_size": "launch__grid_size",
+    "waves_per_sm": "launch__waves_per_multiprocessor",
+    "blocks_limit_registers": "launch__occupancy_limit_registers",
+    "blocks_limit_shared_mem": "launch__occupancy_limit_shared_mem",
+    "blocks_limit_warps": "launch__occupancy_limit_warps",
+    "blocks_limit_sm": "launch__occupancy_limit_blocks",
+    "l1_hit_pct": "l1tex__t_sector_hit_rate.pct",
+    "l2_hit_pct": "lts__t_sector_hit_rate.pct",
+    "dram_read_bytes": "dram__bytes_read.sum",
+    "dram_write_bytes": "dram__bytes_write.sum",
+    "tensor_pipe_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+}
+# FLOPs executed on the CUDA cores, as the roofline section counts them (an FMA is two); tensor-core
+# work is not in these counters: tensor_pipe_pct says how busy that pipe was.
+FLOP_COUNTERS = {f"smsp__sass_thread_inst_executed_op_{p}{op}_pred_on.sum": 2 if op == "fma" else 1
+                 for p in ("f", "h", "d") for op in ("fma", "add", "mul")}
+_STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
+# What limits occupancy: the launch's blocks-per-SM limit of each resource, the smallest wins.
+_LIMITERS = {"blocks_limit_registers": "registers", "blocks_limit_shared_mem": "shared memory",
+             "blocks_limit_warps": "warps per block", "blocks_limit_sm": "blocks per SM"}
+BOUND_PCT = 60.0  # a unit this busy (% of its peak) is what bounds the kernel
+
+
+def find_ncu() -> str | None:
+    return os.environ.get("NCU") or shutil.which("ncu")
+
+
+# -- what a launch says -------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class LaunchProfile:
+    """One profiled launch of a conv kernel: where it ran (setting, layer) and what ncu measured."""
+
+    setting: int
+    layer: str
+    kernel: str
+    launch: int  # its order among this setting and layer's launches of this kernel
+    metrics: dict
+    stalls: list[dict]  # [{reason, share}], the largest first
+
+    @property
+    def limiter(self) -> str | None:
+        """What limits occupancy: the resource whose blocks-per-SM limit is lowest (None when unknown)."""
+        limits = {name: self.metrics.get(key) for key, name in _LIMITERS.items() if self.metrics.get(key) is not None}
+        return min(limits, key=limits.get) if limits else None
+
+    @property
+    def bound(self) -> str:
+        """One line on what bounds the kernel: the busiest unit when one is near its peak, else the
+        latency it cannot hide (occupancy, its limiter, the top stall, or too few blocks)."""
+        m = self.metrics
+        dram, memory, sm = m.get("dram_pct"), m.get("memory_pct"), m.get("sm_pct")
+        if dram is not None and dram >= BOUND_PCT and dram >= (sm or 0):
+            return f"memory-bound: DRAM {dram:.0f}% of peak"
+        if memory is not None and memory >= BOUND_PCT and memory >= (sm or 0):
+            return f"memory-bound: L1/L2 {memory:.0f}% of peak (DRAM {dram or 0:.0f}%)"
+        if sm is not None and sm >= BOUND_PCT:
+            tensor = m.get("tensor_pipe_pct")
+            return f"compute-bound: SM {sm:.0f}% of peak" + (f", tensor pipe {tensor:.0f}%" if tensor else "")
+        parts = []
+        waves = m.get("waves_per_sm")
+        if waves is not None and waves < 1:
+            parts.append(f"{waves:.2f} waves: too few blocks to fill the GPU")
+        occupancy = m.get("achieved_occupancy_pct")
+        if occupancy is not None:
+            parts.append(f"{occupancy:.0f}% occupancy" + (f", {self.limiter}" if self.limiter else ""))
+        if self.stalls:
+            parts.append(f"stalls {self.stalls[0]['reason']} {100 * self.stalls[0]['share']:.0f}%")
+        return "latency: " + "; ".join(parts) if parts else "unknown: ncu reported no throughput"
+
+    def record(self) -> dict:
+        return {**dataclasses.asdict(self), "limiter": self.limiter, "bound": self.bound}
+
+
+def launch_metrics(action) -> tuple[dict, list[dict]]:
+    """The fixed metric set of one ncu_report action (None where it has no value), FLOPs executed,
+    and the warp stall reasons with their share of all stalls."""
+    def value(name: str):
+        metric = action.metric_by_name(name)
+        if metric is None:
+            return None
+        try:
+            return metric.as_double()
+        except Exception:  # a string-valued or empty metric
+            return None
+
+    metrics = {key: value(name) for key, name in METRICS.items()}
+    counts = {name: value(name) for name in FLOP_COUNTERS}
+    metrics["flops"] = (sum(FLOP_COUNTERS[name] * v for name, v in counts.items() if v is not None)
+                        if any(v is not None for v in counts.values()) else None)
+    stalls = {}
+    for name in action.metric_names():
+        if (match := _STALL.match(name)) and (v := value(name)):
+            stalls[match.group(1)] = v
+    total = sum(stalls.values())
+    ranked = [{"reason": reason, "share": v / total} for reason, v in sorted(stalls.items(), key=lambda kv: -kv[1])]
+    return metrics, ranked[:5]
+
+
+def nvtx_place(action, layer_names: set[str]) -> tuple[int | None, str | None]:
+    """(setting index, conv layer) from the job's NVTX ranges open at the launch."""
+    state = action.nvtx_state()
+    if state is None:
+        return None, None
+    setting = layer = None
+    for domain_id in state.domains():
+        domain = state.domain_by_id(domain_id)
+        if domain.name() != DOMAIN:
+            continue
+        for text in domain.push_pop_ranges():
+            if (m := re.fullmatch(r"setting (\d+)", text)):
+                setting = int(m.group(1))
+            elif text in layer_names:
+                layer = text
+    return setting, layer
+
+
+def read_report(report_path: Path, layer_names: set[str]) -> list[LaunchProfile]:
+    """Every profiled launch in an ncu report that NVTX places in a setting and a conv layer."""
+    ncu_report = import_ncu_report()
+    context = ncu_report.load_report(str(report_path))
+    profiles, seen = [], {}
+    for r in range(context.num_ranges()):
+        launches = context.range_by_idx(r)
+        for a in range(launches.num_actions()):
+            action = launches.action_by_idx(a)
+            setting, layer = nvtx_place(action, layer_names)
+            if setting is None or layer is None:
+                continue
+            key = (setting, layer, action.name())
+            seen[key] = seen.get(key, -1) + 1
+            metrics, stalls = launch_metrics(action)
+            profiles.append(LaunchProfile(setting, layer, action.name(), seen[key], metrics, stalls))
+    return profiles
+
+
+def import_ncu_report():
+    """Nsight Compute's Python reader: from the ncu install in use (extras/python beside it, the
+    same version as the report), else the `ncu-report` package."""
+    ncu = find_ncu()
+    if ncu:
+        extras = Path(os.path.realpath(ncu)).parent / "extras" / "python"
+        if extras.is_dir() and str(extras) not in sys.path:
+            sys.path.append(str(extras))
+    import ncu_report
+
+    return ncu_report
+
+
+# -- the profile job ----------------------------------------------------------------------------
+def profile_command(ncu: str, report_base: Path, kernel_names: list[str], child: list[str]) -> list[str]:
+    """ncu over the child process: the conv kernels only (by name), every launch, NVTX recorded."""
+    names = "|".join(re.escape(name) for name in sorted(set(kernel_names)))
+    sections = [arg for section in SECTIONS for arg in ("--section", section)]
+    return [ncu, "--nvtx", "--target-processes", "all", "--kernel-name", f"regex:^({names})$", *sections,
+            "--force-overwrite", "--export", str(report_base), *child]
+
+
+def once_each(spec: JobSpec) -> JobSpec:
+    """The job's settings run once each: no warm-up, one pass, timed by events (ncu owns the GPU)."""
+    return dataclasses.replace(spec, repeats=1, warmup=0, profiler="events", stopping=None)
+
+
+def run_profile_job(spec: JobSpec, out_path: Path, log=None) -> dict:
+    """Profile the conv kernels of every setting of the job once under ncu and write the profile
+    file (format ncu-1); status skipped, with the reason, when ncu is missing or cannot profile."""
+    from .network import load_network
+    from .paths import resolve_network_path
+
+    log = log or sys.stdout
+    out_path = Path(out_path)
+    started = time.perf_counter()
+    runs = spec.runs()
+    result = {"format": FORMAT, "profile_id": uuid.uuid4().hex, "job_id": spec.job_id, "job_key": spec.job_key,
+              "job": spec.to_dict(), "sweep": spec.sweep, "git": git_state(), "status": "skipped", "reason": None,
+              "ncu": None, "environment": None, "started_at": _now(), "seconds": None, "files": {},
+              "settings": [{"index": i, "run_key": run.run_key, "params": run.params} for i, run in enumerate(runs)],
+              "profiles": []}
+    ncu = find_ncu()
+    if ncu is None:
+        result["reason"] = "ncu not found: install Nsight Compute or set $NCU"
+    else:
+        result["ncu"] = _ncu_version(ncu)
+        kernels = [name for v in dict.fromkeys(spec.variants.values()) for name in get_variant(v).kernel_names]
+        report_base = out_path.with_suffix("")
+        report_base.parent.mkdir(parents=True, exist_ok=True)  # ncu writes there, before the profile file
+        with tempfile.TemporaryDirectory() as tmp, bind_free_gpu(f"profile {spec.job_id} ({spec.experiment})"):
+            spec_file = Path(tmp) / "job.json"
+            spec_file.write_text(json.dumps({"job": {**once_each(spec).to_dict(), "sweep": spec.sweep},
+                                             "settings": None}))
+            child = [sys.executable, "-m", "convsweep.cli", "measure", "--spec-file", str(spec_file),
+                     "--out", str(Path(tmp) / "measured.jsonl")]
+            problem = _run_ncu(profile_command(ncu, report_base, kernels, child), log)
+            report = report_base.with_suffix(".ncu-rep")
+            if problem is None and not report.is_file():
+                problem = "ncu wrote no report (did the job launch any conv kernel?)"
+            measured = [line["measurement"] for line in read_progress(Path(tmp) / "measured.jsonl")
+                        if "measurement" in line]
+        if problem is not None:
+            result["reason"] = problem
+        else:
+            network = load_network(resolve_network_path(spec.network))
+            try:
+                profiles = read_report(report, {layer.name for layer in network.conv_layers})
+            except ImportError:
+                result["reason"] = "cannot read the report: no ncu_report module (pip install ncu-report)"
+            else:
+                result.update(status="ok", profiles=[p.record() for p in profiles], files={"ncu_report": str(report)},
+                              environment=next((m["environment"] for m in measured if m.get("environment")), None))
+    result["seconds"] = time.perf_counter() - started
+    write_json_atomic(out_path, result)
+    return result
+
+
+def _run_ncu(command: list[str], log) -> str | None:
+    """Run ncu, its lines into the log; None when it worked, else the reason in one line."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        errors = []
+        for line in proc.stdout:
+            print(line.rstrip("\n"), file=log, flush=True)
+            if "==ERROR==" in line:
+                errors.append(line.split("==ERROR==", 1)[1].strip())
+    if proc.returncode != 0 or errors:
+        return f"ncu exited with {proc.returncode}" + (f": {errors[0]}" if errors else " (see the job log)")
+    return None
+
+
+def _ncu_version(ncu: str) -> str | None:
+    try:
+        out = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"Version (\S+)", out)
+    return match.group(1) if match else None
+
+
+def _now() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
