@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .errors import ConvsweepError
 from .paths import DEFAULT_DB_URL
+from .plot import KINDS as PLOT_KINDS
 
 
 def process_age() -> float | None:
@@ -105,7 +106,8 @@ def cmd_run_job(args) -> None:
     from .config import tunables_text
     from .job import run_job
 
-    result = run_job(_job_spec(_read_spec(args)), Path(args.out), process_age=process_age())
+    # A fresh process: on a host with several GPUs it takes a free one before CUDA starts.
+    result = run_job(_job_spec(_read_spec(args)), Path(args.out), process_age=process_age(), choose_gpu=True)
     statuses = Counter(m["status"] for m in result["measurements"])
     fastest = min((m for m in result["measurements"] if m["status"] == "ok"),
                   key=lambda m: sum(v or 0 for v in m["timings"]["op_time_ms"].values()), default=None)
@@ -116,6 +118,16 @@ def cmd_run_job(args) -> None:
                                       if len(result["measurements"]) > 1 else "")
     print(f"{result['job_id']}: {len(result['measurements'])} settings in {result['total_s']:.1f} s: "
           + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items())) + best)
+
+
+def cmd_profile_job(args) -> None:
+    from .ncu import run_profile_job
+
+    result = run_profile_job(_job_spec(_read_spec(args)), Path(args.out))
+    if result["status"] == "ok":
+        print(f"{result['job_id']}: {len(result['profiles'])} conv kernel launches profiled in {result['seconds']:.1f} s")
+    else:  # never a failure of the sweep: the file says why, and ingest passes it on
+        print(f"{result['job_id']}: not profiled: {result['reason']}")
 
 
 def cmd_measure(args) -> None:
@@ -212,6 +224,8 @@ def cmd_ingest(args) -> None:
                "files": len(args.results), "seconds": round(time.perf_counter() - t, 3)}
     for error in report.errors:
         print(f"convsweep: {error}", file=sys.stderr)
+    for skipped in report.skipped:
+        print(f"skipped {skipped}")
     print(f"ingested {summary['files']} results: {report.added} added, {report.unchanged} already stored"
           + (f", {len(report.errors)} could not be stored" if report.errors else ""))
     if report.errors:
@@ -278,6 +292,24 @@ def cmd_bench(args) -> None:
     print(format_report(result))
 
 
+def cmd_plot(args) -> None:
+    from .plot import plot
+
+    done = plot(args.kind, url=args.db, experiment=args.experiment, out=args.out, bench=args.bench)
+    for path in done.paths:
+        print(path)
+    for kind, why in done.skipped:
+        print(f"skipped {kind}: {why}")
+
+
+def cmd_browse(args) -> None:
+    from .browse import serve
+
+    status = serve(args.db, port=args.port, host=args.host)
+    if status:
+        raise SystemExit(status)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -307,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     # `measure` is run-job's inner half under nsys: a command for convsweep itself, so it has no help line.
     for name, func, helptext in (("run-job", cmd_run_job, "run one job (every tunable setting of one cell of "
                                                           "the sweep) and write its result JSON"),
+                                 ("profile-job", cmd_profile_job, "profile each conv kernel of a job's settings "
+                                                                  "once with Nsight Compute (never a timed job)"),
                                  ("measure", cmd_measure, None)):
         p = sub.add_parser(name, **({"help": helptext} if helptext else {}))
         src = p.add_mutually_exclusive_group(required=True)
@@ -381,6 +415,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", help=DB_HELP)
     p.add_argument("--out", required=True, help="the Markdown file to write")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("browse", help="open the result database in Datasette, read-only, with the named queries",
+                       description="Serves the SQLite result database in Datasette (pip install -e '.[browse]'), "
+                                   "read-only, with every db/queries/*.sql as a canned query titled by the question "
+                                   "it answers, until Ctrl-C. Datasette serves SQLite files only.")
+    p.add_argument("--db", help=DB_HELP)
+    p.add_argument("--port", type=_positive_int, default=8001, help="the port to listen on (default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address to listen on (default: %(default)s, this machine only)")
+    p.set_defaults(func=cmd_browse)
+
+    p = sub.add_parser("plot", help="draw figures from the database as PNG files",
+                       description="Draws, from the latest measurement of each setting: op-time (each conv layer's op "
+                                   "time per variant and batch), speedup (over the naive variant), roofline (GFLOP/s "
+                                   "against FLOPs per floor byte, under the ceilings of --bench), streams (forward "
+                                   "time and overlap per stream count and host memory), phases (where each job's "
+                                   "wall time went) and tuning (every tunable setting's op time, ranked). Prints the "
+                                   "files written, and the figures skipped for want of data with the reason.")
+    p.add_argument("kind", choices=(*PLOT_KINDS, "all"), metavar="KIND",
+                   help=f"one of {', '.join(PLOT_KINDS)}, or all")
+    p.add_argument("--experiment", help="plot this experiment (default: each stored one)")
+    p.add_argument("--db", help=DB_HELP)
+    p.add_argument("--out", metavar="DIR",
+                   help="the folder for the PNG files (default: results/<experiment>/figures, or results/figures "
+                        "without --experiment, where files are named <experiment>-<kind>.png)")
+    p.add_argument("--bench", metavar="FILE",
+                   help="a `convsweep bench --json` file: its device copy bandwidth and matmul rates are the "
+                        "roofline's ceilings (without it the roofline has none)")
+    p.set_defaults(func=cmd_plot)
     return parser
 
 

@@ -9,6 +9,7 @@ process, or a child under nsys) and what becomes of the measurements.
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -25,6 +26,7 @@ from .inputs import load_batch
 from .job import JobContext
 from .network import reference_layer
 from .numbers import finite, median
+from .progress import progress
 from .provenance import GpuMonitor, environment, host_gpu_arch, slowdown_names
 from .runner import (FLUSH, Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks, pipeline_buffers,
                      pipeline_pass, poison_logits)
@@ -211,7 +213,8 @@ def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, sh
         # Where NVML could not tell (GPUs of several kinds), each op compiles for this GPU itself.
         session = GpuSession(gpu, streams, buffers, monitor, chunks, backend, arch if spec.arch != "auto" else gpu.arch,
                              gpu.l2_flusher() if spec.cache == "cold" else None)
-        for n, i in enumerate(todo):
+        settings = progress(todo, desc=f"job {spec.job_id}", unit="setting", enabled=len(todo) > 1)
+        for n, i in enumerate(settings):
             started, record = time.perf_counter(), ctx.skeleton(i)
             try:
                 with nvtx_range(f"setting {i}"), gpu.scope():
@@ -223,7 +226,9 @@ def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, sh
                 record.update(status="failed", error=failure_message(e))
             record["environment"] = env
             finish(record, time.perf_counter() - started)
-            print(f"[{n + 1}/{len(todo)}] {_describe(record)}", flush=True)
+            # The job log's line; on a terminal, drawn above the bar rather than through it.
+            settings.write(f"[{n + 1}/{len(todo)}] {_describe(record)}", file=sys.stdout)
+            sys.stdout.flush()
 
 
 def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> dict:

@@ -13,6 +13,7 @@ import yaml
 
 from convsweep.errors import ConfigError, DataError, ShapeError
 from convsweep.layers import LAYER_KINDS, Layer
+from convsweep.progress import progress
 from convsweep.variants import DTYPES as ELEMENT_BYTES, ConvShape
 from convsweep.yamlio import load_yaml
 
@@ -261,9 +262,12 @@ def reference_forward(
         )
     cast = {key: array.astype(dtype) for key, array in weights.items()}
     chunks = []
-    for start in range(0, max(len(x), 1), FORWARD_CHUNK):
-        out = x[start : start + FORWARD_CHUNK].astype(dtype)
-        for layer in network.layers:
-            out = reference_layer(layer, cast, out)
-        chunks.append(out)
+    with progress(total=len(x), desc=f"{np.dtype(dtype).name} reference forward", unit="image",
+                  enabled=len(x) > FORWARD_CHUNK) as shown:
+        for start in range(0, max(len(x), 1), FORWARD_CHUNK):
+            out = x[start : start + FORWARD_CHUNK].astype(dtype)
+            for layer in network.layers:
+                out = reference_layer(layer, cast, out)
+            chunks.append(out)
+            shown.update(len(out))
     return np.concatenate(chunks)

@@ -26,7 +26,11 @@ def one_error_line(proc) -> str:
 def test_jobs_lists_the_default_matrix():
     proc = convsweep("jobs", "--config", str(ROOT / "experiments.yaml"))
     assert proc.returncode == 0
-    assert len(proc.stdout.strip().splitlines()) == 15  # five variants (experiments.yaml) at three batches
+    lines = proc.stdout.strip().splitlines()
+    # lenet86-baseline: five variants at three batches; lenet86-cache: four GPU variants at batch 100, warm and cold
+    assert sum(line.startswith("lenet86-baseline\t") for line in lines) == 15
+    assert sum(line.startswith("lenet86-cache\t") for line in lines) == 8
+    assert sum("-cold-" in line for line in lines) == 4 and len(lines) == 23
 
 
 def test_bad_config_is_one_line(tmp_path):

@@ -2,12 +2,14 @@
 docstring), and the result dict that bench.report shapes."""
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import failure_message
 from ..inputs import load_batch
 from ..numbers import median
+from ..progress import progress
 from ..provenance import environment
 from ..runner import Backend
 from .config import BenchConfig
@@ -44,16 +46,24 @@ def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backe
         meas["ceilings"] = measure_ceilings(gpu, timing, config.copy_mib << 20)
         meas["convs"] = []
         inputs_by_layer = {}
-        for i, layer in enumerate(network.conv_layers):
-            if layer.name not in config.candidates:
-                continue
-            inputs = inputs_by_layer[layer.name] = layer_inputs(gpu, timing, layer, [config.seed, i], config.check_images)
-            for cand in config.candidates[layer.name]:
-                log(f"{layer.name}: {cand.variant} {params_text(cand.params)}")
-                rec = measure_candidate(gpu, timing, network, cand, inputs, backend)
-                log(f"  {rec['status']}" + (f" {median(rec['samples_ms']):.4f} ms" if rec["samples_ms"] else "")
-                    + (f" - {rec['error']}" if rec["error"] else ""))
-                meas["convs"].append(rec)
+        total = sum(len(config.candidates.get(layer.name, ())) for layer in network.conv_layers)
+        with progress(total=total, desc="bench candidates", unit="candidate") as shown:
+            def say(message: str) -> None:  # on a terminal, a line above the bar rather than through it
+                with shown.external_write_mode(file=sys.stderr):
+                    log(message)
+
+            for i, layer in enumerate(network.conv_layers):
+                if layer.name not in config.candidates:
+                    continue
+                inputs = inputs_by_layer[layer.name] = layer_inputs(gpu, timing, layer, [config.seed, i],
+                                                                    config.check_images)
+                for cand in config.candidates[layer.name]:
+                    say(f"{layer.name}: {cand.variant} {params_text(cand.params)}")
+                    rec = measure_candidate(gpu, timing, network, cand, inputs, backend)
+                    say(f"  {rec['status']}" + (f" {median(rec['samples_ms']):.4f} ms" if rec["samples_ms"] else "")
+                        + (f" - {rec['error']}" if rec["error"] else ""))
+                    meas["convs"].append(rec)
+                    shown.update()
         missing = [layer.name for layer in network.conv_layers if layer.name not in config.candidates]
         best = None if missing else best_variants(meas["convs"])
         net_inputs = load_batch(network, config.dataset, batch)

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from convsweep.config import variant_label
 from convsweep.errors import ConfigError, StoreError, StoreUnavailable
 from convsweep.fileio import canonical_hash
+from convsweep.progress import progress
 from convsweep.schema import validate
 from convsweep.stats import relative_spread
 
@@ -347,9 +348,10 @@ def read_result(path: str | Path) -> dict[str, Any]:
 def ingest_files(engine: Engine, paths: Iterable[str | Path]) -> IngestReport:
     """Ingest result files one transaction each, counting measurements. A file that cannot be read
     or stored becomes one line of the report's errors and the others go on; a lost database
-    connection stops it all."""
+    connection stops it all. Many files show a progress bar (convsweep.progress)."""
     report = IngestReport()
-    for path in paths:
+    paths = list(paths)
+    for path in progress(paths, desc="ingest", unit="file", enabled=len(paths) > 1):
         try:
             report.merge(ingest_result(engine, read_result(path), str(path)))
         except StoreUnavailable:
