@@ -39,6 +39,7 @@ onstart:
 
 
 include: "workflow/rules/infer.smk"
+include: "workflow/rules/profile.smk"
 include: "workflow/rules/store.smk"
 include: "workflow/rules/report.smk"
 
@@ -46,4 +47,5 @@ include: "workflow/rules/report.smk"
 rule all:
     input:
         expand(f"{RESULTS}/{{experiment}}/summary.md", experiment=plan.experiments),
+        expand(f"{RESULTS}/{{experiment}}/report.md", experiment=plan.experiments),
     default_target: True

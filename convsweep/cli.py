@@ -255,6 +255,29 @@ def cmd_compare(args) -> None:
 
 
 def cmd_report(args) -> None:
+    from . import report
+
+    if not (args.out or args.markdown or args.html or args.tables or args.draw):
+        raise ConvsweepError("report: nothing to write: give --out, --markdown, --html, --tables or --draw")
+    figures = Path(args.figures) if args.figures else Path("results") / args.experiment / "figures"
+    if args.draw:
+        drawn = report.draw(args.db, args.experiment, figures, bench=args.bench)
+        for path in drawn.paths:
+            print(path)
+        for kind, why in drawn.skipped:
+            print(f"skipped {kind}: {why}")
+    if args.out:
+        _write_summary(args)
+    if args.markdown or args.html or args.tables:
+        written = report.write(args.db, args.experiment, markdown=Path(args.markdown) if args.markdown else None,
+                               page=Path(args.html) if args.html else None,
+                               tables=Path(args.tables) if args.tables else None, figures_dir=figures)
+        for path in written.paths:
+            print(path)
+
+
+def _write_summary(args) -> None:
+    """summary.md: the experiment's runs in one table, and its failed or incorrect runs."""
     from .fileio import write_atomic
     from .query import fetch, render
 
@@ -410,10 +433,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json"), default="table", help="(default: %(default)s)")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("report", help="write an experiment's table as Markdown")
+    p = sub.add_parser("report", help="write an experiment's tables, seeds-format report and figures",
+                       description="Writes, for one experiment, any of: its runs as one Markdown table (--out, "
+                                   "summary.md); the seeds-format report (--markdown report.md, --html for the same "
+                                   "as one self-contained page): per variant the seeds' table, the speedup over the "
+                                   "previous variant and over naive, what Nsight Compute says bounds each conv "
+                                   "kernel, and the figures; the seeds' and why tables as CSV (--tables DIR); and, "
+                                   "with --draw, its figures first.")
     p.add_argument("--experiment", required=True, help="the experiment of experiments.yaml to report")
     p.add_argument("--db", help=DB_HELP)
-    p.add_argument("--out", required=True, help="the Markdown file to write")
+    p.add_argument("--out", help="write the runs as one Markdown table to this file (summary.md)")
+    p.add_argument("--markdown", metavar="FILE", help="write the seeds-format report as Markdown (report.md); "
+                                                      "figures are linked relative to it")
+    p.add_argument("--html", metavar="FILE", help="write the same report as one HTML page, figures embedded")
+    p.add_argument("--tables", metavar="DIR", help="write seeds.csv and why.csv (the Nsight Compute evidence) to DIR")
+    p.add_argument("--figures", metavar="DIR",
+                   help="the experiment's figures (default: results/<experiment>/figures, where `convsweep plot` "
+                        "draws them)")
+    p.add_argument("--draw", action="store_true",
+                   help="draw every figure the database has data for into --figures first (`convsweep plot all`); "
+                        "a kind without data is skipped with the reason, none drawn is no error")
+    p.add_argument("--bench", metavar="FILE",
+                   help="with --draw: a `convsweep bench --json` file, whose copy bandwidth and matmul rates are the "
+                        "roofline's ceilings")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("browse", help="open the result database in Datasette, read-only, with the named queries",

@@ -68,6 +68,13 @@ class SweepPlan:
     def run_files(self, experiment: str) -> list[str]:
         return [f"{self.results_dir}/{experiment}/runs/{j.job_id}.json" for j in self.jobs if j.experiment == experiment]
 
+    def profile_files(self, experiment: str) -> list[str]:
+        """The Nsight Compute profile of each GPU job of an experiment with `ncu: true` (none otherwise)."""
+        if not self.config.experiments[experiment]["ncu"]:
+            return []
+        return [f"{self.results_dir}/{experiment}/ncu/{j.job_id}.json" for j in self.jobs
+                if j.experiment == experiment and self.gpus(experiment, j.job_id)]
+
     def spec_json(self, experiment: str, job_id: str) -> str:
         job = self.job(experiment, job_id)
         return json.dumps({**job.to_dict(), "sweep": job.sweep}, sort_keys=True)
@@ -95,6 +102,12 @@ class SweepPlan:
         if not all(v.is_cpu for v in variants):
             files += [str(p) for p in kernel_sources(LAYERS_SOURCE)]
         return list(dict.fromkeys(files))
+
+    def gpus(self, experiment: str, job_id: str) -> int:
+        """GPUs the job asks its executor for (`resources: gpu`): none when every layer runs on a CPU
+        variant, as the job itself decides (job.run_job), so a cluster holds no GPU for it."""
+        job = self.job(experiment, job_id)
+        return 0 if all(get_variant(name).is_cpu for name in job.variants.values()) else 1
 
     def registry_entries(self, experiment: str, job_id: str) -> str:
         """The job's variants' registry entries, hashed (a rule parameter: editing an entry re-measures

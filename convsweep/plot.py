@@ -39,7 +39,7 @@ PHASE_ORDER = ("process_start", "load", "reference", "gpu_wait", "context", "com
 PHASE_LABELS = {"process_start": "process start", "gpu_wait": "GPU wait", "warmup": "warm-up",
                 "profile": "nsys profile", "nsys_read": "nsys read", "setup": "set-up"}
 UNACCOUNTED_PHASE = "other (not split)"
-PROVENANCE_COLUMNS = "e.gpu, r.started_at, r.git_commit, r.git_dirty"
+PROVENANCE_COLUMNS = "e.gpu, r.profiler, r.started_at, r.git_commit, r.git_dirty"
 
 
 class MissingData(ConvsweepError):
@@ -211,7 +211,7 @@ def roofline_bytes(row: dict[str, Any]) -> tuple[int | None, str]:
 # -- captions ------------------------------------------------------------------------------------------
 def provenance(rows: Sequence[dict[str, Any]]) -> str:
     """'Measured on GPU, dates, at commit(s)' for the runs a figure shows."""
-    gpus = sorted({r["gpu"] or "an unnamed GPU" for r in rows})
+    gpus = sorted({r["gpu"] or ("the CPU" if r.get("profiler") == "cpu" else "an unnamed GPU") for r in rows})
     days = sorted({d for d in (_day(r["started_at"]) for r in rows) if d})
     commits = list(dict.fromkeys(str(r["git_commit"])[:10] for r in sorted(
         (r for r in rows if r["git_commit"]), key=lambda r: _day(r["started_at"]) or "")))  # oldest first
@@ -524,7 +524,8 @@ def streams_figure(url: str | None, experiment: str, ceilings: Ceilings | None =
     if not any(len(s) > 1 for s in counts.values()):
         raise MissingData(f"experiment {experiment!r} has no ok runs at several stream counts "
                           "(sweeps/streams.yaml measures 1/2/4/8)")
-    batches = sorted({b for _, b, _ in counts})
+    # A column per batch measured at several stream counts: one point per line says nothing here.
+    batches = sorted({b for (_, b, _), streams in counts.items() if len(streams) > 1})
     memories = sorted({m for _, _, m in counts}, key=_memory_order)
     variants = sorted({v for v, _, _ in counts})
     fig, axes = new_figure(2, len(batches), _figure_width(len(batches)), 2 * PANEL_HEIGHT_IN + 1.0, sharex=True)
@@ -584,7 +585,7 @@ def phase_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
     """Every run's phases, failed runs too (unlike the phases query): a job's settings share its
     wall time, so its bar adds up only with every one of them."""
     return _rows(url, f"""
-        SELECT r.id AS run_id, r.job_id, r.variant, r.batch, r.streams, r.host_memory, r.total_s,
+        SELECT r.id AS run_id, r.job_id, r.variant, r.batch, r.streams, r.host_memory, r.cache, r.total_s,
                p.name AS phase, p.seconds, {PROVENANCE_COLUMNS}
         FROM latest_run r
         JOIN environment e ON e.id = r.environment_id
@@ -599,8 +600,9 @@ def job_phases(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     jobs: dict[str, dict[str, Any]] = {}
     counted: set[int] = set()
     for row in rows:
+        cold = " cold L2" if row["cache"] == "cold" else ""
         job = jobs.setdefault(row["job_id"], {"label": f"{row['variant']} b{row['batch']} s{row['streams']} "
-                                                       f"{row['host_memory']}", "runs": set(), "phases": {},
+                                                       f"{row['host_memory']}{cold}", "runs": set(), "phases": {},
                                               "total_s": 0.0})
         job["runs"].add(row["run_id"])
         if row["run_id"] not in counted:

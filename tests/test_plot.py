@@ -387,3 +387,13 @@ def test_cli_missing_data_is_one_line_and_exit_2(url, tmp_path):
     assert proc.stderr.splitlines() == [f"convsweep: experiment '{BASELINE}' has no tunable grid: every variant ran "
                                         "at one setting (sweeps/tuning.yaml sweeps some)"]
     assert not list(tmp_path.iterdir())
+
+
+def test_a_caption_names_the_cpu_for_cpu_runs_and_never_an_unnamed_gpu():
+    from convsweep.plot import provenance
+
+    rows = [{"gpu": None, "profiler": "cpu", "started_at": "2026-11-23T10:00:00+00:00", "git_commit": "abc1234567",
+             "git_dirty": False},
+            {"gpu": "NVIDIA H100 80GB HBM3", "profiler": "nsys", "started_at": "2026-11-23T11:00:00+00:00",
+             "git_commit": "abc1234567", "git_dirty": False}]
+    assert provenance(rows) == ("Measured on NVIDIA H100 80GB HBM3 and the CPU on 2026-11-23, at commit abc1234567.")

@@ -5,6 +5,7 @@ which is also what the sweep must do: record the failure and go on.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from sqlalchemy import create_engine, text
 
 from checkout_copy import copy_checkout
 from convsweep.paths import ROOT
+from convsweep.plan import SweepPlan
 
 SNAKEMAKE = shutil.which("snakemake")
 pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
@@ -177,7 +179,8 @@ def test_plain_snakemake_uses_the_default_profile():
     assert proc.returncode == 0, out[-3000:]
     assert "Using workflow specific profile profiles/default" in out
     assert "Shell command: convsweep run-job " in out
-    run_job = out.split("rule run_job:", 1)[1].split("\n\n", 1)[0]
+    blocks = [block.split("\n\n", 1)[0] for block in out.split("rule run_job:")[1:]]
+    run_job = next(block for block in blocks if "job=reference-" not in block)  # a GPU job (the CPU ones ask gpu=0)
     assert "gpu=1" in run_job
     profile = yaml.safe_load((ROOT / "profiles" / "default" / "config.yaml").read_text())
     assert profile["keep-going"] is True and profile["rerun-incomplete"] is True and "gpu=1" in profile["resources"]
@@ -249,7 +252,8 @@ def test_editing_a_kernel_re_measures_exactly_the_jobs_that_use_it(tmp_path):
 
     naive = checkout / "kernels" / "naive.cu"
     naive.write_text(naive.read_text() + "// edited: one more line\n")
-    assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "ingest_results": 1, "make_report": 1, "all": 1}
+    assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "ingest_results": 1, "make_report": 1,
+                                                     "draw_figures": 1, "write_report": 1, "all": 1}
     second = run_in(checkout, work)
     assert second.returncode == 0, second.stderr[-3000:]
     rows = history(work)
@@ -270,13 +274,15 @@ def test_editing_a_kernel_re_measures_exactly_the_jobs_that_use_it(tmp_path):
     entries = yaml.safe_load(edited)
     entries["restrict_unroll"]["constraints"] = [*entries["restrict_unroll"].get("constraints", []), "B >= 1"]
     registry.write_text(yaml.safe_dump(entries))
-    assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "ingest_results": 1, "make_report": 1, "all": 1}
+    assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "ingest_results": 1, "make_report": 1,
+                                                     "draw_figures": 1, "write_report": 1, "all": 1}
     registry.write_text(edited)
 
     # A shared header is an input of every job whose kernels include it (layers.cu: every GPU job)
     header = checkout / "kernels" / "common.cuh"
     header.write_text(header.read_text() + "// edited\n")
-    assert planned(run_in(checkout, work, "-n")) == {"run_job": 2, "ingest_results": 1, "make_report": 1, "all": 1}
+    assert planned(run_in(checkout, work, "-n")) == {"run_job": 2, "ingest_results": 1, "make_report": 1,
+                                                     "draw_figures": 1, "write_report": 1, "all": 1}
 
 
 def test_a_sweep_killed_halfway_resumes_with_every_job_stored_once(tmp_path):
@@ -317,3 +323,23 @@ def test_planning_a_sweep_does_not_import_the_gpu_runtime():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_only_jobs_on_gpu_variants_ask_for_a_gpu():
+    """run_job's `gpu` resource: a cluster holds a GPU for a GPU cell, none for a cell on the CPU
+    reference variant (a per-layer map counts as GPU when any of its layers is)."""
+    config = {"experiments": {"e": {"variants": ["reference", "naive", {"conv1": "naive", "conv2": "restrict_unroll"}],
+                                    "batches": [8, 16]}}}
+    plan = SweepPlan(config, ROOT / "experiments.yaml")
+    gpus = {(tuple(sorted(set(j.variants.values()))), j.batch): plan.gpus(j.experiment, j.job_id) for j in plan.jobs}
+    assert gpus == {(("reference",), 8): 0, (("reference",), 16): 0, (("naive",), 8): 1, (("naive",), 16): 1,
+                    (("naive", "restrict_unroll"), 8): 1, (("naive", "restrict_unroll"), 16): 1}
+
+
+def test_the_rule_takes_its_gpu_resource_from_the_plan(tmp_path):
+    """What Snakemake hands the executor: gpu=0 for the reference job, gpu=1 for the naive one."""
+    small_sweep(tmp_path, {"e": {"variants": ["reference", "naive"]}})
+    out = run_in(ROOT, tmp_path, "-n").stdout
+    blocks = [block.split("\n\n", 1)[0] for block in out.split("rule run_job:")[1:]]
+    asked = dict(re.search(r"job=([a-z_]+)-b.*\bgpu=(\d+)", block, re.S).groups() for block in blocks)
+    assert asked == {"reference": "0", "naive": "1"}, out[-3000:]

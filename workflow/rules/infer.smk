@@ -11,7 +11,7 @@ rule run_job:
         spec=lambda w: plan.spec_json(w.experiment, w.job),
         registry=lambda w: plan.registry_entries(w.experiment, w.job),  # editing an entry re-measures
     resources:
-        gpu=1,
+        gpu=lambda w: plan.gpus(w.experiment, w.job),  # 0 for a job on CPU variants only
     conda:
         "../envs/convsweep.yaml"
     shell:

@@ -1,6 +1,6 @@
 rule ingest_results:
     input:
-        lambda w: plan.run_files(w.experiment),
+        lambda w: plan.run_files(w.experiment) + plan.profile_files(w.experiment),
     output:
         f"{RESULTS}/{{experiment}}/ingested.json",
     log:

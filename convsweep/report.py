@@ -1,0 +1,528 @@
+"""`convsweep report`: an experiment as the course reports were typed by hand, generated. Per variant:
+the seeds' table, the speedup over the previous variant and over the naive baseline, and what Nsight
+Compute says bounds each conv kernel; then the figures. Written as Markdown (report.md, figures
+linked), as one self-contained HTML page (figures embedded: what the Snakemake report shows) and as
+CSV tables.
+
+The database is read through convsweep.query (read-only, SQLite or PostgreSQL alike), imported only
+when a report is made: SQLAlchemy is slow to load.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from .config import tunables_text
+from .errors import ConvsweepError
+from .fileio import write_atomic
+from .plot import BASELINE_VARIANT, FIGURES, KINDS, PROVENANCE_COLUMNS, MissingData, Plotted, provenance
+
+# What tells two runs of one variant apart besides its tunables: (column, heading). A column other
+# than batch is shown only where the experiment varies it.
+CELL_COLUMNS = (("batch", "batch"), ("streams", "streams"), ("host_memory", "host memory"),
+                ("chunk_images", "chunk (images)"), ("cache", "L2"))
+NO_VALUE = "—"
+
+RUNS_SQL = f"""
+SELECT r.id AS run_id, r.variant, r.params, r.batch, r.streams, r.host_memory, r.chunk_images, r.cache,
+       r.status, r.error, r.op_time_1_ms, r.op_time_1_spread, r.op_time_2_ms, r.op_time_2_spread,
+       r.forward_ms, r.forward_spread, r.total_s, r.accuracy, r.profiler,
+       conv.op_time_ms, conv.timed_layers, conv.conv_layers, {PROVENANCE_COLUMNS}
+FROM latest_run r
+JOIN environment e ON e.id = r.environment_id
+LEFT JOIN (SELECT run_id, SUM(op_time_ms) AS op_time_ms, COUNT(op_time_ms) AS timed_layers,
+                  COUNT(*) AS conv_layers
+           FROM layer_time GROUP BY run_id) conv ON conv.run_id = r.id
+WHERE r.experiment = :experiment
+ORDER BY r.variant, r.batch, r.streams, r.host_memory, r.cache DESC, r.id"""
+
+READING_GUIDE = [
+    "**op time 1**, **op time 2**: the GPU time of the first and the second conv layer's kernels (nsys, else "
+    "CUDA events), median over the timed passes: the seeds' \"Op Time\" lines.",
+    "**forward**: one whole inference pass, from the first host-to-device copy to the last device-to-host copy.",
+    "**total**: the job's wall time, process start to result written (a tuning job's settings share it): "
+    "the seeds' \"Total Execution Time\".",
+    "**accuracy**: top-1 against the labels: the seeds' \"Correctness\".",
+    "**±%**: how noisy the median beside it is: its samples' median absolute deviation in % of the median.",
+    "**speedup**: the other variant's op time (the conv layers' op times added up) over this one's, at the same "
+    "batch, streams, host memory and L2 state, the fastest setting of each. **previous**: the variant before it "
+    "here, where variants run from the slowest to the fastest (by their speedup over the baseline at the largest "
+    f"batch they share). **baseline**: {BASELINE_VARIANT}.",
+]
+
+
+# -- the document ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Heading:
+    level: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Paragraph:
+    text: str
+
+
+@dataclass(frozen=True)
+class Bullets:
+    items: list[str]
+
+
+@dataclass(frozen=True)
+class Table:
+    headers: list[str]
+    rows: list[list[str]]
+    numeric: list[bool]  # right-aligned columns
+
+
+@dataclass(frozen=True)
+class Figure:
+    path: Path
+    kind: str
+    text: str
+
+
+@dataclass
+class Experiment:
+    """What the report of one experiment is made from: its runs (the latest measurement of each
+    setting) and its rows of the `why` query."""
+
+    name: str
+    runs: list[dict[str, Any]]
+    why_columns: list[str] = field(default_factory=list)
+    why: list[dict[str, Any]] = field(default_factory=list)
+
+
+# -- reading -----------------------------------------------------------------------------------------
+def _rows(url: str | None, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    from .query import fetch
+
+    columns, rows = fetch(url, sql, params)
+    return columns, [dict(zip(columns, row)) for row in rows]
+
+
+def load(url: str | None, experiment: str) -> Experiment:
+    """The experiment's runs and Nsight Compute rows; an error when it has no run stored."""
+    _, runs = _rows(url, RUNS_SQL, {"experiment": experiment})
+    if not runs:
+        raise ConvsweepError(f"no runs of experiment {experiment!r} in the database: run its sweep first")
+    for run in runs:
+        run["params"] = _json(run["params"]) or {}
+        # An op time only where every conv layer has one: a partial sum would flatter the run.
+        if not run["conv_layers"] or run["timed_layers"] != run["conv_layers"]:
+            run["op_time_ms"] = None
+    why_columns, why = _rows(url, "why")
+    return Experiment(experiment, runs, why_columns, [row for row in why if row["experiment"] == experiment])
+
+
+def _json(value: Any) -> Any:
+    """A JSON column's value: SQLite hands back its text, PostgreSQL the object."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+# -- speedups ----------------------------------------------------------------------------------------
+def cell(run: dict[str, Any]) -> tuple:
+    return tuple(run[column] for column, _ in CELL_COLUMNS)
+
+
+def _cell_order(key: tuple) -> tuple:
+    """A sort key for cells whose chunk size may be None (the automatic chunking)."""
+    return tuple((value is not None, value if value is not None else 0) for value in key)
+
+
+def fastest(runs: Sequence[dict[str, Any]]) -> dict[str, dict[tuple, dict[str, Any]]]:
+    """Per variant and cell, the ok run with the least op time (a tuning grid's best setting)."""
+    best: dict[str, dict[tuple, dict[str, Any]]] = {}
+    for run in runs:
+        if run["status"] != "ok" or not run["op_time_ms"]:
+            continue
+        cells = best.setdefault(run["variant"], {})
+        key = cell(run)
+        if key not in cells or run["op_time_ms"] < cells[key]["op_time_ms"]:
+            cells[key] = run
+    return best
+
+
+def variant_order(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """The baseline first, then from the slowest variant to the fastest by their speedup over it at
+    the largest batch they share; variants sharing no cell with it last, by name."""
+    best = fastest(runs)
+    baseline = best.get(BASELINE_VARIANT, {})
+
+    def rank(variant: str) -> tuple:
+        if variant == BASELINE_VARIANT:
+            return (0, 0.0, variant)
+        shared = sorted(set(best.get(variant, {})) & set(baseline), key=_cell_order)
+        if not shared:
+            return (2, 0.0, variant)
+        return (1, baseline[shared[-1]]["op_time_ms"] / best[variant][shared[-1]]["op_time_ms"], variant)
+
+    return sorted({run["variant"] for run in runs}, key=rank)
+
+
+def speedup(best: dict[str, dict[tuple, dict[str, Any]]], over: str | None, run: dict[str, Any]) -> float | None:
+    """`over`'s op time in the run's cell (its fastest setting) over the run's, or None."""
+    other = best.get(over or "", {}).get(cell(run))
+    if other is None or not run["op_time_ms"]:
+        return None
+    return other["op_time_ms"] / run["op_time_ms"]
+
+
+# -- building ----------------------------------------------------------------------------------------
+def build(experiment: Experiment, figures: Sequence[Path] = (), figures_dir: Path | None = None) -> list:
+    """The report's blocks: the reading guide, a section per variant, the figures."""
+    runs = experiment.runs
+    order = variant_order(runs)
+    best = fastest(runs)
+    shown = [(column, heading) for column, heading in CELL_COLUMNS
+             if column == "batch" or len({run[column] for run in runs}) > 1]
+    statuses = sorted({run["status"] for run in runs})
+    counts = ", ".join(f"{sum(run['status'] == s for run in runs)} {s}" for s in statuses)
+    # A run of CPU variants only stores no GPU: say the CPU, not "an unnamed GPU".
+    where = provenance([{**run, "gpu": run["gpu"] or ("the CPU" if run["profiler"] == "cpu" else None)}
+                        for run in runs])
+    blocks: list = [
+        Heading(1, f"Report: {experiment.name}"),
+        Paragraph(f"{where} {len(runs)} runs, the latest measurement of each setting: {counts}. "
+                  "Generated by `convsweep report` from the result database; `convsweep query history` has every "
+                  "measurement."),
+        Bullets(READING_GUIDE),
+    ]
+    if BASELINE_VARIANT not in best:
+        blocks.append(Paragraph(f"No ok `{BASELINE_VARIANT}` run in this experiment: no speedup over the baseline."))
+    for index, variant in enumerate(order):
+        previous = order[index - 1] if index > 0 else None
+        blocks += _variant_section(experiment, variant, previous, best, shown)
+    blocks += _figure_section(experiment.name, figures, figures_dir)
+    return blocks
+
+
+def _variant_section(experiment: Experiment, variant: str, previous: str | None,
+                     best: dict[str, dict[tuple, dict[str, Any]]], shown: list[tuple[str, str]]) -> list:
+    runs = [run for run in experiment.runs if run["variant"] == variant]
+    ok = [run for run in runs if run["status"] == "ok"]
+    grid = len({tunables(run["params"]) for run in runs}) > 1
+    title = f"`{variant}`" + (" (the baseline)" if variant == BASELINE_VARIANT else "")
+    blocks: list = [Heading(2, title)]
+    if ok:
+        blocks += [Heading(3, "The seeds' table"), _seeds_table(ok, shown, grid)]
+    else:
+        blocks.append(Paragraph("No ok run: nothing timed."))
+    others = [run for run in runs if run["status"] != "ok"]
+    if others:
+        blocks += [Paragraph("Not in the table:"), Bullets([_failure_line(run, shown, grid) for run in others])]
+    if variant != BASELINE_VARIANT and variant in best:
+        blocks += [Heading(3, "Speedup"), *_speedups(variant, previous, best, shown, grid)]
+    blocks += [Heading(3, "Nsight Compute: what bounds each conv kernel"), *_evidence(experiment, variant)]
+    return blocks
+
+
+def _seeds_table(runs: list[dict[str, Any]], shown: list[tuple[str, str]], grid: bool) -> Table:
+    headers = [heading for _, heading in shown] + (["tunables"] if grid else []) + [
+        "op time 1 (ms)", "±%", "op time 2 (ms)", "±%", "forward (ms)", "±%", "total (s)", "accuracy"]
+    rows = []
+    for run in sorted(runs, key=lambda r: (_cell_order(cell(r)), r["op_time_ms"] or 0)):
+        rows.append([_text(run[column]) for column, _ in shown] + ([tunables(run["params"])] if grid else []) + [
+            _number(run["op_time_1_ms"]), _percent(run["op_time_1_spread"]),
+            _number(run["op_time_2_ms"]), _percent(run["op_time_2_spread"]),
+            _number(run["forward_ms"]), _percent(run["forward_spread"]),
+            _number(run["total_s"]), _fixed(run["accuracy"], 4)])
+    numeric = [column not in ("host_memory", "cache") for column, _ in shown] + ([False] if grid else []) + [True] * 8
+    return Table(headers, rows, numeric)
+
+
+def _speedups(variant: str, previous: str | None, best: dict[str, dict[tuple, dict[str, Any]]],
+              shown: list[tuple[str, str]], grid: bool) -> list:
+    """The table of the variant's speedups per cell, or why it has none."""
+    compared = [(previous, f"× over {previous} (previous)")] if previous and previous != BASELINE_VARIANT else []
+    if BASELINE_VARIANT in best:
+        compared.append((BASELINE_VARIANT, f"× over {BASELINE_VARIANT} (baseline"
+                                           + (", also the previous)" if previous == BASELINE_VARIANT else ")")))
+    headers = [heading for _, heading in shown] + (["fastest setting"] if grid else []) + ["op time (ms)"] + [
+        heading for _, heading in compared]
+    rows = []
+    for key in sorted(best[variant], key=_cell_order):
+        run = best[variant][key]
+        rows.append([_text(run[column]) for column, _ in shown] + ([tunables(run["params"])] if grid else [])
+                    + [_number(run["op_time_ms"])] + [_times(speedup(best, over, run)) for over, _ in compared])
+    if not any(speedup(best, over, run) for run in best[variant].values() for over, _ in compared):
+        others = " or ".join(f"`{over}`" for over, _ in compared)
+        return [Paragraph(f"None: no {others} run at the batch, streams, host memory and L2 state of a `{variant}` "
+                          "run." if others else "None: no other variant to compare with.")]
+    numeric = [column not in ("host_memory", "cache") for column, _ in shown] + ([False] if grid else []) + [True] * (
+        1 + len(compared))
+    return [Table(headers, rows, numeric)]
+
+
+def tunables(params: dict[str, dict]) -> str:
+    """A run's tunables: 'BLOCK=64' when every layer has the same, else per layer as config says them."""
+    values = list(params.values())
+    if values and all(v == values[0] for v in values):
+        return ",".join(f"{k}={v}" for k, v in values[0].items()) or "defaults"
+    return tunables_text(params)
+
+
+def _failure_line(run: dict[str, Any], shown: list[tuple[str, str]], grid: bool) -> str:
+    where = ", ".join(f"{heading} {_text(run[column])}" for column, heading in shown)
+    setting = f" ({tunables(run['params'])})" if grid else ""
+    error = " ".join((run["error"] or "no message").split())
+    return f"{where}{setting}: {run['status']}: {error[:300]}"
+
+
+def _evidence(experiment: Experiment, variant: str) -> list:
+    """One line per profiled conv kernel of the variant, or why there is none."""
+    rows = [row for row in experiment.why if _layer_variant(variant, row["layer"]) == row["variant"]]
+    if rows:
+        return [Bullets([_evidence_line(row) for row in rows])]
+    if _on_cpu(variant):
+        return [Paragraph(f"None: `{variant}` runs on the CPU, where Nsight Compute has nothing to profile.")]
+    return [Paragraph(f"None taken: no Nsight Compute profile of `{variant}` is stored. An experiment with "
+                      "`ncu: true` profiles each conv kernel once, in a job of its own, where ncu is installed.")]
+
+
+def _layer_variant(label: str, layer: str) -> str | None:
+    """The variant a run label puts on a layer: 'naive' everywhere, or 'conv1=a,conv2=b' per layer."""
+    if "=" not in label:
+        return label
+    return dict(part.split("=", 1) for part in label.split(",")).get(layer)
+
+
+def _on_cpu(variant: str) -> bool:
+    from .variants import get_variant
+
+    try:
+        return get_variant(variant).is_cpu
+    except ConvsweepError:  # a per-layer label, or a variant no longer registered
+        return False
+
+
+def _evidence_line(row: dict[str, Any]) -> str:
+    tunables = _json(row["tunables"])
+    setting = f" ({','.join(f'{k}={v}' for k, v in tunables.items())})" if tunables else ""
+    facts = [f"ncu {_number(row['ncu time (ms)'])} ms" if row["ncu time (ms)"] is not None else None,
+             _pct("SM", row["SM %"]), _pct("DRAM", row["DRAM %"]), _pct("occupancy", row["occupancy %"]),
+             f"limited by {row['occupancy limiter']}" if row["occupancy limiter"] else None,
+             f"{row['registers']} registers" if row["registers"] is not None else None,
+             f"{row['smem/block']} B shared/block" if row["smem/block"] is not None else None,
+             _pct("L1 hit", row["L1 hit %"]), _pct("L2 hit", row["L2 hit %"])]
+    detail = "; ".join(fact for fact in facts if fact)
+    return f"batch {row['batch']}, {row['layer']} `{row['kernel']}`{setting}: **{row['why']}**" + (
+        f" ({detail})" if detail else "")
+
+
+def _figure_section(experiment: str, figures: Sequence[Path], figures_dir: Path | None) -> list:
+    blocks: list = [Heading(2, "Figures")]
+    if not figures:
+        where = f" in {figures_dir}" if figures_dir else ""
+        return blocks + [Paragraph(f"No figures{where}: `convsweep report --experiment {experiment} --draw` "
+                                   "draws them.")]
+    for path in figures:
+        blocks.append(Figure(path, path.stem, _figure_text(path.stem)))
+    missing = [kind for kind in KINDS if kind not in {path.stem for path in figures}]
+    if missing:
+        blocks.append(Paragraph(f"Not drawn, for want of data: {', '.join(missing)} "
+                                f"(`convsweep plot KIND --experiment {experiment}` says why)."))
+    return blocks
+
+
+def _figure_text(kind: str) -> str:
+    """What a figure shows: the first sentence of its drawing function's docstring."""
+    doc = " ".join((FIGURES[kind].__doc__ or "").split()) if kind in FIGURES else ""
+    return doc.split(". ")[0].rstrip(".") + "." if doc else kind
+
+
+def figure_files(directory: Path | None) -> list[Path]:
+    """The PNG figures in `directory`, in the order of plot.KINDS, then the others by name."""
+    if directory is None or not directory.is_dir():
+        return []
+    return sorted(directory.glob("*.png"), key=lambda p: (KINDS.index(p.stem) if p.stem in KINDS else len(KINDS),
+                                                          p.name))
+
+
+# -- cells -------------------------------------------------------------------------------------------
+def _number(value: Any) -> str:
+    """Four significant digits, trailing zeros kept so a column reads evenly, never in exponent form."""
+    if value is None:
+        return ""
+    value = float(value)
+    return f"{value:.0f}" if abs(value) >= 999.95 else f"{value:#.4g}"
+
+
+def _percent(fraction: Any) -> str:
+    return "" if fraction is None else f"{100 * float(fraction):.1f}"
+
+
+def _fixed(value: Any, digits: int) -> str:
+    return "" if value is None else f"{float(value):.{digits}f}"
+
+
+def _times(ratio: float | None) -> str:
+    """Three significant digits, trailing zeros kept (1.30×, 12.2×, 124×)."""
+    if ratio is None:
+        return NO_VALUE
+    return f"{ratio:.{2 if ratio < 9.995 else 1 if ratio < 99.95 else 0}f}×"
+
+
+def _pct(name: str, value: Any) -> str | None:
+    return None if value is None else f"{name} {float(value):.0f}%"
+
+
+def _text(value: Any) -> str:
+    return "auto" if value is None else str(value)
+
+
+# -- rendering ---------------------------------------------------------------------------------------
+def to_markdown(blocks: Sequence, base: Path) -> str:
+    """The blocks as GitHub Markdown; figures are image links relative to `base` (report.md's folder)."""
+    parts = []
+    for block in blocks:
+        if isinstance(block, Heading):
+            parts.append(f"{'#' * block.level} {block.text}")
+        elif isinstance(block, Paragraph):
+            parts.append(block.text)
+        elif isinstance(block, Bullets):
+            parts.append("\n".join(f"- {item}" for item in block.items))
+        elif isinstance(block, Table):
+            parts.append(tabulate(block.rows, headers=block.headers, tablefmt="github", disable_numparse=True,
+                                  colalign=["right" if n else "left" for n in block.numeric]))
+        elif isinstance(block, Figure):
+            link = Path(os.path.relpath(block.path, base)).as_posix()
+            parts.append(f"**{block.kind}**: {block.text}\n\n![{block.kind}]({link})")
+    return "\n\n".join(parts) + "\n"
+
+
+PAGE_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 80em; padding: 0 1em; color: #1e293b; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.3em; border-bottom: 1px solid #cbd5e1; margin-top: 2em; }
+h3 { font-size: 1.05em; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
+th, td { border: 1px solid #cbd5e1; padding: 0.2em 0.6em; white-space: nowrap; }
+th { background: #f1f5f9; }
+code { background: #f1f5f9; padding: 0 0.2em; }
+figure { margin: 2em 0; } figure img { max-width: 100%; border: 1px solid #e2e8f0; margin-top: 0.5em; }
+"""
+
+
+def to_html(blocks: Sequence, title: str) -> str:
+    """The blocks as one self-contained HTML page: figures are embedded, so the page reads the same
+    inside the Snakemake report or mailed on its own."""
+    parts = []
+    for block in blocks:
+        if isinstance(block, Heading):
+            parts.append(f"<h{block.level}>{_inline(block.text)}</h{block.level}>")
+        elif isinstance(block, Paragraph):
+            parts.append(f"<p>{_inline(block.text)}</p>")
+        elif isinstance(block, Bullets):
+            parts.append("<ul>" + "".join(f"<li>{_inline(item)}</li>" for item in block.items) + "</ul>")
+        elif isinstance(block, Table):
+            parts.append(tabulate(block.rows, headers=block.headers, tablefmt="html", disable_numparse=True,
+                                  colalign=["right" if n else "left" for n in block.numeric]))
+        elif isinstance(block, Figure):
+            data = base64.b64encode(block.path.read_bytes()).decode()
+            parts.append(f"<figure><figcaption><strong>{html.escape(block.kind)}</strong>: {_inline(block.text)}"
+                         f'</figcaption><img src="data:image/png;base64,{data}" alt="{html.escape(block.kind)}">'
+                         "</figure>")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{PAGE_STYLE}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
+
+
+def _inline(text: str) -> str:
+    """The Markdown the blocks use inline (`code` and **bold**) as HTML, everything else escaped."""
+    escaped = html.escape(text, quote=False)
+    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", escaped)
+
+
+# -- tables as data ----------------------------------------------------------------------------------
+SEEDS_CSV_COLUMNS = ["variant", "tunables", "batch", "streams", "host memory", "chunk (images)", "L2", "status",
+                     "op time 1 (ms)", "op time 1 ±%", "op time 2 (ms)", "op time 2 ±%", "op time (ms)",
+                     "forward (ms)", "forward ±%", "total (s)", "accuracy", "previous", "× over previous",
+                     f"× over {BASELINE_VARIANT}", "error"]
+
+
+def seeds_rows(experiment: Experiment) -> list[list[Any]]:
+    """Every run of the experiment with its speedups, in report order: the CSV beside the report."""
+    order = variant_order(experiment.runs)
+    best = fastest(experiment.runs)
+    rows = []
+    for index, variant in enumerate(order):
+        previous = order[index - 1] if index > 0 else None
+        for run in sorted((r for r in experiment.runs if r["variant"] == variant),
+                          key=lambda r: (_cell_order(cell(r)), r["status"] != "ok", r["op_time_ms"] or 0)):
+            rows.append([variant, tunables(run["params"]), *cell(run), run["status"],
+                         run["op_time_1_ms"], _round_percent(run["op_time_1_spread"]),
+                         run["op_time_2_ms"], _round_percent(run["op_time_2_spread"]), run["op_time_ms"],
+                         run["forward_ms"], _round_percent(run["forward_spread"]), run["total_s"], run["accuracy"],
+                         previous, _round(speedup(best, previous, run)), _round(speedup(best, BASELINE_VARIANT, run)),
+                         run["error"]])
+    return rows
+
+
+def _round_percent(fraction: Any) -> float | None:
+    return None if fraction is None else round(100 * float(fraction), 1)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def why_rows(experiment: Experiment) -> list[list[Any]]:
+    return [[row[c] for c in experiment.why_columns] for row in experiment.why]
+
+
+# -- writing -----------------------------------------------------------------------------------------
+@dataclass
+class Written:
+    """What `write` wrote, for the command to print."""
+
+    paths: list[Path] = field(default_factory=list)
+
+
+def write(url: str | None, experiment: str, markdown: Path | None = None, page: Path | None = None,
+          tables: Path | None = None, figures_dir: Path | None = None) -> Written:
+    """Write the report of `experiment` as Markdown, as an HTML page and as CSV tables (seeds.csv,
+    why.csv in `tables`), each where asked; figures are the PNGs in `figures_dir`."""
+    from .query import render
+
+    data = load(url, experiment)
+    figures = figure_files(figures_dir)
+    blocks = build(data, figures, figures_dir)
+    done = Written()
+    if markdown is not None:
+        write_atomic(markdown, to_markdown(blocks, markdown.parent))
+        done.paths.append(markdown)
+    if page is not None:
+        write_atomic(page, to_html(blocks, f"Report: {experiment}"))
+        done.paths.append(page)
+    if tables is not None:
+        write_atomic(tables / "seeds.csv", render(SEEDS_CSV_COLUMNS, seeds_rows(data), "csv"))
+        write_atomic(tables / "why.csv", render(data.why_columns, why_rows(data), "csv"))
+        done.paths += [tables / "seeds.csv", tables / "why.csv"]
+    return done
+
+
+def draw(url: str | None, experiment: str, out: Path, bench: Path | None = None) -> Plotted:
+    """Every figure of `experiment` the database has data for, into `out` (made even when none is):
+    a kind without data is skipped with the reason, and a stale PNG of it is removed. `bench`: a
+    `convsweep bench --json` file, the roofline's ceilings."""
+    from .plot import plot
+
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        done = plot("all", url=url, experiment=experiment, out=out, bench=bench)
+    except MissingData as e:
+        done = Plotted(skipped=[("all", str(e))])
+    drawn = {path.stem for path in done.paths}
+    for kind in KINDS:
+        if kind not in drawn:
+            (out / f"{kind}.png").unlink(missing_ok=True)
+    return done

@@ -1,0 +1,209 @@
+"""The seeds-format report on the CPU, on both backends: the seeds' table per variant, speedups over
+the previous and the baseline variant, Nsight Compute evidence lines with and without profiles, the
+figures linked (Markdown) or embedded (HTML), the CSV tables, and the `convsweep report` options."""
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+
+import pytest
+
+from convsweep import report
+from convsweep.cli import main
+from convsweep.errors import ConvsweepError
+from convsweep.ncu import LaunchProfile
+from convsweep.store import ingest_result, open_store
+from store_fixtures import every_layer, make_job_file, make_result
+
+EXPERIMENT = "lenet86-baseline"
+# A 1x1 PNG: report.py embeds and links figures without looking inside them.
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9aw"
+                       "AAAABJRU5ErkJggg==")
+
+
+def results() -> list[dict]:
+    """naive and tiled at two batches, fast at one, a grid of `grid` with one failed setting, and a
+    CPU reference run at a batch no GPU variant has."""
+    return [
+        make_result("naive", 100, op_time_ms=(0.082, 0.191)),
+        make_result("naive", 1000, op_time_ms=(0.740, 1.76)),
+        make_result("tiled", 100, op_time_ms=(0.060, 0.150)),
+        make_result("tiled", 1000, op_time_ms=(0.400, 1.00)),
+        make_result("fast", 1000, op_time_ms=(0.100, 0.150)),
+        make_job_file([make_result("grid", 1000, params=every_layer(BLOCK=64), op_time_ms=(0.50, 1.10)),
+                       make_result("grid", 1000, params=every_layer(BLOCK=128), op_time_ms=(0.45, 1.00)),
+                       make_result("grid", 1000, params=every_layer(BLOCK=256), status="failed")]),
+        make_result("reference", 8, op_time_ms=(12.8, 1.78), profiler="cpu",
+                    environment={**make_result()["environment"], "gpu": None}),
+    ]
+
+
+def fill(url: str, extra: tuple = ()) -> None:
+    engine = open_store(url)
+    try:
+        for result in [*results(), *extra]:
+            ingest_result(engine, result, None)
+    finally:
+        engine.dispose()
+
+
+def profile_of(result: dict, dram_pct: float = 91.0) -> dict:
+    """An Nsight Compute profile file of a one-setting run: both conv layers, one launch each."""
+    launches = [LaunchProfile(0, layer, f"{result['spec']['variants'][layer]}_forward", 0,
+                              {"duration_ns": 191_000.0, "dram_pct": dram_pct, "sm_pct": 35.0, "registers": 40,
+                               "achieved_occupancy_pct": 62.0, "l2_hit_pct": 55.0},
+                              [{"reason": "long_scoreboard", "share": 0.6}]).record()
+                for layer in ("conv1", "conv2")]
+    return {"format": "ncu-1", "profile_id": hashlib.sha256(result["run_key"].encode()).hexdigest()[:32],
+            "job_id": result["job_id"], "job_key": "k" * 64, "job": {**result["spec"]}, "sweep": result["sweep"],
+            "status": "ok", "started_at": "2026-11-22T19:00:00+00:00",
+            "settings": [{"index": 0, "run_key": result["run_key"], "params": result["spec"]["params"]}],
+            "profiles": launches}
+
+
+def sections(text: str) -> dict[str, str]:
+    """report.md by variant: each `## ` section's text."""
+    return {part.split("\n", 1)[0].strip(): part for part in text.split("\n## ")[1:]}
+
+
+def test_the_report_has_the_seeds_table_speedups_and_no_evidence_without_profiles(db_url, tmp_path):
+    fill(db_url)
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    for kind in ("speedup", "op-time"):
+        (figures / f"{kind}.png").write_bytes(PNG)
+    out = tmp_path / "out"
+    done = report.write(db_url, EXPERIMENT, markdown=out / "report.md", page=out / "page.html", tables=out / "tables",
+                        figures_dir=figures)
+    assert [p.name for p in done.paths] == ["report.md", "page.html", "seeds.csv", "why.csv"]
+    text = (tmp_path / "out" / "report.md").read_text()
+    parts = sections(text)
+    # The baseline first, then from the slowest to the fastest; the CPU variant sharing no batch last.
+    assert list(parts) == ["`naive` (the baseline)", "`grid`", "`tiled`", "`fast`", "`reference`", "Figures"]
+
+    naive = parts["`naive` (the baseline)"]
+    assert "0.08200" in naive and "0.1910" in naive and "0.9820" in naive and "### Speedup" not in naive
+    tiled = parts["`tiled`"]
+    assert "× over grid (previous)" in tiled and "× over naive (baseline)" in tiled
+    rows = {line.split("|")[1].strip(): line for line in tiled.splitlines() if line.startswith("|") and "×" in line}
+    assert "1.30×" in rows["100"] and "—" in rows["100"]  # no grid run at batch 100
+    assert "1.79×" in rows["1000"] and "1.04×" in rows["1000"]  # 2.5 / 1.4 over naive, 1.45 / 1.4 over grid
+    assert "None taken: no Nsight Compute profile of `tiled` is stored" in tiled
+
+    grid = parts["`grid`"]
+    assert "BLOCK=128" in grid and "BLOCK=64" in grid and "× over naive (baseline, also the previous)" in grid
+    assert "failed: compile failed: tiled.cu(12): error: identifier TILE undefined" in grid and "(BLOCK=256)" in grid
+    assert "None: no `fast` or `naive` run" in parts["`reference`"]
+    assert "None: `reference` runs on the CPU" in parts["`reference`"]
+    assert "the CPU" in text.split("\n\n")[1]  # its runs measured no GPU
+
+    assert text.index("![op-time](../figures/op-time.png)") < text.index("![speedup](../figures/speedup.png)")
+    assert "Not drawn, for want of data: roofline, streams, phases, tuning" in parts["Figures"]
+
+    page = (tmp_path / "out" / "page.html").read_text()
+    tables = sum(line.startswith("|-") for line in text.splitlines())
+    assert page.count("<table>") == tables and page.count('src="data:image/png;base64,') == 2
+    assert "<code>naive</code> (the baseline)" in page and "<strong>op time 1</strong>" in page
+
+    seeds = list(csv.DictReader(io.StringIO((tmp_path / "out" / "tables" / "seeds.csv").read_text())))
+    assert [r["variant"] for r in seeds][:3] == ["naive", "naive", "grid"] and len(seeds) == len(results()) + 2
+    tiled_1000 = next(r for r in seeds if r["variant"] == "tiled" and r["batch"] == "1000")
+    assert (tiled_1000["previous"], tiled_1000["× over previous"], tiled_1000["× over naive"]) == \
+        ("grid", "1.036", "1.786")
+    assert next(r for r in seeds if r["status"] == "failed")["error"].startswith("compile failed")
+    why = (tmp_path / "out" / "tables" / "why.csv").read_text().splitlines()
+    assert why == ["experiment,variant,batch,layer,kernel,tunables,why,ncu time (ms),SM %,DRAM %,occupancy %,"
+                   "occupancy limiter,registers,smem/block,L1 hit %,L2 hit %,DRAM bytes,FLOPs (CUDA cores)"]
+
+
+def test_stored_profiles_give_an_evidence_line_per_conv_layer(db_url, tmp_path):
+    fill(db_url)
+    tiled = make_result("tiled", 1000, op_time_ms=(0.400, 1.00))
+    engine = open_store(db_url)
+    try:
+        ingest_result(engine, profile_of(tiled), None)
+        ingest_result(engine, profile_of(make_result("naive", 1000), dram_pct=12.0), None)
+    finally:
+        engine.dispose()
+    report.write(db_url, EXPERIMENT, markdown=tmp_path / "report.md", tables=tmp_path)
+    parts = sections((tmp_path / "report.md").read_text())
+    lines = [line for line in parts["`tiled`"].splitlines() if line.startswith("- batch")]
+    assert lines == [f"- batch 1000, {layer} `tiled_forward`: **memory-bound: DRAM 91% of peak** (ncu 0.1910 ms; "
+                     "SM 35%; DRAM 91%; occupancy 62%; 40 registers; L2 hit 55%)" for layer in ("conv1", "conv2")]
+    naive = [line for line in parts["`naive` (the baseline)"].splitlines() if line.startswith("- batch")]
+    assert len(naive) == 2 and "latency: 62% occupancy; stalls long_scoreboard 60%" in naive[0]
+    assert "None taken" in parts["`fast`"]
+    assert len((tmp_path / "why.csv").read_text().splitlines()) == 1 + 4
+
+
+def test_variants_run_from_the_baseline_to_the_fastest():
+    def run(variant, batch, op_time_ms, status="ok"):
+        return {"variant": variant, "batch": batch, "streams": 1, "host_memory": "pageable", "chunk_images": None,
+                "cache": "warm", "status": status, "op_time_ms": op_time_ms}
+
+    runs = [run("z_fast", 1000, 1.0), run("naive", 1000, 10.0), run("naive", 100, 1.0), run("a_slow", 1000, 5.0),
+            run("a_slow", 100, 0.1), run("cpu", 8, 50.0), run("broken", 1000, None, "failed")]
+    assert report.variant_order(runs) == ["naive", "a_slow", "z_fast", "broken", "cpu"]
+    best = report.fastest(runs)
+    assert report.speedup(best, "naive", runs[3]) == 2.0 and report.speedup(best, None, runs[3]) is None
+
+
+@pytest.mark.parametrize("label, layer, expected", [
+    ("naive", "conv2", "naive"), ("conv1=naive,conv2=tiled", "conv2", "tiled"), ("conv1=naive,conv2=tiled", "x", None)])
+def test_a_run_label_names_each_layers_variant(label, layer, expected):
+    assert report._layer_variant(label, layer) == expected
+
+
+def test_numbers_keep_four_digits_and_never_an_exponent():
+    assert [report._number(v) for v in (0.082, 7.3, 64.11, 999.96, 12345.6, None)] == \
+        ["0.08200", "7.300", "64.11", "1000", "12346", ""]
+    assert report.tunables({"conv1": {"BLOCK": 64}, "conv2": {"BLOCK": 64}}) == "BLOCK=64"
+    assert report.tunables({"conv1": {}, "conv2": {}}) == "defaults"
+    assert report.tunables({"conv1": {"BLOCK": 64}, "conv2": {"BLOCK": 128}}) == "conv1 BLOCK=64; conv2 BLOCK=128"
+
+
+def test_html_escapes_what_it_shows():
+    page = report.to_html([report.Paragraph("a <b> & `x<y>` **bold**"),
+                           report.Table(["h<"], [["<td>"]], [False])], "t<")
+    assert "a &lt;b&gt; &amp; <code>x&lt;y&gt;</code> <strong>bold</strong>" in page
+    assert "&lt;td&gt;" in page and "<title>t&lt;</title>" in page
+
+
+def test_an_experiment_without_runs_is_one_line(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    fill(url)
+    with pytest.raises(ConvsweepError, match="no runs of experiment 'other' in the database"):
+        report.write(url, "other", markdown=tmp_path / "r.md")
+
+
+def test_drawing_skips_kinds_without_data_and_none_is_no_error(tmp_path):
+    pytest.importorskip("matplotlib", reason="figures need matplotlib: pip install -e '.[plot]'")
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    fill(url, [make_result("broken", 100, status="failed", experiment="failed-only", phases_s={})])
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "op-time.png").write_bytes(PNG)  # from an earlier draw: stale now
+    done = report.draw(url, "failed-only", figures)
+    assert done.paths == [] and "no ok run" in done.skipped[0][1] and list(figures.iterdir()) == []
+    drawn = report.draw(url, EXPERIMENT, figures)
+    assert {p.stem for p in drawn.paths} >= {"op-time", "speedup", "roofline", "phases", "tuning"}
+    assert {kind for kind, _ in drawn.skipped} == {"streams"}
+
+
+def test_the_command_writes_what_it_is_asked_and_keeps_summary_md(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    fill(url)
+    out = tmp_path / "results" / EXPERIMENT
+    assert main(["report", "--experiment", EXPERIMENT, "--db", url, "--out", str(out / "summary.md"),
+                 "--markdown", str(out / "report.md"), "--html", str(out / "report.html"),
+                 "--tables", str(out / "tables"), "--figures", str(out / "figures")]) == 0
+    printed = capsys.readouterr().out
+    assert str(out / "report.md") in printed and str(out / "tables" / "why.csv") in printed
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith(f"# {EXPERIMENT}\n") and "| reference" in summary and "## Failed or incorrect" in summary
+    assert "No figures in" in (out / "report.md").read_text()
+    assert main(["report", "--experiment", EXPERIMENT, "--db", url]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "convsweep: report: nothing to write: give --out, --markdown, --html, --tables or --draw"
