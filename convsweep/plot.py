@@ -31,6 +31,15 @@ LABELLED_SETTINGS_MAX = 24  # a tuning panel names each setting up to this many,
 BATCH_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 VARIANT_LINESTYLES = ("-", "--", ":", "-.")
 FLOOR_BYTES = "floor bytes"
+NCU_BYTES = "DRAM bytes"
+NCU_BYTES_MEANING = "DRAM bytes: what Nsight Compute measured the layer's kernels read and write, one pass"
+# Each setting's conv layers' DRAM traffic in its latest Nsight Compute profile (table kernel_profile).
+NCU_DRAM_BYTES_SQL = """
+    SELECT kp.run_key, kp.layer, SUM(kp.dram_read_bytes + kp.dram_write_bytes) AS dram_bytes
+    FROM kernel_profile kp
+    WHERE kp.profile_id = (SELECT k2.profile_id FROM kernel_profile k2 WHERE k2.run_key = kp.run_key
+                           ORDER BY k2.profiled_at DESC, k2.id DESC LIMIT 1)
+    GROUP BY kp.run_key, kp.layer"""
 FLOOR_BYTES_MEANING = ("floor bytes: what the layer must move at least, its input, weights, bias and output once "
                        "each, not measured DRAM traffic")
 # Where a job's wall time goes, in the order it is spent; other phase names follow, sorted.
@@ -85,10 +94,11 @@ def layer_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
     rows = _rows(url, f"""
         SELECT r.id AS run_id, r.variant, lt.variant AS layer_variant, lt.params, lt.layer_index, lt.layer,
                r.batch, r.streams, r.host_memory, r.cache, r.status, lt.op_time_ms, lt.flops, lt.bytes,
-               {PROVENANCE_COLUMNS}
+               ncu.dram_bytes, {PROVENANCE_COLUMNS}
         FROM layer_time lt
         JOIN latest_run r ON r.id = lt.run_id
         JOIN environment e ON e.id = r.environment_id
+        LEFT JOIN ({NCU_DRAM_BYTES_SQL}) ncu ON ncu.run_key = r.run_key AND ncu.layer = lt.layer
         WHERE r.experiment = :experiment
         ORDER BY lt.layer_index, r.batch, r.id""", {"experiment": experiment})
     for row in rows:
@@ -203,8 +213,10 @@ def setting_text(variant: str, params: dict[str, Any]) -> str:
 
 
 def roofline_bytes(row: dict[str, Any]) -> tuple[int | None, str]:
-    """The bytes a roofline point's intensity divides by, and what they are. Only floor bytes are
-    stored today; Nsight Compute's DRAM bytes, once stored per layer, are to be taken here first."""
+    """The bytes a roofline point's intensity divides by, and what they are: the DRAM traffic
+    Nsight Compute measured for the layer's kernels when the setting was profiled, else its floor."""
+    if row.get("dram_bytes"):
+        return row["dram_bytes"], NCU_BYTES
     return row["bytes"], FLOOR_BYTES
 
 
@@ -442,7 +454,10 @@ def roofline_figure(url: str | None, experiment: str, ceilings: Ceilings | None 
     axes[0][0].set_ylabel("achieved GFLOP/s (log scale)")
     roof_handles = _draw_ceilings(axes[0], ceilings, best.values()) if ceilings else []
     _roofline_legend(fig, styles, markers, roof_handles)
-    note = (f"Intensity: the layer's FLOPs over its {' or '.join(sources)} ({FLOOR_BYTES_MEANING}). "
+    meanings = "; ".join(NCU_BYTES_MEANING if source == NCU_BYTES else FLOOR_BYTES_MEANING for source in sources)
+    if len(sources) > 1:
+        meanings += "; a black rim marks a point over DRAM bytes"
+    note = (f"Intensity: the layer's FLOPs over its {' or '.join(sources)} ({meanings}). "
             + _ceilings_note(ceilings, rows)
             + (" Where a variant and batch have several runs, the fastest is shown." if several else ""))
     return finish(fig, f"Roofline per conv layer: {experiment}",
@@ -452,9 +467,13 @@ def roofline_figure(url: str | None, experiment: str, ceilings: Ceilings | None 
 def _roofline_point(ax, row: dict[str, Any], marker: str, place: int, style: SeriesStyle) -> None:
     """One variant at one batch; larger batches get smaller markers drawn on top, so points that
     coincide (as a batch's times often scale with it) still show each one's rim."""
-    nbytes = roofline_bytes(row)[0]
+    nbytes, source = roofline_bytes(row)
+    colors = style.marker_colors()
+    if source == NCU_BYTES:  # a black rim: the intensity divides by measured DRAM traffic, not the floor
+        colors["markeredgecolor"] = "black"
     ax.plot(row["flops"] / nbytes, row["flops"] / (row["op_time_ms"] * 1e6), ls="", marker=marker,
-            markersize=max(8.0, 13.0 - 2.5 * place), markeredgewidth=1.0, zorder=3 + place, **style.marker_colors())
+            markersize=max(8.0, 13.0 - 2.5 * place), markeredgewidth=2.0 if source == NCU_BYTES else 1.0,
+            zorder=3 + place, **colors)
 
 
 def _draw_ceilings(axes, ceilings: Ceilings, rows: Iterable[dict[str, Any]]) -> list:

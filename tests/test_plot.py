@@ -14,7 +14,7 @@ import pytest
 
 from convsweep.errors import ConvsweepError
 from convsweep.plot import KINDS, MissingData, figure, load_ceilings, plot
-from convsweep.store import ingest_result, open_store
+from convsweep.store import ingest_files, ingest_result, open_store
 from store_fixtures import every_layer, make_job_file, make_result
 
 pytest.importorskip("matplotlib", minversion="3.8", reason="figures need matplotlib: pip install -e '.[plot]'")
@@ -397,3 +397,24 @@ def test_a_caption_names_the_cpu_for_cpu_runs_and_never_an_unnamed_gpu():
             {"gpu": "NVIDIA H100 80GB HBM3", "profiler": "nsys", "started_at": "2026-11-23T11:00:00+00:00",
              "git_commit": "abc1234567", "git_dirty": False}]
     assert provenance(rows) == ("Measured on NVIDIA H100 80GB HBM3 and the CPU on 2026-11-23, at commit abc1234567.")
+
+
+def test_roofline_takes_nsight_computes_dram_bytes_where_a_setting_was_profiled(tmp_path):
+    from convsweep.plot import layer_rows, roofline_figure
+
+    fixtures = Path(__file__).parent / "fixtures" / "gpu-results"
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    engine = open_store(url)
+    report = ingest_files(engine, sorted(fixtures.glob("*.json")))
+    engine.dispose()
+    assert not report.errors
+    rows = {(r["variant"], r["batch"], r["layer"], r["cache"]): r for r in layer_rows(url, "lenet86-ci")
+            if r["status"] == "ok"}
+    naive = rows[("naive", 10000, "conv2", "warm")]
+    profile = json.loads(next(fixtures.glob("ncu-naive-*.json")).read_text())
+    conv2 = next(p["metrics"] for p in profile["profiles"] if p["layer"] == "conv2")
+    assert naive["dram_bytes"] == pytest.approx(int(conv2["dram_read_bytes"]) + int(conv2["dram_write_bytes"]))
+    assert rows[("naive", 1000, "conv2", "warm")]["dram_bytes"] is None  # not profiled: its floor bytes
+    fig = roofline_figure(url, "lenet86-ci")
+    assert "FLOP/byte, DRAM bytes or floor bytes" in " ".join(axis_labels(fig))
+    assert "what Nsight Compute measured" in caption(fig) and "what the layer must move at least" in caption(fig)
