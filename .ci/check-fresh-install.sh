@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # README line 1 on a machine with only the NVIDIA driver: a fresh venv, `pip install -e .` with no
 # extras, and NVRTC must come with it: every registered variant compiles for sm_90 (no GPU needed).
+# Then that venv's `snakemake --cores 1` runs a CPU sweep to its end: every rule of the default
+# workflow (run, ingest, summary, figures, report) works without an extra.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,3 +24,23 @@ if missing:
 print(f"fresh install (pip install -e ., no extras): all {len(wanted)} GPU variants compiled for sm_90 with NVRTC "
       f"{__import__('convsweep.compile', fromlist=['nvrtc_version']).nvrtc_version()}")
 PY
+
+work="$(dirname "$venv")"
+cat >"$work/cpu.yaml" <<'YAML'
+experiments:
+  fresh-install:
+    variants: [reference]
+    batches: [8]
+    repeats: 2
+    profiler: events
+YAML
+if ! CONVSWEEP_DB="sqlite:///$work/results.sqlite" CONVSWEEP_CACHE="$work/cache" PATH="$venv/bin:$PATH" \
+    snakemake --cores 1 --configfile "$work/cpu.yaml" --config results_dir="$work/results" >"$work/sweep.log" 2>&1; then
+  tail -30 "$work/sweep.log" >&2
+  echo "fresh install: snakemake --cores 1 failed on a CPU sweep (log above)" >&2
+  exit 1
+fi
+for made in summary.md report.md figures/op-time.png; do
+  [ -s "$work/results/fresh-install/$made" ] || { echo "fresh install: the sweep wrote no $made" >&2; exit 1; }
+done
+echo "fresh install: snakemake --cores 1 ran a CPU sweep to its report with no extras"

@@ -261,7 +261,7 @@ def _matplotlib() -> tuple[type, type]:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise ConvsweepError("figures need matplotlib: pip install -e '.[plot]'") from None
+        raise ConvsweepError("figures need matplotlib, which `pip install -e .` installs") from None
     return Figure, FigureCanvasAgg
 
 

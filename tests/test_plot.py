@@ -17,7 +17,7 @@ from convsweep.plot import KINDS, MissingData, figure, load_ceilings, plot
 from convsweep.store import ingest_files, ingest_result, open_store
 from store_fixtures import every_layer, make_job_file, make_result
 
-pytest.importorskip("matplotlib", minversion="3.8", reason="figures need matplotlib: pip install -e '.[plot]'")
+pytest.importorskip("matplotlib", minversion="3.8", reason="figures need matplotlib (a dependency of convsweep)")
 
 GPU = "NVIDIA H100 80GB HBM3"
 COMMITS = ("abc123" + "0" * 34, "def456" + "1" * 34)
@@ -354,7 +354,7 @@ def test_figures_work_on_both_databases(db_url):
 
 def test_without_matplotlib_the_error_says_how_to_install_it(url, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    with pytest.raises(ConvsweepError, match=r"pip install -e '\.\[plot\]'"):
+    with pytest.raises(ConvsweepError, match=r"figures need matplotlib, which `pip install -e \.` installs"):
         figure("op-time", BASELINE, url)
 
 

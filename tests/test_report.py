@@ -179,7 +179,7 @@ def test_an_experiment_without_runs_is_one_line(tmp_path):
 
 
 def test_drawing_skips_kinds_without_data_and_none_is_no_error(tmp_path):
-    pytest.importorskip("matplotlib", reason="figures need matplotlib: pip install -e '.[plot]'")
+    pytest.importorskip("matplotlib", reason="figures need matplotlib (a dependency of convsweep)")
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     fill(url, [make_result("broken", 100, status="failed", experiment="failed-only", phases_s={})])
     figures = tmp_path / "figures"
