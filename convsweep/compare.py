@@ -21,6 +21,7 @@ from tabulate import tabulate
 
 from .config import tunables_text
 from .errors import ConvsweepError
+from .fileio import json_column
 from .query import fetch
 from .stats import SLOWER, compare_samples
 
@@ -74,17 +75,13 @@ def _integer(text: str, what: str) -> int:
     return int(text)
 
 
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
-
-
 def _newest_ok_runs(db: str | None, selection: Selection) -> list[dict]:
     condition, params = selection.condition("sel")
     columns, rows = fetch(db, f"SELECT {_RUN_COLUMNS} FROM run WHERE status = 'ok' AND {condition} ORDER BY id", params)
     newest: dict[tuple, dict] = {}
     for row in rows:
         run = dict(zip(columns, row))
-        run["variants"], run["params"] = _json(run["variants"]), _json(run["params"]) or {}
+        run["variants"], run["params"] = json_column(run["variants"]), json_column(run["params"]) or {}
         newest[(_cell(run), json.dumps(run["params"], sort_keys=True))] = run  # later ids win
     return list(newest.values())
 

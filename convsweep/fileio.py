@@ -54,6 +54,11 @@ def remove_stale_temporaries(path: str | os.PathLike) -> None:
         stale.unlink(missing_ok=True)
 
 
+def json_column(value: Any) -> Any:
+    """A JSON column's value: SQLite hands back its text, PostgreSQL the object."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
 def _json_default(value: Any) -> Any:
     np = sys.modules.get("numpy")  # a process that never imported numpy holds no numpy value
     if np is not None and isinstance(value, np.generic):

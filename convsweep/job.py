@@ -65,7 +65,7 @@ def kernel_sources_of(variants: dict[str, Variant]) -> dict[str, str]:
     return {relative_to_root(f): source_hash(f) for f in dict.fromkeys(files)}
 
 
-def _now() -> str:
+def utc_now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
@@ -105,7 +105,7 @@ class JobContext:
                          "valid": self.settings.valid, "search": self.spec.search},
                 "clocks": {"sm_mhz": None, "memory_mhz": None}, "clocks_after": None, "energy": None, "throttle": None,
                 "note": None, "environment": None, "stopping": None,
-                "status": "failed", "error": None, "profiler": None, "started_at": _now(),
+                "status": "failed", "error": None, "profiler": None, "started_at": utc_now(),
                 "accuracy": None, "max_rel_err": None, "tolerance": None, "images": None,
                 "timings": {"op_time_ms": {}, "h2d_ms": None, "d2h_ms": None, "compute_ms": None, "forward_ms": None,
                             "overlap": None, "streams_used": None, "total_s": None, "compile_ms": None},
@@ -174,7 +174,7 @@ def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None, bac
     several GPUs takes a free one (gpulock.bind_free_gpu) for the whole job.
     """
     out_path = Path(out_path)
-    started, started_at = time.perf_counter(), _now()
+    started, started_at = time.perf_counter(), utc_now()
     remove_stale_temporaries(out_path)
     on_gpu = not all(get_variant(name).is_cpu for name in spec.variants.values())
     nsys_path = nsys_mod.find_nsys() if spec.profiler == "nsys" and on_gpu else None

@@ -26,7 +26,7 @@ from pathlib import Path
 from .config import JobSpec
 from .fileio import write_json_atomic
 from .gpulock import bind_free_gpu
-from .job import read_progress
+from .job import read_progress, utc_now
 from .provenance import git_state
 from .variants import get_variant
 
@@ -222,7 +222,7 @@ def run_profile_job(spec: JobSpec, out_path: Path, log=None) -> dict:
     runs = spec.runs()
     result = {"format": FORMAT, "profile_id": uuid.uuid4().hex, "job_id": spec.job_id, "job_key": spec.job_key,
               "job": spec.to_dict(), "sweep": spec.sweep, "git": git_state(), "status": "skipped", "reason": None,
-              "ncu": None, "environment": None, "started_at": _now(), "seconds": None, "files": {},
+              "ncu": None, "environment": None, "started_at": utc_now(), "seconds": None, "files": {},
               "settings": [{"index": i, "run_key": run.run_key, "params": run.params} for i, run in enumerate(runs)],
               "profiles": []}
     ncu = find_ncu()
@@ -282,8 +282,3 @@ def _ncu_version(ncu: str) -> str | None:
     match = re.search(r"Version (\S+)", out)
     return match.group(1) if match else None
 
-
-def _now() -> str:
-    import datetime as dt
-
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConvsweepError
+from .fileio import json_column
 
 KINDS = ("op-time", "speedup", "roofline", "streams", "phases", "tuning")
 BASELINE_VARIANT = "naive"
@@ -77,10 +78,9 @@ class Plotted:
 # -- reading -----------------------------------------------------------------------------------------
 def _rows(url: str | None, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of a read-only query as dicts (query is imported here: SQLAlchemy is slow to load)."""
-    from .query import fetch
+    from .query import fetch_dicts
 
-    columns, rows = fetch(url, sql, params)
-    return [dict(zip(columns, row)) for row in rows]
+    return fetch_dicts(url, sql, params)[1]
 
 
 def experiments(url: str | None) -> list[str]:
@@ -102,7 +102,7 @@ def layer_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
         WHERE r.experiment = :experiment
         ORDER BY lt.layer_index, r.batch, r.id""", {"experiment": experiment})
     for row in rows:
-        row["params"] = _json(row["params"]) or {}
+        row["params"] = json_column(row["params"]) or {}
         row["series"] = row["variant"] + cache_suffix(row["cache"])
     return rows
 
@@ -120,11 +120,6 @@ def timed_layers(rows: Iterable[dict[str, Any]], experiment: str) -> list[dict[s
     if not timed:
         raise MissingData(f"experiment {experiment!r} has no ok run with conv layer op times")
     return timed
-
-
-def _json(value: Any) -> Any:
-    """A JSON column's value: SQLite hands back its text, PostgreSQL the object."""
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def load_ceilings(path: str | Path) -> Ceilings:

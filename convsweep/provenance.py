@@ -164,24 +164,20 @@ def slowdown_names(mask: int) -> list[str]:
 
 def gpu_uuids() -> list[str]:
     """NVML's UUIDs ('GPU-...') of this host's GPUs, in NVML's order; [] without NVML."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return []
-    try:
-        uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
-    except pynvml.NVMLError:
-        return []
-    finally:
-        pynvml.nvmlShutdown()
+    uuids = _each_gpu(lambda nvml, handle: nvml.nvmlDeviceGetUUID(handle)) or []
     return [u.decode() if isinstance(u, bytes) else u for u in uuids]
 
 
 def host_gpu_arch() -> str | None:
     """sm_XY of this host's GPUs from NVML, without creating a CUDA context (compile jobs run beside
     timed ones); None without NVML or when the GPUs differ."""
+    archs = set(_each_gpu(lambda nvml, handle: "sm_{}{}".format(*nvml.nvmlDeviceGetCudaComputeCapability(handle)))
+                or [])
+    return archs.pop() if len(archs) == 1 else None
+
+
+def _each_gpu(query) -> list | None:
+    """query(pynvml, handle) for each of this host's GPUs, in NVML's order; None without NVML."""
     try:
         import pynvml
 
@@ -189,13 +185,11 @@ def host_gpu_arch() -> str | None:
     except Exception:
         return None
     try:
-        archs = {"sm_{}{}".format(*pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i)))
-                 for i in range(pynvml.nvmlDeviceGetCount())}
+        return [query(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
     except pynvml.NVMLError:
         return None
     finally:
         pynvml.nvmlShutdown()
-    return archs.pop() if len(archs) == 1 else None
 
 
 def _nvml_uuid(cuda_uuid: str | None) -> str | None:

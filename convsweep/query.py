@@ -95,6 +95,13 @@ def fetch(url: str | None, sql_or_name: str, params: dict[str, Any] | None = Non
         engine.dispose()
 
 
+def fetch_dicts(url: str | None, sql_or_name: str, params: dict[str, Any] | None = None
+                ) -> tuple[list[str], list[dict[str, Any]]]:
+    """fetch, each row a dict by column name."""
+    columns, rows = fetch(url, sql_or_name, params)
+    return columns, [dict(zip(columns, row)) for row in rows]
+
+
 def _read_only_engine(url: URL) -> Engine:
     path = sqlite_path(url)
     if path is not None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -24,6 +23,8 @@ from tabulate import tabulate
 from .config import tunables_text
 from .errors import ConvsweepError
 from .fileio import write_atomic
+from . import plot
+from .fileio import json_column
 from .plot import BASELINE_VARIANT, FIGURES, KINDS, PROVENANCE_COLUMNS, MissingData, Plotted, provenance
 
 # What tells two runs of one variant apart besides its tunables: (column, heading). A column other
@@ -104,10 +105,9 @@ class Experiment:
 
 # -- reading -----------------------------------------------------------------------------------------
 def _rows(url: str | None, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
-    from .query import fetch
+    from .query import fetch_dicts
 
-    columns, rows = fetch(url, sql, params)
-    return columns, [dict(zip(columns, row)) for row in rows]
+    return fetch_dicts(url, sql, params)
 
 
 def load(url: str | None, experiment: str) -> Experiment:
@@ -116,17 +116,12 @@ def load(url: str | None, experiment: str) -> Experiment:
     if not runs:
         raise ConvsweepError(f"no runs of experiment {experiment!r} in the database: run its sweep first")
     for run in runs:
-        run["params"] = _json(run["params"]) or {}
+        run["params"] = json_column(run["params"]) or {}
         # An op time only where every conv layer has one: a partial sum would flatter the run.
         if not run["conv_layers"] or run["timed_layers"] != run["conv_layers"]:
             run["op_time_ms"] = None
     why_columns, why = _rows(url, "why")
     return Experiment(experiment, runs, why_columns, [row for row in why if row["experiment"] == experiment])
-
-
-def _json(value: Any) -> Any:
-    """A JSON column's value: SQLite hands back its text, PostgreSQL the object."""
-    return json.loads(value) if isinstance(value, str) else value
 
 
 # -- speedups ----------------------------------------------------------------------------------------
@@ -141,14 +136,10 @@ def _cell_order(key: tuple) -> tuple:
 
 def fastest(runs: Sequence[dict[str, Any]]) -> dict[str, dict[tuple, dict[str, Any]]]:
     """Per variant and cell, the ok run with the least op time (a tuning grid's best setting)."""
+    timed = [run for run in runs if run["status"] == "ok" and run["op_time_ms"]]
     best: dict[str, dict[tuple, dict[str, Any]]] = {}
-    for run in runs:
-        if run["status"] != "ok" or not run["op_time_ms"]:
-            continue
-        cells = best.setdefault(run["variant"], {})
-        key = cell(run)
-        if key not in cells or run["op_time_ms"] < cells[key]["op_time_ms"]:
-            cells[key] = run
+    for (variant, *key), run in plot.fastest(timed, ("variant", *(column for column, _ in CELL_COLUMNS)))[0].items():
+        best.setdefault(variant, {})[tuple(key)] = run
     return best
 
 
@@ -306,7 +297,7 @@ def _on_cpu(variant: str) -> bool:
 
 
 def _evidence_line(row: dict[str, Any]) -> str:
-    tunables = _json(row["tunables"])
+    tunables = json_column(row["tunables"])
     setting = f" ({','.join(f'{k}={v}' for k, v in tunables.items())})" if tunables else ""
     facts = [f"ncu {_number(row['ncu time (ms)'])} ms" if row["ncu time (ms)"] is not None else None,
              _pct("SM", row["SM %"]), _pct("DRAM", row["DRAM %"]), _pct("occupancy", row["occupancy %"]),

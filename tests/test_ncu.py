@@ -250,3 +250,10 @@ def test_the_profile_schema_names_a_bad_key(tmp_path):
         ingest_result(engine, bad, "bad.json")
     engine.dispose()
     assert os.path.exists(tmp_path / "db.sqlite")
+
+
+def test_ingest_knows_the_profile_format_the_profiler_writes():
+    """ingest names the format itself, so that it never imports the profiler: the two must agree."""
+    from convsweep.store.ingest import PROFILE_FORMAT
+
+    assert PROFILE_FORMAT == ncu_mod.FORMAT
