@@ -6,7 +6,7 @@ import sys
 from snakemake.utils import min_version, validate
 
 sys.path.insert(0, workflow.basedir)  # plan with this checkout's convsweep, whatever is installed
-from convsweep.plan import SweepPlan
+from convsweep.plan import SweepPlan, release_scheduler_timer
 
 min_version("8.0")
 
@@ -36,6 +36,15 @@ wildcard_constraints:
 # A database that cannot take the results stops the sweep before any job runs.
 onstart:
     plan.check_store()
+
+
+# Snakemake's job-rate limiter would keep a finished run alive for up to a second more.
+onsuccess:
+    release_scheduler_timer()
+
+
+onerror:
+    release_scheduler_timer()
 
 
 include: "workflow/rules/infer.smk"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import threading
 from functools import cached_property
 from pathlib import Path
 
@@ -17,6 +18,16 @@ from .config import Config, JobSpec, expand_config, validate
 from .errors import ConvsweepError
 from .paths import ROOT, check_same_checkout, resolve_network_path
 from .variants import get_variant
+
+
+def release_scheduler_timer() -> None:
+    """Cancel the re-scheduling timer Snakemake (8, 9) leaves behind. Its job-rate limiter re-arms a
+    one-second, non-daemon `threading.Timer` on each scheduling pass, and the last one holds a finished
+    `snakemake` for up to a second after its last job. Called from onsuccess/onerror: scheduling is over."""
+    for thread in threading.enumerate():
+        function = getattr(thread, "function", None)
+        if isinstance(thread, threading.Timer) and "_schedule_reevalutation" in getattr(function, "__qualname__", ""):
+            thread.cancel()
 
 
 class SweepPlan:
