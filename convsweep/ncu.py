@@ -183,13 +183,21 @@ def read_report(report_path: Path, layer_names: set[str]) -> list[LaunchProfile]
     return profiles
 
 
+def ncu_report_dirs(ncu: str, opt: Path = Path("/opt/nvidia/nsight-compute")) -> list[Path]:
+    """The folders holding Nsight Compute's Python reader (extras/python/ncu_report.py) for this `ncu`,
+    best first: beside the binary; or, where `ncu` is the CUDA toolkit's launcher script, in the
+    toolkit's nsight-compute-<version> folders, then NVIDIA's own install folders (newest first)."""
+    binary = Path(os.path.realpath(ncu)).parent
+    roots = [binary, *sorted(binary.parent.glob("nsight-compute*"), reverse=True), *sorted(opt.glob("*"), reverse=True)]
+    return [root / "extras" / "python" for root in roots if (root / "extras" / "python" / "ncu_report.py").is_file()]
+
+
 def import_ncu_report():
-    """Nsight Compute's Python reader: from the ncu install in use (extras/python beside it, the
-    same version as the report), else the `ncu-report` package."""
+    """Nsight Compute's Python reader: from the ncu install in use (the same version as the report),
+    else the `ncu-report` package."""
     ncu = find_ncu()
-    if ncu:
-        extras = Path(os.path.realpath(ncu)).parent / "extras" / "python"
-        if extras.is_dir() and str(extras) not in sys.path:
+    for extras in ncu_report_dirs(ncu)[:1] if ncu else []:
+        if str(extras) not in sys.path:
             sys.path.append(str(extras))
     import ncu_report
 
@@ -198,11 +206,14 @@ def import_ncu_report():
 
 # -- the profile job ----------------------------------------------------------------------------
 def profile_command(ncu: str, report_base: Path, kernel_names: list[str], child: list[str]) -> list[str]:
-    """ncu over the child process: the conv kernels only (by name), every launch, NVTX recorded."""
+    """ncu over the child process: the conv kernels only (by name), every launch, NVTX recorded. The
+    sections give the stalls; --metrics names every metric stored, since no section collects them all
+    (on the lent H100, ncu 2025.3.1 with these sections left the DRAM bytes out)."""
     names = "|".join(re.escape(name) for name in sorted(set(kernel_names)))
     sections = [arg for section in SECTIONS for arg in ("--section", section)]
+    metrics = ",".join(sorted({*METRICS.values(), *FLOP_COUNTERS}))
     return [ncu, "--nvtx", "--target-processes", "all", "--kernel-name", f"regex:^({names})$", *sections,
-            "--force-overwrite", "--export", str(report_base), *child]
+            "--metrics", metrics, "--force-overwrite", "--export", str(report_base), *child]
 
 
 def once_each(spec: JobSpec) -> JobSpec:

@@ -165,6 +165,8 @@ def test_the_ncu_command_profiles_the_conv_kernels_only_with_nvtx(tmp_path):
     assert command[:2] == ["/opt/ncu", "--nvtx"] and command[-2:] == ["python", "x"]
     assert command[command.index("--kernel-name") + 1] == "regex:^(conv_forward|im2col)$"
     assert "WarpStateStats" in command and "Occupancy" in command
+    metrics = command[command.index("--metrics") + 1].split(",")  # what no section collects, the DRAM bytes
+    assert {"dram__bytes_read.sum", "dram__bytes_write.sum", "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"} <= set(metrics)
     assert command[command.index("--export") + 1] == str(tmp_path / "job")
 
 
@@ -257,3 +259,28 @@ def test_ingest_knows_the_profile_format_the_profiler_writes():
     from convsweep.store.ingest import PROFILE_FORMAT
 
     assert PROFILE_FORMAT == ncu_mod.FORMAT
+
+
+def test_the_report_reader_is_found_beside_ncu_or_from_the_toolkits_launcher(tmp_path):
+    def install(root):
+        (root / "extras" / "python").mkdir(parents=True)
+        (root / "extras" / "python" / "ncu_report.py").write_text("")
+        (root / "ncu").write_text("#!/bin/sh\n")
+        return root / "extras" / "python"
+
+    # NVIDIA's own install, reached through a symlink on PATH
+    own = install(tmp_path / "opt" / "2025.3.1")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ncu").symlink_to(tmp_path / "opt" / "2025.3.1" / "ncu")
+    assert ncu_mod.ncu_report_dirs(str(tmp_path / "bin" / "ncu"), opt=tmp_path / "none") == [own]
+    # the CUDA toolkit: bin/ncu is a launcher script; the reader is in ../nsight-compute-<version>
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "ncu").write_text("#!/bin/sh\nexec ../nsight-compute-2025.3.1/ncu \"$@\"\n")
+    toolkit_new, toolkit_old = install(cuda / "nsight-compute-2025.3.1"), install(cuda / "nsight-compute-2024.1.0")
+    found = ncu_mod.ncu_report_dirs(str(cuda / "bin" / "ncu"), opt=tmp_path / "opt")
+    assert found == [toolkit_new, toolkit_old, own]
+    # no reader anywhere
+    (tmp_path / "bare" / "bin").mkdir(parents=True)
+    (tmp_path / "bare" / "bin" / "ncu").write_text("#!/bin/sh\n")
+    assert ncu_mod.ncu_report_dirs(str(tmp_path / "bare" / "bin" / "ncu"), opt=tmp_path / "none") == []
