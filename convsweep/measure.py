@@ -275,18 +275,20 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> di
     for w in range(run.warmup):
         forward(f"warmup {w}", None)
     phases["warmup"] = time.perf_counter() - t
-    clocks, energy_mj = monitor.clocks(), monitor.energy_mj()  # at the start of the timed part
+    clocks, energy = monitor.clocks(), EnergyCounter()  # at the start of the timed part
+    energy.read(monitor.energy_mj())
     t = time.perf_counter()
     rule, stop = StoppingRule.of(run.repeats, run.stopping), None
     while stop is None:
         repeat = len(rule.samples_ms)
         forward(f"repeat {repeat}", repeat)
+        energy.read(monitor.energy_mj())
         stop = rule.reason(_last_forward(samples), time.perf_counter() - t)
     phases["timed"] = time.perf_counter() - t
     passes = len(rule.samples_ms)
     return {"profiler": "events", "logits": np.array(buffers.logits_host, copy=True), "samples": samples,
             "builds": [b.record() for b in net.builds], "timings": _timings_from_samples(samples, conv_names),
-            "clocks": clocks, "clocks_after": monitor.clocks(), "energy": _energy(energy_mj, monitor.energy_mj(), passes),
+            "clocks": clocks, "clocks_after": monitor.clocks(), "energy": energy.record(phases["timed"], passes),
             **slowed.record(passes), "phases_s": phases, "stopping": rule.record(stop)}
 
 
@@ -317,13 +319,30 @@ class GpuHealth:
         return {"throttle": {"reasons": names, "repeats": self.repeats}, "note": note}
 
 
-def _energy(before_mj: int | None, after_mj: int | None, passes: int) -> dict | None:
-    """The GPU's energy over the timed part (NVML counts millijoules) and per pass; None without a
-    counter. It is the whole GPU's, the idle gaps between passes included."""
-    if before_mj is None or after_mj is None or passes == 0:
-        return None
-    joules = (after_mj - before_mj) / 1000
-    return {"joules": joules, "passes": passes, "joules_per_pass": joules / passes}
+@dataclass
+class EnergyCounter:
+    """NVML's energy counter (millijoules), read before the timed passes and after each. The driver
+    advances it in steps tens of milliseconds apart, so readings a few passes apart differ by nothing
+    or by a whole step: the GPU's mean power is taken between the first and the last step seen, and
+    only when those lie at least MIN_SPAN_PASSES passes apart (a step is seen up to a pass late).
+    Otherwise the energy is not known, and None says so rather than a number off by a step."""
+
+    MIN_SPAN_PASSES = 10
+    readings: list[tuple[float, int]] = field(default_factory=list)
+
+    def read(self, millijoules: int | None, now: float | None = None) -> None:
+        if millijoules is not None:
+            self.readings.append((time.perf_counter() if now is None else now, millijoules))
+
+    def record(self, timed_s: float, passes: int) -> dict | None:
+        """The measurement's `energy`: the whole GPU's over the timed part, idle gaps between passes included."""
+        steps = [(now, after) for (_, before), (now, after) in zip(self.readings, self.readings[1:]) if after != before]
+        if len(steps) < 2 or passes == 0 or steps[-1][0] - steps[0][0] < self.MIN_SPAN_PASSES * timed_s / passes:
+            return None
+        (t0, e0), (t1, e1) = steps[0], steps[-1]
+        watts = (e1 - e0) / 1000 / (t1 - t0)
+        joules = watts * timed_s
+        return {"joules": joules, "passes": passes, "joules_per_pass": joules / passes, "watts": watts}
 
 
 def _last_forward(samples: list[dict]) -> float:

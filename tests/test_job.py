@@ -398,14 +398,38 @@ def test_a_setting_records_its_clocks_slowdowns_and_energy(tmp_path, monkeypatch
     from convsweep import measure
 
     monkeypatch.setattr(measure, "GpuMonitor", SlowingMonitor)
-    job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=4)
+    job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=20)
     m = run_one_job(job, tmp_path / "r.json", backend=FAKE)["measurements"][0]
     assert m["status"] == "ok"
     assert m["clocks"] == {"sm_mhz": 1980, "memory_mhz": 2619}
     assert m["clocks_after"] == {"sm_mhz": 1755, "memory_mhz": 2619}
     assert m["throttle"] == {"reasons": ["sw_power_cap"], "repeats": [1, 3]}
-    assert m["note"] == "2 of 4 timed passes ran with the clocks held down (sw_power_cap)"
-    assert m["energy"] == {"joules": 2.5, "passes": 4, "joules_per_pass": 0.625}
+    assert m["note"] == "2 of 20 timed passes ran with the clocks held down (sw_power_cap)"
+    # The counter steps 2.5 J each pass: about 2.5 J a pass (the fake's passes are not all equally long).
+    assert m["energy"]["passes"] == 20 and m["energy"]["joules_per_pass"] == pytest.approx(2.5, rel=0.5)
+    assert m["energy"]["joules"] == pytest.approx(m["energy"]["watts"] * m["phases_s"]["timed"])
+
+
+def test_energy_is_the_power_between_the_counters_steps_or_not_known():
+    from convsweep.measure import EnergyCounter
+
+    def counter(step_s, pass_s, passes, watts=150.0):
+        """Passes of pass_s; the driver adds watts x step_s to the counter every step_s."""
+        c = EnergyCounter()
+        for i in range(passes + 1):
+            now = 0.001 + i * pass_s
+            c.read(round(1e6 + int(now / step_s) * watts * step_s * 1000), now)
+        return c.record(passes * pass_s, passes)
+
+    # 100 ms steps, 2 ms passes, 200 passes: 0.4 s timed, four steps seen
+    energy = counter(0.1, 0.002, 200)
+    assert energy["watts"] == pytest.approx(150.0, rel=0.03)
+    assert energy["joules_per_pass"] == pytest.approx(150.0 * 0.002, rel=0.03)
+    # five passes of 2 ms: the counter stepped at most once, and nothing is guessed
+    assert counter(0.1, 0.002, 5) is None
+    # five passes of 40 ms: two steps 2-3 passes apart, too few to tell the power within a step
+    assert counter(0.1, 0.04, 5) is None
+    assert EnergyCounter().record(1.0, 10) is None  # no counter
 
 
 def test_without_nvml_nothing_is_guessed(tmp_path):

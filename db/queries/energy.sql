@@ -1,6 +1,7 @@
 -- How much energy does each job's forward pass take, and at what clocks (did the GPU slow down while it was timed)?
--- The energy is NVML's counter over the timed part over the passes taken: the whole GPU's, idle gaps between passes
--- included, so it is an upper bound on the pass's own. GFLOP/J counts the conv layers' FLOPs against that energy.
+-- The energy is the GPU's mean power (NVML's counter, between its first and last step) over the timed part, per pass
+-- taken: the whole GPU's, idle gaps between passes included, so an upper bound on the pass's own; blank where the
+-- timed part was too short for the counter's steps. GFLOP/J counts the conv layers' FLOPs against that energy.
 -- "throttled" counts the passes after which NVML named a slowdown (power cap, thermal, power brake).
 SELECT r.experiment,
        r.variant,
