@@ -248,7 +248,7 @@ def cmd_query(args) -> None:
 def cmd_compare(args) -> None:
     from .compare import any_slower, compare, render
 
-    result = compare(args.db, args.a, args.b, metric=args.metric, threshold=args.threshold)
+    result = compare(args.db, args.a, args.b, metric=args.metric, threshold=args.threshold, db_b=args.db_b)
     print(render(result, args.format))
     if any_slower(result):
         raise SystemExit(1)
@@ -425,6 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", help="the baseline selection")
     p.add_argument("b", help="the selection compared with it")
     p.add_argument("--db", help=DB_HELP)
+    p.add_argument("--db-b", metavar="URL",
+                   help="SQLAlchemy URL of the result store B is read from, when not --db's "
+                        "(say, another machine's or session's SQLite file; default: --db)")
     p.add_argument("--metric", default="op_time",
                    help="op_time (the conv layers' op times added up, per pass), forward_ms (the whole pass), or "
                         "a conv layer's name for its op time alone (default: %(default)s)")

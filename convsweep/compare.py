@@ -4,10 +4,11 @@ A and B each select stored runs: `sweep:N`, `commit:SHA`, `experiment:NAME`, `re
 results directory a sweep wrote, for two runs of one sweep from one clone), `runs:LO-HI` (run
 ids), or the bare value (digits: a sweep id; 7-40 hex digits: a commit; an existing directory;
 else an experiment). In each selection the newest ok run of every job stands for it. Jobs match
-by their cell (network, dataset, variants, batch, streams, host memory, chunking); within a cell
-that holds several tunable settings on either side, by the setting too, so a sweep run again with
-another tunable compares as the same job. The statistics are convsweep.stats: the ratio of
-medians over the stored samples, its bootstrap interval, a verdict against a threshold.
+by their experiment, profiler and cell (network, dataset, variants, batch, streams, host memory,
+chunking, cache); within a cell that holds several tunable settings on either side, by the setting
+too, so a sweep run again with another tunable compares as the same job. The statistics are convsweep.stats: the ratio of
+medians over the stored samples, its bootstrap interval, a verdict against a threshold. B's runs
+may come from a database of their own (another machine's or session's file); A's come from `db`.
 """
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ from typing import Any
 from tabulate import tabulate
 
 from .config import tunables_text
-from .errors import ConvsweepError
+from .errors import ConvsweepError, StoreError
 from .fileio import json_column
 from .query import fetch
 from .stats import SLOWER, compare_samples
+from .store import resolve_url, show_url
 
-_RUN_COLUMNS = ("id, experiment, network, dataset, variants, params, variant, batch, streams, host_memory, "
+_RUN_COLUMNS = ("id, experiment, profiler, network, dataset, variants, params, variant, batch, streams, host_memory, "
                 "chunk_images, cache, git_commit")
 _KINDS = ("sweep", "commit", "experiment", "results", "runs")
 
@@ -87,8 +89,11 @@ def _newest_ok_runs(db: str | None, selection: Selection) -> list[dict]:
 
 
 def _cell(run: dict) -> tuple:
-    return (run["network"], run["dataset"], json.dumps(run["variants"], sort_keys=True), run["batch"], run["streams"],
-            run["host_memory"], run["chunk_images"], run["cache"])
+    """A job's identity across runs: its experiment (two experiments may hold the same cell, measured
+    another way), the profiler (events and nsys time a layer differently), and the matrix cell."""
+    return (run["experiment"], run["profiler"], run["network"], run["dataset"],
+            json.dumps(run["variants"], sort_keys=True), run["batch"], run["streams"], run["host_memory"],
+            run["chunk_images"], run["cache"])
 
 
 def _samples(db: str | None, run_ids: list[int], metric: str) -> dict[int, list[float]]:
@@ -113,6 +118,14 @@ def _samples(db: str | None, run_ids: list[int], metric: str) -> dict[int, list[
     return {run_id: list(passes.values()) for run_id, passes in per_pass.items()}
 
 
+def _side(db: str | None, selection: Selection, metric: str, where: str) -> tuple[list[dict], dict[int, list[float]]]:
+    """One side's newest ok runs and their samples, both read from `db`."""
+    runs = _newest_ok_runs(db, selection)
+    if not runs:
+        raise ConvsweepError(f"compare: {selection} selects no ok run in {where}")
+    return runs, _samples(db, [run["id"] for run in runs], metric)
+
+
 def _pairs(runs_a: list[dict], runs_b: list[dict]) -> tuple[list[tuple[dict, dict]], int, int]:
     """Matched (A run, B run) pairs, and how many jobs only A or only B holds."""
     def by_cell(runs):
@@ -134,20 +147,25 @@ def _pairs(runs_a: list[dict], runs_b: list[dict]) -> tuple[list[tuple[dict, dic
     return pairs, only_a, only_b
 
 
-def compare(db: str | None, a: str, b: str, metric: str = "op_time", threshold: float = 0.05) -> dict:
-    """The comparison of selections `a` and `b` as data: one row per matched job, and totals."""
+def compare(db: str | None, a: str, b: str, metric: str = "op_time", threshold: float = 0.05,
+            db_b: str | None = None) -> dict:
+    """The comparison of selections `a` and `b` as data: one row per matched job, and totals. B is
+    read from `db_b` when given, else from `db` like A."""
     if threshold <= 0:
         raise ConvsweepError(f"compare: --threshold must be above 0, got {threshold}")
     sel_a, sel_b = Selection.parse(a), Selection.parse(b)
-    runs_a, runs_b = _newest_ok_runs(db, sel_a), _newest_ok_runs(db, sel_b)
-    for selection, runs in ((sel_a, runs_a), (sel_b, runs_b)):
-        if not runs:
-            raise ConvsweepError(f"compare: {selection} selects no ok run in the database")
+    runs_a, samples_a = _side(db, sel_a, metric, "the database")
+    if db_b is None:
+        runs_b, samples_b = _side(db, sel_b, metric, "the database")
+    else:
+        try:
+            runs_b, samples_b = _side(db_b, sel_b, metric, "B's database")
+        except StoreError as e:  # the same line A's side gives, said to be B's
+            raise StoreError(f"compare: B's database: {e}") from e
     pairs, only_a, only_b = _pairs(runs_a, runs_b)
-    samples = _samples(db, sorted({r["id"] for pair in pairs for r in pair}), metric)
     rows = []
-    for run_a, run_b in pairs:
-        change = compare_samples(samples.get(run_a["id"], []), samples.get(run_b["id"], []), threshold)
+    for run_a, run_b in pairs:  # run ids are per database: A's and B's may be the same numbers
+        change = compare_samples(samples_a.get(run_a["id"], []), samples_b.get(run_b["id"], []), threshold)
         setting_a, setting_b = tunables_text(run_a["params"]), tunables_text(run_b["params"])
         rows.append({
             "experiment": run_b["experiment"], "variant": run_b["variant"], "batch": run_b["batch"],
@@ -155,8 +173,10 @@ def compare(db: str | None, a: str, b: str, metric: str = "op_time", threshold: 
             "setting": setting_b if setting_a == setting_b else f"{setting_a} -> {setting_b}",
             "run_a": run_a["id"], "run_b": run_b["id"], **asdict(change)})
     verdicts = [row["verdict"] for row in rows]
-    return {"a": str(sel_a), "b": str(sel_b), "metric": metric, "threshold": threshold, "rows": rows,
-            "only_a": only_a, "only_b": only_b,
+    db_a_shown = show_url(resolve_url(db))
+    db_b_shown = db_a_shown if db_b is None else show_url(resolve_url(db_b))
+    return {"a": str(sel_a), "b": str(sel_b), "db_a": db_a_shown, "db_b": db_b_shown, "metric": metric,
+            "threshold": threshold, "rows": rows, "only_a": only_a, "only_b": only_b,
             "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))}}
 
 
@@ -183,5 +203,6 @@ def render(result: dict, fmt: str = "table") -> str:
     totals = ", ".join(f"{n} {v}" for v, n in result["verdicts"].items()) or "no job in both"
     unmatched = "".join(f"; {n} job{'s' * (n != 1)} only in {side}"
                         for side, n in (("A", result["only_a"]), ("B", result["only_b"])) if n)
-    return (f"A = {result['a']}, B = {result['b']}: {totals}{unmatched} "
+    databases = f"A from {result['db_a']}, B from {result['db_b']}\n" if result["db_a"] != result["db_b"] else ""
+    return (f"{databases}A = {result['a']}, B = {result['b']}: {totals}{unmatched} "
             f"(threshold {result['threshold'] * 100:g}%)\n\n{table}")

@@ -72,9 +72,64 @@ def test_compare_two_commits_job_by_job(db_url, capsys):
     assert forward["ratio"] == pytest.approx(28 / 25, rel=0.01)
 
 
+def test_two_experiments_holding_the_same_cell_are_two_jobs(db_url):
+    """The default sweep's batch-100 baseline (nsys) and its cache experiment's warm cell (events) are
+    the same matrix cell: each is compared with itself, neither hides the other."""
+    engine = open_store(db_url)
+    a, b = "a" * 40, "b" * 40
+    for commit, seed in ((a, 1), (b, 20)):
+        ingest_result(engine, stored("naive", commit, noisy(40.0, 10, 0.003, seed), experiment="baseline"))
+        ingest_result(engine, stored("naive", commit, noisy(55.0, 10, 0.003, seed + 1), experiment="cache"))
+    engine.dispose()
+    rows = compare(db_url, a[:7], b[:7])["rows"]
+    assert sorted((row["experiment"], row["verdict"]) for row in rows) == [("baseline", SAME), ("cache", SAME)]
+
+
 def test_a_selection_without_runs_is_one_line(db_url):
     engine = open_store(db_url)
     ingest_result(engine, stored("naive", "a" * 40, noisy(40.0, 10, 0.003, 1)))
     engine.dispose()
     with pytest.raises(ConvsweepError, match=r"^compare: sweep:99 selects no ok run in the database$"):
         compare(db_url, "99", "a" * 7)
+
+
+def one_sweep(url: str, results_dir: str, tiled_op_time: float, seed: int) -> None:
+    """A database holding one sweep of naive, tiled and im2col, its results kept under `results_dir`."""
+    engine = open_store(url)
+    for i, (variant, op_time) in enumerate((("naive", 40.0), ("tiled", tiled_op_time), ("im2col", 30.0))):
+        ingest_result(engine, stored(variant, "a" * 40, noisy(op_time, 10, 0.003, seed + i)),
+                      result_path=f"{results_dir}/{variant}.json")
+    engine.dispose()
+
+
+def test_b_from_a_database_of_its_own(tmp_path, capsys):
+    db1, db2 = f"sqlite:///{tmp_path / 'm1.sqlite'}", f"sqlite:///{tmp_path / 'm2.sqlite'}"
+    one_sweep(db1, "/m1/results", 20.0, 1)
+    one_sweep(db2, "/m2/results", 23.0, 10)  # the same run ids as db1's: samples must come from B's file
+
+    result = compare(db1, "results:/m1/results", "results:/m2/results", db_b=db2)
+    assert {row["variant"]: row["verdict"] for row in result["rows"]} == {"naive": SAME, "tiled": SLOWER,
+                                                                          "im2col": SAME}
+    tiled = next(row for row in result["rows"] if row["variant"] == "tiled")
+    assert tiled["ratio"] == pytest.approx(23 / 20, rel=0.01)
+    assert (result["db_a"], result["db_b"]) == (db1, db2)
+    with pytest.raises(ConvsweepError, match=r"^compare: results:/m2/results selects no ok run in the database$"):
+        compare(db1, "results:/m1/results", "results:/m2/results")  # B's selection is not in A's database
+
+    with pytest.raises(SystemExit) as exit_status:
+        cli_main(["compare", "results:/m1/results", "results:/m2/results", "--db", db1, "--db-b", db2])
+    assert exit_status.value.code == 1
+    table = capsys.readouterr().out
+    assert table.startswith(f"A from {db1}, B from {db2}\nA = results:/m1/results, B = results:/m2/results: "
+                            "2 SAME, 1 SLOWER")
+    assert cli_main(["compare", "results:/m1/results", "results:/m1/results", "--db", db1]) == 0
+    assert capsys.readouterr().out.startswith("A = results:/m1/results")  # one database: no line for it
+
+
+def test_a_missing_database_for_b_is_one_line_naming_it(tmp_path, capsys):
+    db1, missing = f"sqlite:///{tmp_path / 'm1.sqlite'}", tmp_path / "elsewhere.sqlite"
+    one_sweep(db1, "/m1/results", 20.0, 1)
+    assert cli_main(["compare", "results:/m1/results", "results:/m1/results", "--db", db1,
+                     "--db-b", f"sqlite:///{missing}"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"convsweep: compare: B's database: no database at {missing}: run a sweep first"]
