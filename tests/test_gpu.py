@@ -190,6 +190,16 @@ def test_repeats_auto_stops_by_its_rule_and_nsys_holds_every_pass(profiler, tmp_
     assert passes == set(range(stopping["samples"]))  # under nsys: every pass the rule took is in the report
 
 
+def test_energy_is_known_when_the_timed_part_spans_the_counters_steps(tmp_path):
+    """30 passes of batch 10000 (tens of milliseconds each): NVML's energy counter steps several times."""
+    result = run_job(spec("events", batch=10000, repeats=30), tmp_path / "r.json")
+    assert result["status"] == "ok", result["error"]
+    energy = result["energy"]
+    assert energy is not None and energy["passes"] == 30
+    assert 20 < energy["watts"] < 1000  # an H100 idles near 70 W and is capped at 700 W
+    assert energy["joules_per_pass"] == pytest.approx(energy["watts"] * result["phases_s"]["timed"] / 30)
+
+
 @pytest.mark.parametrize("profiler", ["events", "nsys"])
 def test_cold_cache_flushes_l2_outside_the_times_and_nvml_reads_clocks_and_energy(profiler, tmp_path):
     """Batch 100 of naive fits in L2 warm: cold writes over it before each conv layer. The flushes
@@ -202,13 +212,16 @@ def test_cold_cache_flushes_l2_outside_the_times_and_nvml_reads_clocks_and_energ
     for m in (warm, cold):
         assert m["status"] == "ok", m["error"]
         assert m["clocks_after"]["sm_mhz"] > 0 and m["throttle"] is not None
-        assert m["energy"] is not None and m["energy"]["joules"] >= 0 and m["energy"]["passes"] == 20
+        # 20 passes of under a millisecond: too short for the energy counter's steps, most likely
+        assert m["energy"] is None or (m["energy"]["passes"] == 20 and 20 < m["energy"]["watts"] < 1000)
     flushes = [s["value"] for s in cold["samples"] if s["metric"] == "l2_flush_ms"]
     assert len(flushes) == 20 and min(flushes) > 0
     assert not [s for s in warm["samples"] if s["metric"] == "l2_flush_ms"]
-    # The flushes (two of 2 x 50 MB each per pass) are out of the pass: reading batch 100's few MB
-    # from DRAM instead of L2 costs the layers far less than writing 200 MB costs the flushes.
-    assert cold["timings"]["forward_ms"] < warm["timings"]["forward_ms"] + 0.9 * min(flushes)
+    # The flushes (two of 2 x 50 MB each per pass) are out of the pass's compute: reading batch 100's
+    # few MB from DRAM instead of L2 costs the layers far less than the flushes take. (Not the forward
+    # time: its pageable copies vary by more than a flush from run to run; the lent H100 once showed
+    # warm 0.57 ms, cold 0.78 ms under nsys, and warm 0.95, cold 0.68 the next time.)
+    assert cold["timings"]["compute_ms"] < warm["timings"]["compute_ms"] + 0.5 * min(flushes)
     assert cold["max_rel_err"] == pytest.approx(warm["max_rel_err"], rel=1e-6)  # the same answer
 
 
