@@ -266,7 +266,9 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
         for grid_name, values in exp.get("params", {}).items():
             if grid_name not in registry:
                 raise ConfigError(f"{where}.params.{grid_name}: unknown variant '{grid_name}'")
-            registry[grid_name].param_combinations(values, f"{where}.params.{grid_name}")  # names the bad key
+            for layer, layer_values in _per_layer(values, conv_names, f"{where}.params.{grid_name}").items():
+                registry[grid_name].param_combinations(  # names the bad key
+                    layer_values, f"{where}.params.{grid_name}" + (f".{layer}" if layer else ""))
         for v, entry in enumerate(exp["variants"]):
             layer_map = _layer_map(entry, conv_names, f"{where}.variants[{v}]")
             for var in set(layer_map.values()):
@@ -274,8 +276,7 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
                     raise ConfigError(f"{where}.variants[{v}]: unknown variant '{var}' (known: {', '.join(sorted(registry))})")
             for layer in net.conv_layers:
                 _check_fits(net, layer.name, registry[layer_map[layer.name]], f"{where}.variants[{v}]")
-            grid = [{"layers": [layer for layer in conv_names if layer_map[layer] == var],
-                     "values": exp.get("params", {}).get(var, {})} for var in dict.fromkeys(layer_map.values())]
+            grid = _grid(layer_map, conv_names, exp.get("params", {}), f"{where}.params")
             # Checked here, once per cell shape, so a bad grid stops the sweep while it is planned.
             choose_settings(network, layer_map, grid, search, f"{where}.variants[{v}]")
             on_gpu = not all(registry[var].is_cpu for var in layer_map.values())
@@ -317,6 +318,35 @@ def _check_fits(net, layer_name: str, variant, where: str) -> None:
         net.fused_layers(layer_name, variant.fuses)
     except ShapeError as e:
         raise ConfigError(f"{where}: {e}") from None
+
+
+def _per_layer(values: dict, conv_names: list[str], where: str) -> dict[str | None, dict[str, list]]:
+    """A variant's `params` as value lists per conv layer: {None: grid} when its layers share one grid
+    ({PR: [1, 2]}); {conv1: grid, conv2: grid} when each layer has its own ({conv1: {PR: 2}, conv2:
+    {PR: [1, 2]}}; a single value stands for a list of one). One line when the two forms are mixed."""
+    layers = [key for key in values if key in conv_names]
+    if not layers:
+        return {None: values}
+    if len(layers) != len(values):
+        tunables = ", ".join(key for key in values if key not in conv_names)
+        raise ConfigError(f"{where}: give tunables ({tunables}) either for all layers or under each conv layer "
+                          f"({', '.join(layers)}), not both")
+    return {layer: {name: value if isinstance(value, list) else [value] for name, value in grid.items()}
+            for layer, grid in values.items()}
+
+
+def _grid(layer_map: dict[str, str], conv_names: list[str], params: dict, where: str) -> list[dict]:
+    """A cell's tunable grid: one entry per variant whose layers share values, or one per layer where
+    the variant's params are given per layer (a layer not named there keeps the defaults)."""
+    grid = []
+    for var in dict.fromkeys(layer_map.values()):
+        layers = [layer for layer in conv_names if layer_map[layer] == var]
+        per_layer = _per_layer(params.get(var, {}), conv_names, f"{where}.{var}")
+        if None in per_layer:
+            grid.append({"layers": layers, "values": per_layer[None]})
+        else:
+            grid += [{"layers": [layer], "values": per_layer.get(layer, {})} for layer in layers]
+    return grid
 
 
 def _check_shapes(net, layer_map: dict[str, str], params: dict[str, dict], registry) -> None:

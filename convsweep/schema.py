@@ -72,6 +72,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return f"expected one of {error.validator_value}, got {_shown(error.instance)}"
     if error.validator == "const":
         return f"expected {json.dumps(error.validator_value)}, got {_shown(error.instance)}"
+    if error.validator in ("anyOf", "oneOf") and all("description" in s for s in error.validator_value):
+        return f"expected {' or '.join(s['description'] for s in error.validator_value)}, got {_shown(error.instance)}"
     if error.validator in ("minItems", "minProperties"):
         return "must not be empty"
     message = error.message  # jsonschema quotes the whole value: a long one is cut

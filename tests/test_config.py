@@ -147,6 +147,25 @@ def test_job_ids_are_stable_and_change_with_the_spec(tmp_path):
                                           "params": {"conv1": {"BLOCK": 256}, "conv2": {"BLOCK": 256}}})
 
 
+
+def test_a_variants_tunables_can_be_set_per_layer(tmp_path):
+    """Each layer at its own best setting: conv1 one value, conv2 a grid of two; a layer not named keeps
+    the registry's defaults; the shared form of before keeps its job keys."""
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"].update(variants=["naive"], batches=[100],
+                                     params={"naive": {"conv1": {"BLOCK": 128}, "conv2": {"BLOCK": [64, 512]}}})
+    job = expand_config(load_config(write(tmp_path, data)))[0]
+    assert job.grid == [{"layers": ["conv1"], "values": {"BLOCK": [128]}},
+                        {"layers": ["conv2"], "values": {"BLOCK": [64, 512]}}]
+    assert sorted((r.params["conv1"]["BLOCK"], r.params["conv2"]["BLOCK"]) for r in job.runs()) == [(128, 64), (128, 512)]
+    data["experiments"]["e1"]["params"] = {"naive": {"conv2": {"BLOCK": 512}}}
+    only_conv2 = expand_config(load_config(write(tmp_path, data)))[0]
+    assert [(r.params["conv1"]["BLOCK"], r.params["conv2"]["BLOCK"]) for r in only_conv2.runs()] == [(256, 512)]
+    data["experiments"]["e1"]["params"] = {"naive": {"BLOCK": [128]}}
+    shared = expand_config(load_config(write(tmp_path, data)))[0]
+    assert shared.grid == [{"layers": ["conv1", "conv2"], "values": {"BLOCK": [128]}}]
+
+
 @pytest.mark.parametrize("mutate, expected", [
     (lambda d: d["experiments"]["e1"].update(batchez=[1]), "experiments.e1: unknown key ('batchez' was unexpected)"),
     (lambda d: d["experiments"]["e1"].update(batches="100"), "experiments.e1.batches: expected array"),
@@ -156,6 +175,8 @@ def test_job_ids_are_stable_and_change_with_the_spec(tmp_path):
     (lambda d: d["experiments"]["e1"].update(batches=[]), "experiments.e1.batches: must not be empty"),
     (lambda d: d.update(experiments={}), "experiments: must not be empty"),
     (lambda d: d.update(colour="red"), "(top level): unknown key"),
+    (lambda d: d["experiments"]["e1"].update(params={"naive": {"BLOCK": 64}}),
+     "experiments.e1.params.naive.BLOCK: expected a list of the tunable's values or a conv layer's own tunables"),
 ])
 def test_bad_config_gives_one_line_with_file_and_key(tmp_path, mutate, expected):
     data = copy.deepcopy(BASE)
@@ -177,6 +198,10 @@ def test_bad_config_gives_one_line_with_file_and_key(tmp_path, mutate, expected)
     (lambda e: e.update(params={"naive": {"BLOCK": [7]}}), "params.naive.BLOCK: 7 is not an allowed value"),
     (lambda e: e.update(params={"naive": {"BLOCK": [256, 2048]}}), "2048 is not an allowed value"),
     (lambda e: e.update(params={"naiv": {"BLOCK": [64]}}), "params.naiv: unknown variant"),
+    (lambda e: e.update(params={"naive": {"conv2": {"BLOCK": 7}}}), "params.naive.conv2.BLOCK: 7 is not an allowed value"),
+    (lambda e: e.update(params={"naive": {"conv1": {"BLOK": 64}}}), "params.naive.conv1.BLOK: variant 'naive' has no"),
+    (lambda e: e.update(params={"naive": {"conv1": {"BLOCK": 64}, "BLOCK": [128]}}),
+     "params.naive: give tunables (BLOCK) either for all layers or under each conv layer (conv1), not both"),
     (lambda e: e.update(network="networks/fp64_stride5.yaml", variants=["register_tiled_gemm"]),
      "variants[0]: variant 'register_tiled_gemm' computes float32, but fp64_stride5.yaml is float64"),
 ])
