@@ -21,7 +21,7 @@ from .variants import get_variant
 
 
 def release_scheduler_timer() -> None:
-    """Cancel the re-scheduling timer Snakemake (8, 9) leaves behind. Its job-rate limiter re-arms a
+    """Cancel the re-scheduling timer Snakemake 9 leaves behind. Its job-rate limiter re-arms a
     one-second, non-daemon `threading.Timer` on each scheduling pass, and the last one holds a finished
     `snakemake` for up to a second after its last job. Called from onsuccess/onerror: scheduling is over."""
     for thread in threading.enumerate():
