@@ -36,11 +36,9 @@ NCU_BYTES = "DRAM bytes"
 NCU_BYTES_MEANING = "DRAM bytes: what Nsight Compute measured the layer's kernels read and write, one pass"
 # Each setting's conv layers' DRAM traffic in its latest Nsight Compute profile (table kernel_profile).
 NCU_DRAM_BYTES_SQL = """
-    SELECT kp.run_key, kp.layer, SUM(kp.dram_read_bytes + kp.dram_write_bytes) AS dram_bytes
-    FROM kernel_profile kp
-    WHERE kp.profile_id = (SELECT k2.profile_id FROM kernel_profile k2 WHERE k2.run_key = kp.run_key
-                           ORDER BY k2.profiled_at DESC, k2.id DESC LIMIT 1)
-    GROUP BY kp.run_key, kp.layer"""
+    SELECT run_key, layer, SUM(dram_read_bytes + dram_write_bytes) AS dram_bytes
+    FROM latest_kernel_profile
+    GROUP BY run_key, layer"""
 FLOOR_BYTES_MEANING = ("floor bytes: what the layer must move at least, its input, weights, bias and output once "
                        "each, not measured DRAM traffic")
 # Where a job's wall time goes, in the order it is spent; other phase names follow, sorted.

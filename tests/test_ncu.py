@@ -235,6 +235,20 @@ def test_a_profile_job_runs_the_settings_once_under_ncu_and_stores_each_launch(m
     assert conv2["why"] == "memory-bound: DRAM 91% of peak" and conv2["ncu time (ms)"] == pytest.approx(0.191)
     assert conv2["smem/block"] == 1024 and conv2["DRAM bytes"] == 9_400_000 and conv2["variant"] == "naive"
 
+    # Profiled again (a new profile file, later): its rows are the setting's evidence, the old ones stay stored.
+    again = json.loads(json.dumps(result))
+    again.update(profile_id="f" * 32, started_at="2999-01-01T00:00:00.000+00:00")
+    for profile in again["profiles"]:
+        profile["metrics"]["duration_ns"] *= 2
+    engine = open_store(db_url)
+    try:
+        assert ingest_result(engine, again, str(out)).added == 4
+    finally:
+        engine.dispose()
+    assert len(json.loads(run_query(db_url, "SELECT id FROM kernel_profile", fmt="json"))) == 8
+    newest = json.loads(run_query(db_url, "why", fmt="json"))
+    assert len(newest) == 3 and newest[1]["ncu time (ms)"] == pytest.approx(2 * 0.191)
+
 
 def test_ncu_failing_skips_the_profile_with_its_words(monkeypatch, tmp_path):
     fake_ncu(tmp_path, monkeypatch, exit_code=1)

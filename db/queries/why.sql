@@ -18,8 +18,6 @@ SELECT kp.experiment,
        kp.l2_hit_pct AS "L2 hit %",
        kp.dram_read_bytes + kp.dram_write_bytes AS "DRAM bytes",
        kp.flops AS "FLOPs (CUDA cores)"
-FROM kernel_profile kp
+FROM latest_kernel_profile kp
 WHERE kp.launch = 0
-  AND kp.profile_id = (SELECT k2.profile_id FROM kernel_profile k2 WHERE k2.run_key = kp.run_key
-                       ORDER BY k2.profiled_at DESC, k2.id DESC LIMIT 1)
 ORDER BY kp.experiment, kp.variant, kp.batch, kp.layer, kp.kernel
