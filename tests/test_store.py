@@ -755,6 +755,18 @@ def insert_the_old_way(connection: Connection, result: dict[str, Any]) -> None:
             connection.execute(insert(layer_time).values(**{k: v for k, v in row.items() if k in layer_time.c}))
 
 
+def stored_the_old_way(db_url: str, revision: str, results: list[dict]) -> dict[str, int]:
+    """A database at `revision` holding `results` as that revision's code stored them; its row counts."""
+    old = engine_at(db_url, revision)
+    try:
+        with _writer(old).begin() as connection:
+            for result in results:
+                insert_the_old_way(connection, result)
+        return row_counts(old)
+    finally:
+        old.dispose()
+
+
 def test_migrating_a_0001_database_backfills_layer_time(db_url):
     results = standard_results() + [make_result("naive", 10, status="failed", floors={})]
     old = engine_at(db_url, "0001")
@@ -915,12 +927,7 @@ def test_migrating_a_0004_database_gives_each_layer_its_tunables_and_back(db_url
     partial = make_result("naive", 20, params={"conv1": {"BLOCK": 32}})
     partial["floors"]["conv3"] = {"bytes": 7, "flops": 9}  # a layer spec.params does not name
     results = standard_results() + tuning_results(batch=1000) + [no_params, partial]
-    old = engine_at(db_url, "0004")
-    with _writer(old).begin() as connection:
-        for result in results:
-            insert_the_old_way(connection, result)
-    before = row_counts(old)
-    old.dispose()
+    before = stored_the_old_way(db_url, "0004", results)
     summary = seeds_table(db_url)
 
     engine = open_store(db_url)
@@ -993,12 +1000,7 @@ def expected_spreads(results: list[dict[str, Any]]) -> dict[tuple[str, str | Non
 
 def test_migrating_a_0005_database_backfills_each_spread_from_the_samples_and_back(db_url):
     results = standard_results() + tuning_results(batch=1000)
-    old = engine_at(db_url, "0005")
-    with _writer(old).begin() as connection:
-        for result in results:
-            insert_the_old_way(connection, result)
-    before = row_counts(old)
-    old.dispose()
+    before = stored_the_old_way(db_url, "0005", results)
     medians, history = seeds_table(db_url), run_query(db_url, "history", fmt="json")
 
     engine = open_store(db_url)
@@ -1102,12 +1104,7 @@ def test_query_cache_pairs_the_cold_and_warm_runs_of_a_job(db_url, engine):
 
 def test_migrating_a_0006_database_calls_its_runs_warm_and_back(db_url):
     results = standard_results()
-    old = engine_at(db_url, "0006")
-    with _writer(old).begin() as connection:
-        for result in results:
-            insert_the_old_way(connection, result)
-    before = row_counts(old)
-    old.dispose()
+    before = stored_the_old_way(db_url, "0006", results)
     engine = open_store(db_url)
     try:
         with engine.connect() as connection:
