@@ -266,40 +266,12 @@ def cmd_report(args) -> None:
             print(path)
         for kind, why in drawn.skipped:
             print(f"skipped {kind}: {why}")
-    if args.out:
-        _write_summary(args)
-    if args.markdown or args.html or args.tables:
-        written = report.write(args.db, args.experiment, markdown=Path(args.markdown) if args.markdown else None,
-                               page=Path(args.html) if args.html else None,
-                               tables=Path(args.tables) if args.tables else None, figures_dir=figures)
-        for path in written.paths:
-            print(path)
-
-
-def _write_summary(args) -> None:
-    """summary.md: the experiment's runs in one table, and its failed or incorrect runs."""
-    from .fileio import write_atomic
-    from .query import fetch, render
-
-    params = {"experiment": args.experiment}
-    def spread(column: str, name: str) -> str:  # percent, one decimal, the same text on both databases
-        return f'CAST(ROUND(CAST(100 * {column} AS NUMERIC), 1) AS VARCHAR) AS "{name} ±%"'
-
-    table = render(*fetch(args.db, "SELECT variant, batch, streams, host_memory, status, op_time_1_ms, "
-                                   f"{spread('op_time_1_spread', 'op time 1')}, op_time_2_ms, "
-                                   f"{spread('op_time_2_spread', 'op time 2')}, forward_ms, "
-                                   f"{spread('forward_spread', 'forward')}, total_s, accuracy FROM run_summary "
-                                   "WHERE experiment = :experiment ORDER BY variant, batch, streams, host_memory",
-                          params), "table")
-    text = (f"# {args.experiment}\n\nThe latest measurement of each job (`convsweep query history` has them all); "
-            f"±% is the spread of the median's samples (median absolute deviation over the median).\n\n{table}\n")
-    columns, failures = fetch(args.db, "SELECT variant, batch, streams, host_memory, status, error FROM latest_run "
-                                       "WHERE experiment = :experiment AND status <> 'ok' "
-                                       "ORDER BY variant, batch, streams, host_memory", params)
-    if failures:
-        text += f"\n## Failed or incorrect\n\n{render(columns, failures, 'table')}\n"
-    write_atomic(Path(args.out), text)
-    print(text)
+    written = report.write(args.db, args.experiment, markdown=Path(args.markdown) if args.markdown else None,
+                           page=Path(args.html) if args.html else None,
+                           tables=Path(args.tables) if args.tables else None, figures_dir=figures,
+                           summary=Path(args.out) if args.out else None)
+    for path in written.paths:
+        print(path)
 
 
 def cmd_bench(args) -> None:

@@ -470,6 +470,44 @@ def why_rows(experiment: Experiment) -> list[list[Any]]:
     return [[row[c] for c in experiment.why_columns] for row in experiment.why]
 
 
+# -- summary.md --------------------------------------------------------------------------------------
+SUMMARY_INTRO = ("The latest measurement of each job's settings (`convsweep query history` has them all); ±% is "
+                 "the spread of the median's samples (median absolute deviation over the median).")
+
+
+def summary_markdown(experiment: Experiment) -> str:
+    """summary.md: every run of the experiment in one table (a grid's settings each on its row, with
+    the tunables that tell them apart), then its failed or incorrect runs."""
+    from .query import render
+
+    grid = any(run["params"] for run in experiment.runs)
+    runs = sorted(experiment.runs, key=lambda r: (r["variant"], r["batch"], r["streams"], r["host_memory"],
+                                                   r["cache"] != "warm", r["forward_ms"] is None,
+                                                   r["forward_ms"] or 0.0))
+    columns = ["variant", *(["setting"] if grid else []), "batch", "streams", "host_memory", "cache", "status",
+               "op_time_1_ms", "op time 1 ±%", "op_time_2_ms", "op time 2 ±%", "forward_ms", "forward ±%",
+               "total_s", "accuracy"]
+    rows = [[run["variant"], *([tunables(run["params"])] if grid else []), run["batch"], run["streams"],
+             run["host_memory"], run["cache"], run["status"], run["op_time_1_ms"], _spread(run["op_time_1_spread"]),
+             run["op_time_2_ms"], _spread(run["op_time_2_spread"]), run["forward_ms"], _spread(run["forward_spread"]),
+             run["total_s"], run["accuracy"]] for run in runs]
+    text = f"# {experiment.name}\n\n{SUMMARY_INTRO}\n\n{render(columns, rows, 'table')}\n"
+    failed = [run for run in runs if run["status"] != "ok"]
+    if failed:
+        columns = ["variant", *(["setting"] if grid else []), "batch", "streams", "host_memory", "cache", "status",
+                   "error"]
+        rows = [[run["variant"], *([tunables(run["params"])] if grid else []), run["batch"], run["streams"],
+                 run["host_memory"], run["cache"], run["status"], " ".join((run["error"] or "").split())]
+                for run in failed]
+        text += f"\n## Failed or incorrect\n\n{render(columns, rows, 'table')}\n"
+    return text
+
+
+def _spread(fraction: Any) -> str | None:
+    """A spread as percent with one decimal (text, so every database prints it alike)."""
+    return None if fraction is None else f"{100 * float(fraction):.1f}"
+
+
 # -- writing -----------------------------------------------------------------------------------------
 @dataclass
 class Written:
@@ -479,15 +517,19 @@ class Written:
 
 
 def write(url: str | None, experiment: str, markdown: Path | None = None, page: Path | None = None,
-          tables: Path | None = None, figures_dir: Path | None = None) -> Written:
-    """Write the report of `experiment` as Markdown, as an HTML page and as CSV tables (seeds.csv,
-    why.csv in `tables`), each where asked; figures are the PNGs in `figures_dir`."""
+          tables: Path | None = None, figures_dir: Path | None = None, summary: Path | None = None) -> Written:
+    """Write the report of `experiment` as Markdown, as an HTML page, as CSV tables (seeds.csv,
+    why.csv in `tables`) and as summary.md, each where asked, from one read of the database;
+    figures are the PNGs in `figures_dir`."""
     from .query import render
 
     data = load(url, experiment)
+    done = Written()
+    if summary is not None:
+        write_atomic(summary, summary_markdown(data))
+        done.paths.append(summary)
     figures = figure_files(figures_dir)
     blocks = build(data, figures, figures_dir)
-    done = Written()
     if markdown is not None:
         write_atomic(markdown, to_markdown(blocks, markdown.parent))
         done.paths.append(markdown)

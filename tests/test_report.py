@@ -192,6 +192,20 @@ def test_drawing_skips_kinds_without_data_and_none_is_no_error(tmp_path):
     assert {kind for kind, _ in drawn.skipped} == {"streams"}
 
 
+def test_summary_md_tells_a_grids_settings_apart_fastest_first(tmp_path):
+    """Without the setting column a grid's rows read as one job measured three times."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    fill(url)
+    text = report.summary_markdown(report.load(url, EXPERIMENT))
+    table = text.split("## Failed or incorrect")[0]
+    grid = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table.splitlines() if line.startswith("| grid")]
+    header = [cell.strip() for cell in next(l for l in table.splitlines() if l.startswith("| variant")).split("|")[1:-1]]
+    assert header[:7] == ["variant", "setting", "batch", "streams", "host_memory", "cache", "status"]
+    assert [(row[1], row[6]) for row in grid] == [("BLOCK=128", "ok"), ("BLOCK=64", "ok"), ("BLOCK=256", "failed")]
+    failed = text.split("## Failed or incorrect")[1]
+    assert "| grid" in failed and "BLOCK=256" in failed and "BLOCK=64" not in failed
+
+
 def test_the_command_writes_what_it_is_asked_and_keeps_summary_md(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     fill(url)
