@@ -40,6 +40,7 @@ class RunSpec:
     chunk_images: int | None = None  # images per pipeline chunk; None: several chunks per stream
     stopping: dict | None = None  # repeats auto: max_noise, min_samples, min_time_s, timeout_s, max_samples
     cache: str = "warm"  # cold: L2 is written over before each conv layer of a timed pass
+    energy_window_s: float = 0.5  # untimed passes after a timed part too short for NVML's energy counter
 
     def to_dict(self) -> dict:
         return _without_defaults(asdict(self))
@@ -83,6 +84,7 @@ class JobSpec:
     chunk_images: int | None = None
     stopping: dict | None = None
     cache: str = "warm"
+    energy_window_s: float = 0.5
     search: dict = field(default_factory=lambda: dict(GRID_SEARCH))
     arch: str = "auto"  # NVRTC's target: auto is the GPU's own (sm_90a, say, for arch-specific features)
     sweep: dict = field(default_factory=dict, compare=False)
@@ -129,8 +131,9 @@ class JobSpec:
 
 
 # Keys left out of a spec's dict at these values, so specs written before they existed keep their
-# hashes (the automatic chunking, the GPU's own architecture, a fixed number of repeats, warm caches).
-_OMITTED_DEFAULTS = {"chunk_images": None, "arch": "auto", "stopping": None, "cache": "warm"}
+# hashes (the automatic chunking, the GPU's own architecture, a fixed number of repeats, warm caches,
+# the energy window).
+_OMITTED_DEFAULTS = {"chunk_images": None, "arch": "auto", "stopping": None, "cache": "warm", "energy_window_s": 0.5}
 
 
 def _without_defaults(d: dict) -> dict:
@@ -289,7 +292,7 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
                     batch=batch, streams=streams, host_memory=memory, repeats=exp["repeats"], warmup=exp["warmup"],
                     profiler=exp["profiler"], chunk_images=None if chunk == "auto" else chunk,
                     stopping=dict(exp["stopping"]) if exp["repeats"] == "auto" else None, cache=cache, search=search,
-                    arch=config.data["arch"], sweep=sweep))
+                    energy_window_s=exp["energy_window_s"], arch=config.data["arch"], sweep=sweep))
     if not jobs:
         raise ConfigError(f"{config.path}: the sweep matrix is empty")
     seen: dict[str, JobSpec] = {}

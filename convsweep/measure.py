@@ -285,10 +285,20 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> di
         energy.read(monitor.energy_mj())
         stop = rule.reason(_last_forward(samples), time.perf_counter() - t)
     phases["timed"] = time.perf_counter() - t
-    passes = len(rule.samples_ms)
+    passes, clocks_after = len(rule.samples_ms), monitor.clocks()
+    # A timed part shorter than the counter's steps can tell is followed by more passes of the same
+    # kind, untimed (outside any "repeat" range), until the counter has stepped enough: the power
+    # over those passes gives the energy of the timed ones. At most energy_window_s of them.
+    t, extra = time.perf_counter(), 0
+    while energy.counting and energy.watts(passes + extra) is None and time.perf_counter() - t < run.energy_window_s:
+        forward(f"energy {extra}", None)
+        energy.read(monitor.energy_mj())
+        extra += 1
+    if extra:
+        phases["energy"] = time.perf_counter() - t
     return {"profiler": "events", "logits": np.array(buffers.logits_host, copy=True), "samples": samples,
             "builds": [b.record() for b in net.builds], "timings": _timings_from_samples(samples, conv_names),
-            "clocks": clocks, "clocks_after": monitor.clocks(), "energy": energy.record(phases["timed"], passes),
+            "clocks": clocks, "clocks_after": clocks_after, "energy": energy.record(phases["timed"], passes, extra),
             **slowed.record(passes), "phases_s": phases, "stopping": rule.record(stop)}
 
 
@@ -325,7 +335,7 @@ class EnergyCounter:
     advances it in steps tens of milliseconds apart, so readings a few passes apart differ by nothing
     or by a whole step: the GPU's mean power is taken between the first and the last step seen, and
     only when those lie at least MIN_SPAN_PASSES passes apart (a step is seen up to a pass late).
-    Otherwise the energy is not known, and None says so rather than a number off by a step."""
+    Otherwise the power is not known, and None says so rather than a number off by a step."""
 
     MIN_SPAN_PASSES = 10
     readings: list[tuple[float, int]] = field(default_factory=list)
@@ -334,15 +344,30 @@ class EnergyCounter:
         if millijoules is not None:
             self.readings.append((time.perf_counter() if now is None else now, millijoules))
 
-    def record(self, timed_s: float, passes: int) -> dict | None:
-        """The measurement's `energy`: the whole GPU's over the timed part, idle gaps between passes included."""
+    @property
+    def counting(self) -> bool:
+        """Whether NVML has a counter to read at all."""
+        return bool(self.readings)
+
+    def watts(self, passes: int) -> float | None:
+        """The mean power over the `passes` passes read so far, or None while the counter's steps
+        span too few of them."""
         steps = [(now, after) for (_, before), (now, after) in zip(self.readings, self.readings[1:]) if after != before]
-        if len(steps) < 2 or passes == 0 or steps[-1][0] - steps[0][0] < self.MIN_SPAN_PASSES * timed_s / passes:
+        if len(steps) < 2 or passes == 0:
             return None
+        pass_s = (self.readings[-1][0] - self.readings[0][0]) / passes
         (t0, e0), (t1, e1) = steps[0], steps[-1]
-        watts = (e1 - e0) / 1000 / (t1 - t0)
+        return (e1 - e0) / 1000 / (t1 - t0) if t1 - t0 >= self.MIN_SPAN_PASSES * pass_s else None
+
+    def record(self, timed_s: float, passes: int, extra_passes: int = 0) -> dict | None:
+        """The measurement's `energy`: the whole GPU's over the timed part, idle gaps between passes
+        included, at the power measured over the timed passes and the `extra_passes` run after them."""
+        watts = self.watts(passes + extra_passes)
+        if watts is None:
+            return None
         joules = watts * timed_s
-        return {"joules": joules, "passes": passes, "joules_per_pass": joules / passes, "watts": watts}
+        return {"joules": joules, "passes": passes, "joules_per_pass": joules / passes, "watts": watts,
+                "extra_passes": extra_passes}
 
 
 def _last_forward(samples: list[dict]) -> float:

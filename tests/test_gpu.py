@@ -201,6 +201,17 @@ def test_energy_is_known_when_the_timed_part_spans_the_counters_steps(tmp_path):
 
 
 @pytest.mark.parametrize("profiler", ["events", "nsys"])
+def test_a_short_timed_part_gets_its_energy_from_untimed_passes_after_it(profiler, tmp_path):
+    """Five passes of batch 100 (about a millisecond each) are too short for the counter's steps."""
+    result = run_job(spec(profiler, batch=100, repeats=5), tmp_path / "r.json")
+    assert result["status"] == "ok", result["error"]
+    energy = result["energy"]
+    assert energy is not None and energy["passes"] == 5 and energy["extra_passes"] > 0
+    assert 20 < energy["watts"] < 1000 and 0 < result["phases_s"]["energy"] <= 0.5 + 0.1
+    assert len([s for s in result["samples"] if s["metric"] == "forward_ms"]) == 5
+
+
+@pytest.mark.parametrize("profiler", ["events", "nsys"])
 def test_cold_cache_flushes_l2_outside_the_times_and_nvml_reads_clocks_and_energy(profiler, tmp_path):
     """Batch 100 of naive fits in L2 warm: cold writes over it before each conv layer. The flushes
     are timed apart (l2_flush_ms) and left out of the pass; NVML gives clocks, slowdowns and energy.

@@ -410,6 +410,33 @@ def test_a_setting_records_its_clocks_slowdowns_and_energy(tmp_path, monkeypatch
     assert m["energy"]["joules"] == pytest.approx(m["energy"]["watts"] * m["phases_s"]["timed"])
 
 
+class SteppingEveryEighthRead(SlowingMonitor):
+    """An energy counter that steps 20 J every eighth reading: three timed passes cannot tell the power."""
+
+    def energy_mj(self):
+        self.energy_reads = getattr(self, "energy_reads", 0) + 1
+        return 1_000_000 + self.energy_reads // 8 * 20_000
+
+
+@pytest.mark.parametrize("window_s", [0.5, 0.0])
+def test_a_timed_part_too_short_for_the_counter_is_followed_by_untimed_passes(tmp_path, monkeypatch, window_s):
+    from convsweep import measure
+
+    monkeypatch.setattr(measure, "GpuMonitor", SteppingEveryEighthRead)
+    job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=3,
+                   energy_window_s=window_s)
+    m = run_one_job(job, tmp_path / "r.json", backend=FAKE)["measurements"][0]
+    assert m["status"] == "ok" and m["stopping"]["samples"] == 3
+    if window_s == 0:
+        assert m["energy"] is None and "energy" not in m["phases_s"]
+        return
+    energy = m["energy"]
+    # Steps at the 8th and 16th reading at least: 16 readings after the first, 13 of them untimed passes
+    assert energy["passes"] == 3 and energy["extra_passes"] >= 13 and m["phases_s"]["energy"] > 0
+    assert energy["joules_per_pass"] == pytest.approx(energy["watts"] * m["phases_s"]["timed"] / 3)
+    assert len([s for s in m["samples"] if s["metric"] == "forward_ms"]) == 3  # the untimed passes are no samples
+
+
 def test_energy_is_the_power_between_the_counters_steps_or_not_known():
     from convsweep.measure import EnergyCounter
 

@@ -1,7 +1,8 @@
 -- How much energy does each job's forward pass take, and at what clocks (did the GPU slow down while it was timed)?
 -- The energy is the GPU's mean power (NVML's counter, between its first and last step) over the timed part, per pass
--- taken: the whole GPU's, idle gaps between passes included, so an upper bound on the pass's own; blank where the
--- timed part was too short for the counter's steps. GFLOP/J counts the conv layers' FLOPs against that energy.
+-- taken: the whole GPU's, idle gaps between passes included, so an upper bound on the pass's own. A timed part too
+-- short for the counter's steps is followed by untimed passes of the same kind (the job's "energy" phase, at most
+-- energy_window_s) and the power is measured over both; blank where even those could not tell it. GFLOP/J counts the conv layers' FLOPs against that energy.
 -- "throttled" counts the passes after which NVML named a slowdown (power cap, thermal, power brake).
 SELECT r.experiment,
        r.variant,
