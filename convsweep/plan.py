@@ -39,6 +39,7 @@ class SweepPlan:
         # with one line, instead of inside some rule's input function.
         self.jobs: list[JobSpec] = expand_config(self.config)
         self._networks: dict[str, object] = {}
+        self.bench: str | None = self._bench_file()  # checked now, with the rest of the config
 
     @staticmethod
     def shell_prefix(deployment_methods=()) -> str:
@@ -68,6 +69,25 @@ class SweepPlan:
     @property
     def arch(self) -> str:
         return self.config.data["arch"]
+
+    def _bench_file(self) -> str | None:
+        """The bench result whose ceilings the roofline draws (config `bench`), checked while the
+        sweep is planned: a missing or wrong file is one line now, not a failed report later."""
+        from .plot import load_ceilings
+
+        path = self.config.data.get("bench")
+        if path is None:
+            return None
+        resolved = Path(path) if Path(path).is_absolute() else ROOT / path
+        try:
+            load_ceilings(resolved)
+        except ConvsweepError as e:
+            raise ConvsweepError(f"{self.config.path}: bench: {str(e).removeprefix(f'--bench {resolved}: ')}") from None
+        return str(resolved)
+
+    def report_options(self) -> str:
+        """The report command's extra options: the bench file's ceilings for the roofline, if any."""
+        return f"--bench {shlex.quote(self.bench)}" if self.bench else ""
 
     @property
     def experiments(self) -> list[str]:

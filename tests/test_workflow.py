@@ -19,6 +19,7 @@ import yaml
 from sqlalchemy import create_engine, text
 
 from checkout_copy import copy_checkout
+from convsweep.errors import ConvsweepError
 from convsweep.paths import ROOT
 from convsweep.plan import SweepPlan, release_scheduler_timer
 
@@ -341,6 +342,25 @@ def test_the_rule_takes_its_gpu_resource_from_the_plan(tmp_path):
     blocks = [block.split("\n\n", 1)[0] for block in out.split("rule run_job:")[1:]]
     asked = dict(re.search(r"job=([a-z_]+)-b.*\bgpu=(\d+)", block, re.S).groups() for block in blocks)
     assert asked == {"reference": "0", "naive": "1"}, out[-3000:]
+
+
+def test_the_report_draws_the_ceilings_of_the_bench_file_the_sweep_names(tmp_path):
+    """`bench: FILE` reaches the report command (and is its input); a wrong file stops the plan."""
+    small_sweep(tmp_path, {"e": {"variants": ["reference"]}})
+    out = run_in(ROOT, tmp_path, "-n", "-p", "--config", "bench=docs/bench-h100.json").stdout
+    report_command = next(line for line in out.splitlines() if "convsweep report " in line)
+    assert f"--bench {ROOT / 'docs' / 'bench-h100.json'}" in report_command
+    assert "--bench" not in next(line for line in run_in(ROOT, tmp_path, "-n", "-p").stdout.splitlines()
+                                 if "convsweep report " in line)
+
+    (tmp_path / "not-a-bench.json").write_text(json.dumps({"device": "x"}))
+    config = {"experiments": {"e": {"variants": ["reference"], "batches": [8]}}}
+    with pytest.raises(ConvsweepError) as bad:
+        SweepPlan({**config, "bench": str(tmp_path / "not-a-bench.json")}, "sweep.yaml")
+    assert str(bad.value) == ("sweep.yaml: bench: no ceilings.dtod_GBps (the device copy rate): expected the file "
+                              "`convsweep bench --json FILE` writes")
+    with pytest.raises(ConvsweepError, match=r"^sweep.yaml: bench: cannot read it \(No such file or directory\)$"):
+        SweepPlan({**config, "bench": "docs/no-such-bench.json"}, "sweep.yaml")
 
 
 class _Scheduler:

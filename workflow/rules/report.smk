@@ -7,7 +7,8 @@
 # same inside the Snakemake report (which shows HTML, and offers CSV files as downloads).
 rule make_report:
     input:
-        rules.ingest_results.output,
+        stored=rules.ingest_results.output,
+        bench=[plan.bench] if plan.bench else [],
     output:
         summary=f"{RESULTS}/{{experiment}}/summary.md",
         figures=report(
@@ -41,9 +42,10 @@ rule make_report:
     params:
         db=plan.db_url,
         tables=f"{RESULTS}/{{experiment}}/tables",
+        options=plan.report_options(),
     conda:
         "../envs/convsweep.yaml"
     shell:
         "convsweep report --experiment {wildcards.experiment} --db {params.db:q} --out {output.summary:q} "
         "--figures {output.figures:q} --draw --markdown {output.markdown:q} --html {output.page:q} "
-        "--tables {params.tables:q} > {log} 2>&1"
+        "--tables {params.tables:q} {params.options} > {log} 2>&1"
