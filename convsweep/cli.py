@@ -248,7 +248,8 @@ def cmd_query(args) -> None:
 def cmd_compare(args) -> None:
     from .compare import any_slower, compare, render
 
-    result = compare(args.db, args.a, args.b, metric=args.metric, threshold=args.threshold, db_b=args.db_b)
+    result = compare(args.db, args.a, args.b, metric=args.metric, threshold=args.threshold, db_b=args.db_b,
+                     cpu=args.cpu)
     print(render(result, args.format))
     if any_slower(result):
         raise SystemExit(1)
@@ -405,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "a conv layer's name for its op time alone (default: %(default)s)")
     p.add_argument("--threshold", type=float, default=0.05,
                    help="the change that counts: SLOWER/FASTER beyond it, SAME within it (default: %(default)s)")
+    p.add_argument("--cpu", action="store_true",
+                   help="also compare the jobs timed on the CPU (the float64 reference): left out by default, "
+                        "since a shared host moves their times by tens of percent between runs")
     p.add_argument("--format", choices=("table", "json"), default="table", help="(default: %(default)s)")
     p.set_defaults(func=cmd_compare)
 

@@ -72,6 +72,24 @@ def test_compare_two_commits_job_by_job(db_url, capsys):
     assert forward["ratio"] == pytest.approx(28 / 25, rel=0.01)
 
 
+def test_cpu_timed_jobs_are_left_out_unless_asked_for(db_url, capsys):
+    """Two runs of one sweep on a shared host: the reference's host times moved 22% between them."""
+    engine = open_store(db_url)
+    a, b = "a" * 40, "b" * 40
+    for commit, reference_ms, seed in ((a, 400.0, 1), (b, 488.0, 2)):
+        ingest_result(engine, stored("reference", commit, noisy(reference_ms, 5, 0.003, seed), profiler="cpu"))
+        ingest_result(engine, stored("naive", commit, noisy(40.0, 5, 0.003, seed + 2)))
+    engine.dispose()
+
+    result = compare(db_url, a[:7], b[:7])
+    assert [row["variant"] for row in result["rows"]] == ["naive"] and result["cpu_left_out"] == 1
+    assert cli_main(["compare", a[:7], b[:7], "--db", db_url]) == 0  # no SLOWER: the host, not the code
+    assert "1 SAME; 1 CPU-timed job left out (host times: --cpu shows them)" in capsys.readouterr().out
+    with_cpu = compare(db_url, a[:7], b[:7], cpu=True)
+    assert {row["variant"]: row["verdict"] for row in with_cpu["rows"]} == {"naive": SAME, "reference": SLOWER}
+    assert with_cpu["cpu_left_out"] == 0
+
+
 def test_two_experiments_holding_the_same_cell_are_two_jobs(db_url):
     """The default sweep's batch-100 baseline (nsys) and its cache experiment's warm cell (events) are
     the same matrix cell: each is compared with itself, neither hides the other."""
