@@ -648,6 +648,21 @@ def test_a_job_file_that_does_not_hold_together_is_refused(engine, change, messa
     assert row_counts(engine)["run"] == 0
 
 
+def test_storing_tells_a_database_that_went_away_from_a_file_it_refused():
+    """Results and profiles both: the first kind leaves the file for later, the second names it."""
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    from convsweep.store.engine import storing
+
+    with pytest.raises(StoreUnavailable, match=r"^cannot store r\.json: server closed the connection$"):
+        with storing("r.json"):
+            raise OperationalError("INSERT", {}, Exception("server closed\n the connection"))
+    with pytest.raises(StoreError, match=r"^cannot store p\.json: value too long$") as refused:
+        with storing("p.json"):
+            raise DBAPIError("INSERT", {}, Exception("value too long"))
+    assert not isinstance(refused.value, StoreUnavailable)
+
+
 def test_a_database_failure_in_the_last_setting_stores_none_of_them(engine, monkeypatch):
     job_file = make_job_file()
     job_file["measurements"][-1]["samples"] = [{"metric": "op_time_ms", "layer": "conv1", "repeat": 0, "value": None}]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError, SQLAlchemyError
 
 from convsweep.errors import StoreError, StoreUnavailable
 from convsweep.paths import DEFAULT_DB_URL, MIGRATIONS_DIR
@@ -49,6 +49,19 @@ def resolve_url(url: str | None = None) -> URL:
 
 def show_url(url: URL) -> str:
     return url.render_as_string(hide_password=True)
+
+
+@contextmanager
+def storing(source: str) -> Iterator[None]:
+    """Database errors while storing `source`, as convsweep's: a server gone or a lock that timed out
+    is StoreUnavailable (not the file's fault: the rest can wait), anything else a StoreError
+    naming the file."""
+    try:
+        yield
+    except OperationalError as exc:
+        raise StoreUnavailable(f"cannot store {source}: {one_line(exc)}") from None
+    except DBAPIError as exc:
+        raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
 
 
 def one_line(exc: BaseException, url: URL | None = None) -> str:

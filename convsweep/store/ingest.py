@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from convsweep.config import variant_label
@@ -25,7 +25,7 @@ from convsweep.progress import progress
 from convsweep.schema import validate
 from convsweep.stats import relative_spread
 
-from .engine import _writer, one_line
+from .engine import _writer, one_line, storing
 from .models import Base, Build, Environment, KernelStat, LayerTime, Memcpy, Phase, Run, Sample, Sweep
 
 
@@ -144,20 +144,17 @@ def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | Non
     found = measurements(result, source)
     keys = [measurement_id(m) for _, m in found]
     attempts = 0
-    while True:
-        attempts += 1
-        try:
-            return _store(engine, found, keys, result_path, source)
-        except IntegrityError as exc:
-            # Another writer may have stored some of them between our check and our insert: look again.
-            with Session(engine) as session:
-                raced = bool(_stored_ids(session, keys))
-            if not raced or attempts == RACE_ATTEMPTS:
-                raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
-        except OperationalError as exc:  # the server went away, a lock timed out: not this file's fault
-            raise StoreUnavailable(f"cannot store {source}: {one_line(exc)}") from None
-        except DBAPIError as exc:
-            raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
+    with storing(source):
+        while True:
+            attempts += 1
+            try:
+                return _store(engine, found, keys, result_path, source)
+            except IntegrityError as exc:
+                # Another writer may have stored some of them between our check and our insert: look again.
+                with Session(engine) as session:
+                    raced = bool(_stored_ids(session, keys))
+                if not raced or attempts == RACE_ATTEMPTS:
+                    raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
 
 
 def _stored_ids(session: Session, keys: list[str]) -> set[str]:

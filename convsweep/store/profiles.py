@@ -8,13 +8,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Engine, select
-from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
-from convsweep.errors import ConfigError, StoreError, StoreUnavailable
+from convsweep.errors import ConfigError, StoreError
 from convsweep.schema import validate
 
-from .engine import _writer, one_line
+from .engine import _writer, storing
 from .ingest import IngestReport, _timestamp
 from .models import KernelProfile
 
@@ -34,20 +33,15 @@ def ingest_profile(engine: Engine, profile: dict[str, Any], path: str | None = N
     if profile["status"] != "ok":
         report.skipped.append(f"{source}: no profile: {profile.get('reason')}")
         return report
-    try:
-        with Session(_writer(engine)) as session, session.begin():
-            stored = session.scalar(select(KernelProfile.id).where(KernelProfile.profile_id == profile["profile_id"]).limit(1))
-            if stored is not None:
-                report.unchanged += len(profile["profiles"])
-                return report
-            for row in _rows(profile, source):
-                session.add(row)
-                report.added += 1
-                report.added_by_status["profiled"] += 1
-    except OperationalError as exc:
-        raise StoreUnavailable(f"cannot store {source}: {one_line(exc)}") from None
-    except DBAPIError as exc:
-        raise StoreError(f"cannot store {source}: {one_line(exc)}") from None
+    with storing(source), Session(_writer(engine)) as session, session.begin():
+        stored = session.scalar(select(KernelProfile.id).where(KernelProfile.profile_id == profile["profile_id"]).limit(1))
+        if stored is not None:
+            report.unchanged += len(profile["profiles"])
+            return report
+        for row in _rows(profile, source):
+            session.add(row)
+            report.added += 1
+            report.added_by_status["profiled"] += 1
     return report
 
 
