@@ -104,6 +104,32 @@ def fake_measurements(cudnn=True, batch=10000, harness=True):
     return meas
 
 
+def test_what_pytorch_would_run_instead_beside_our_forward():
+    """Eager is cuDNN's forward row; a CUDA graph and torch.compile are measured rows of their own,
+    a failed one keeps its error. ours/that: our forward's median (2.0 ms) over theirs."""
+    meas = fake_measurements()
+    meas["instead"] = {"available": True, "note": None, "rows": [
+        {"way": "CUDA graph", "mode": "fp16", "status": "ok", "error": None, "samples_ms": [5.0, 5.1, 4.9],
+         "max_rel_err": 2e-3, "prepare_s": 0.4},
+        {"way": "torch.compile max-autotune", "mode": "fp16", "status": "failed", "samples_ms": [],
+         "error": "BackendCompilerFailed: no C compiler", "max_rel_err": None, "prepare_s": None}]}
+    result = report.build_result(meas, {"batch": 10000, "ms": {}})
+    rows = {(r["way"], r["mode"]): r for r in result["instead"]}
+    assert list(rows) == [("eager", "fp32"), ("eager", "fp16"), ("CUDA graph", "fp16"), ("torch.compile max-autotune", "fp16")]
+    assert rows["eager", "fp32"]["ours_over"] == pytest.approx(2.0 / 15.9)
+    assert rows["CUDA graph", "fp16"]["ours_over"] == pytest.approx(2.0 / 5.0)
+    assert rows["torch.compile max-autotune", "fp16"]["ours_over"] is None
+    text = report.format_report(result)
+    table = text.split("What PyTorch would run instead", 1)[1]
+    assert "| CUDA graph " in table and "fp16 channels_last" in table and "0.40" in table
+    assert "failed: BackendCompilerFailed: no C compiler" in table
+    assert "| tf32" not in table  # eager at the modes the other ways run only
+
+    meas["instead"] = {"available": False, "note": "n/a (PyTorch failed: OutOfMemoryError)", "rows": []}
+    text = report.format_report(report.build_result(meas, {"batch": 10000, "ms": {}}))
+    assert text.endswith("- PyTorch instead (CUDA graph, torch.compile): n/a (PyTorch failed: OutOfMemoryError)")
+
+
 def test_result_rows_best_floors_ratios_and_verdicts(tmp_path):
     targets = bench.load_bench_config("bench/default.yaml").targets
     result = report.build_result(fake_measurements(), targets)

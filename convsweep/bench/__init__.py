@@ -14,6 +14,8 @@ What it measures, in this order, on one GPU and in one process (every phase ends
 5. cuDNN, when PyTorch with CUDA is importable: the same layers on the same inputs (fp32 with
    TF32 off, TF32, fp16 channels_last) and the whole network, timed with torch.cuda.Event on a
    stream of its own after everything of ours finished; plus matmul rates (the FLOP ceilings);
+   then what a user would run instead: the whole network as one CUDA graph replayed, and through
+   torch.compile(mode="max-autotune"), in fp32 and fp16 channels_last (eager is cuDNN's row);
 6. with --harness, after the GPU is released: `convsweep run-job` twice with events and twice
    under nsys; the second run of each hits the compile cache and its total_s is judged.
 
@@ -21,7 +23,7 @@ Everything measured lands in one dict; `build_result` derives rows, floors, rati
 from it and `format_report` prints them. Both are pure and tested with fake numbers.
 
 The package, one module per concern: `config` (the bench file), `report` (the pure numbers and
-the table), `measure` (our kernels on the GPU), `cudnn` (the optional PyTorch part), `harness`
+the table), `measure` (our kernels on the GPU), `cudnn` and `instead` (the optional PyTorch parts), `harness`
 (real jobs through the CLI) and `run` (`run_bench`, every phase in order).
 """
 from .config import DEFAULT_CONFIG, BenchConfig, Candidate, load_bench_config

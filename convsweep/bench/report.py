@@ -15,6 +15,7 @@ from ..stats import MIN_SAMPLES, bootstrap_ratio, relative_spread
 
 BENCH_FORMAT = 1  # the version of the bench JSON (`convsweep bench --json`)
 CUDNN_MODES = ("fp32", "tf32", "fp16")  # cuDNN columns; a variant is compared with the mode of its precision class
+INSTEAD_MODES = ("fp32", "fp16")  # PyTorch's whole forward, the ways a user would run it instead of ours
 
 
 def copy_rate(nbytes: int, ms: float, read_and_write: bool = True) -> float:
@@ -155,6 +156,8 @@ def build_result(meas: dict, targets: dict) -> dict:
         rows.append(row)
 
     return {"format": BENCH_FORMAT, "config": meas.get("config"), "device": meas.get("device"), "batch": batch,
+            "instead": instead_rows(meas, next((r for r in rows if r["kind"] == "forward"), None)),
+            "instead_note": (meas.get("instead") or {}).get("note"),
             "repeats": meas.get("repeats"), "warmup": meas.get("warmup"), "seed": meas.get("seed"),
             "environment": meas.get("environment"), "ceilings": ceilings,
             "best": {layer: ({"variant": b["variant"], "params": b["resolved_params"], "median_ms": finite(median(b["samples_ms"])),
@@ -163,6 +166,26 @@ def build_result(meas: dict, targets: dict) -> dict:
                              if b else None) for layer, b in best.items()},
             "cudnn": {k: v for k, v in cudnn.items()}, "targets": {**targets, "judged": judged, "device_note": device_note},
             "rows": rows}
+
+
+def instead_rows(meas: dict, forward: dict | None) -> list[dict]:
+    """PyTorch's whole forward the ways a user would run it instead (eager: cuDNN's forward rows;
+    a CUDA graph; torch.compile), each with its median, spread and ours/that: our forward's median
+    over its (below 1: ours is faster)."""
+    cudnn = meas.get("cudnn") or {}
+    measured = [{"way": "eager", "mode": mode, "status": "ok" if rec.get("samples_ms") else "failed",
+                 "error": rec.get("error"), **rec}
+                for mode, rec in (cudnn.get("forward") or {}).items() if mode in INSTEAD_MODES]
+    measured += (meas.get("instead") or {}).get("rows", [])
+    ours = forward.get("median_ms") if forward and forward.get("status") == "ok" else None
+    out = []
+    for rec in measured:
+        samples = rec.get("samples_ms") or []
+        med = median(samples)
+        out.append({**rec, "median_ms": finite(med), "max_rel_err": finite(rec.get("max_rel_err")),
+                    "spread": finite(relative_spread(samples)) if len(samples) > 1 else None,
+                    "ours_over": finite(ours / med) if ours and med else None})
+    return out
 
 
 def _ms(v, digits: int = 3) -> str:
@@ -259,4 +282,25 @@ def format_report(result: dict) -> str:
         notes.append(t["device_note"])
     if not (result.get("cudnn") or {}).get("available"):
         notes.append(f"cuDNN: {(result.get('cudnn') or {}).get('note')}")
-    return "\n".join(head) + "\n\n" + table + "\n\n" + "\n".join(f"- {n}" for n in notes)
+    text = "\n".join(head) + "\n\n" + table + "\n\n" + "\n".join(f"- {n}" for n in notes)
+    if result.get("instead"):
+        text += "\n\n" + instead_table(result)
+    if result.get("instead_note"):
+        text += f"\n- PyTorch instead (CUDA graph, torch.compile): {result['instead_note']}"
+    return text
+
+
+INSTEAD_HEADERS = ["PyTorch instead", "mode", "status", "ms", "±%", "max rel err", "ready in s", "ours/that"]
+
+
+def instead_table(result: dict) -> str:
+    """What a user would run instead: PyTorch's whole forward (input on the device) against ours."""
+    forward = next((r for r in result["rows"] if r["kind"] == "forward"), None)
+    ours = forward.get("median_ms") if forward else None
+    rows = [[r["way"], r["mode"] + (" channels_last" if r["mode"] == "fp16" else ""),
+             r["status"] + (f": {r['error']}"[:60] if r.get("error") else ""), _ms(r.get("median_ms")),
+             _percent(r.get("spread")), "" if r.get("max_rel_err") is None else f"{r['max_rel_err']:.1e}",
+             _ms(r.get("prepare_s"), 1), _ms(r.get("ours_over"), 2)] for r in result["instead"]]
+    return (f"What PyTorch would run instead, the whole forward at batch {result['batch']} with the input on the "
+            f"device (ours: {_ms(ours) or 'n/a'} ms; ready in: CUDA graph capture, or compiling and autotuning)\n\n"
+            + tabulate(rows, headers=INSTEAD_HEADERS, tablefmt="github", disable_numparse=True))

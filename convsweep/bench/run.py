@@ -15,6 +15,7 @@ from ..runner import Backend
 from .config import BenchConfig
 from .cudnn import measure_cudnn, measure_matmul, torch_cuda
 from .harness import run_harness
+from .instead import measure_instead
 from .measure import (Timing, best_variants, layer_inputs, measure_candidate,
                       measure_ceilings, measure_end_to_end, measure_forward, plan_from_best)
 from .report import build_result, params_text
@@ -88,6 +89,11 @@ def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backe
                 meas["ceilings"]["matmul_TFLOPps"] = measure_matmul(torch, timing)
             except Exception as e:
                 meas["cudnn"] = {"available": False, "note": f"n/a (PyTorch failed: {failure_message(e)})"}
+            torch.cuda.synchronize()
+            try:
+                meas["instead"] = measure_instead(torch, timing, config, net_inputs, log=log)
+            except Exception as e:
+                meas["instead"] = {"available": False, "note": f"n/a (PyTorch failed: {failure_message(e)})", "rows": []}
             torch.cuda.synchronize()
     if options.harness_profilers:
         meas["harness"] = run_harness(config, best, batch, options.harness_profilers, log=log)
