@@ -326,7 +326,10 @@ def test_torch_mode_sets_and_restores_the_flags():
 
 # -- on a real GPU -------------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_bench_on_the_gpu(tmp_path):
+def test_bench_on_the_gpu(tmp_path, monkeypatch):
+    from convsweep.bench import instead
+
+    monkeypatch.setattr(instead, "WAYS", instead.WAYS[:1])  # the CUDA graph; torch.compile has a test of its own
     config = bench.load_bench_config("bench/default.yaml")
     result = bench.run_bench(config, bench.BenchOptions(batch=256, repeats=3))
     write_json_atomic(tmp_path / "bench.json", result)
@@ -345,8 +348,34 @@ def test_bench_on_the_gpu(tmp_path):
                 entry = cudnn["layers"][layer][mode]
                 assert entry["samples_ms"] and min(entry["samples_ms"]) > 0, entry
                 assert entry["max_rel_err"] < {"fp32": 1e-5, "tf32": 1e-2, "fp16": 1e-2}[mode]
+        graphs = [r for r in result["instead"] if r["way"] == instead.CUDA_GRAPH]
+        assert [r["mode"] for r in graphs] == list(instead.INSTEAD_MODES)
+        for row in graphs:
+            assert row["status"] == "ok", row["error"]
+            assert row["median_ms"] > 0 and row["ours_over"] > 0 and row["prepare_s"] > 0
+            assert row["max_rel_err"] < {"fp32": 1e-5, "fp16": 1e-2}[row["mode"]]
     else:
         assert cudnn["note"].startswith("n/a")
+
+
+@pytest.mark.gpu
+def test_torch_compile_max_autotune_runs_the_network_correctly(monkeypatch):
+    """The slow way (Inductor compiles and autotunes every kernel), once, in fp16 at a small batch."""
+    from convsweep.bench import instead
+    from convsweep.bench.cudnn import torch_cuda
+    from convsweep.bench.measure import Timing
+    from convsweep.inputs import load_batch
+
+    torch, why = torch_cuda()
+    if torch is None:
+        pytest.skip(why)
+    monkeypatch.setattr(instead, "WAYS", instead.WAYS[1:])
+    monkeypatch.setattr(instead, "INSTEAD_MODES", ("fp16",))
+    config = bench.load_bench_config("bench/default.yaml")
+    timing = Timing(64, 1, 3, None)
+    (row,) = instead.measure_instead(torch, timing, config, load_batch(config.network, config.dataset, 64))["rows"]
+    assert row["way"] == instead.TORCH_COMPILE and row["status"] == "ok", row["error"]
+    assert len(row["samples_ms"]) == 3 and row["max_rel_err"] < 1e-2 and row["prepare_s"] > 0
 
 
 @pytest.mark.gpu
