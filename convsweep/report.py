@@ -477,10 +477,14 @@ SUMMARY_INTRO = ("The latest measurement of each job's settings (`convsweep quer
 
 def summary_markdown(experiment: Experiment) -> str:
     """summary.md: every run of the experiment in one table (a grid's settings each on its row, with
-    the tunables that tell them apart), then its failed or incorrect runs."""
+    the tunables that tell them apart, where a variant ran at several), then its failed or incorrect runs."""
     from .query import render
 
-    grid = any(run["params"] for run in experiment.runs)
+    # A variant measured at several settings (a grid) needs them told apart; one setting each does not.
+    settings: dict[str, set[str]] = {}
+    for run in experiment.runs:
+        settings.setdefault(run["variant"], set()).add(tunables(run["params"]))
+    grid = any(len(each) > 1 for each in settings.values())
     runs = sorted(experiment.runs, key=lambda r: (r["variant"], r["batch"], r["streams"], r["host_memory"],
                                                    r["cache"] != "warm", r["forward_ms"] is None,
                                                    r["forward_ms"] or 0.0))

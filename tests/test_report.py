@@ -204,6 +204,10 @@ def test_summary_md_tells_a_grids_settings_apart_fastest_first(tmp_path):
     assert [(row[1], row[6]) for row in grid] == [("BLOCK=128", "ok"), ("BLOCK=64", "ok"), ("BLOCK=256", "failed")]
     failed = text.split("## Failed or incorrect")[1]
     assert "| grid" in failed and "BLOCK=256" in failed and "BLOCK=64" not in failed
+    # One setting per variant (the default sweep's experiments): no column of tunables to widen the table
+    one_each = report.load(url, EXPERIMENT)
+    one_each.runs = [run for run in one_each.runs if run["variant"] != "grid" or run["params"]["conv1"]["BLOCK"] == 64]
+    assert "setting" not in report.summary_markdown(one_each).split("\n")[4]
 
 
 def test_the_command_writes_what_it_is_asked_and_keeps_summary_md(tmp_path, capsys):
