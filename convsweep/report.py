@@ -201,7 +201,7 @@ def _variant_section(experiment: Experiment, variant: str, previous: str | None,
                      best: dict[str, dict[tuple, dict[str, Any]]], shown: list[tuple[str, str]]) -> list:
     runs = [run for run in experiment.runs if run["variant"] == variant]
     ok = [run for run in runs if run["status"] == "ok"]
-    grid = len({tunables(run["params"]) for run in runs}) > 1
+    grid = several_settings(runs)
     title = f"`{variant}`" + (" (the baseline)" if variant == BASELINE_VARIANT else "")
     blocks: list = [Heading(2, title)]
     if ok:
@@ -252,6 +252,12 @@ def _speedups(variant: str, previous: str | None, best: dict[str, dict[tuple, di
     numeric = [column not in ("host_memory", "cache") for column, _ in shown] + ([False] if grid else []) + [True] * (
         1 + len(compared))
     return [Table(headers, rows, numeric)]
+
+
+def several_settings(runs: Sequence[dict[str, Any]]) -> bool:
+    """Whether runs (of one variant) were measured at more than one setting: a grid, whose rows need
+    their tunables to tell them apart; one setting each does not."""
+    return len({tunables(run["params"]) for run in runs}) > 1
 
 
 def tunables(params: dict[str, dict]) -> str:
@@ -480,11 +486,8 @@ def summary_markdown(experiment: Experiment) -> str:
     the tunables that tell them apart, where a variant ran at several), then its failed or incorrect runs."""
     from .query import render
 
-    # A variant measured at several settings (a grid) needs them told apart; one setting each does not.
-    settings: dict[str, set[str]] = {}
-    for run in experiment.runs:
-        settings.setdefault(run["variant"], set()).add(tunables(run["params"]))
-    grid = any(len(each) > 1 for each in settings.values())
+    grid = any(several_settings([run for run in experiment.runs if run["variant"] == variant])
+               for variant in {run["variant"] for run in experiment.runs})
     runs = sorted(experiment.runs, key=lambda r: (r["variant"], r["batch"], r["streams"], r["host_memory"],
                                                    r["cache"] != "warm", r["forward_ms"] is None,
                                                    r["forward_ms"] or 0.0))

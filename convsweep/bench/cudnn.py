@@ -91,6 +91,22 @@ def torch_network(torch, network: Network, weights: dict, x) -> Callable[[], Any
     return forward
 
 
+def network_on_device(torch, network_inputs: Batch) -> tuple[dict, Any]:
+    """The network's weights (fp32, by key) and the batch's images as CUDA tensors."""
+    weights = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).cuda()
+               for k, v in network_inputs.weights.items()}
+    return weights, torch.from_numpy(network_inputs.images).cuda()
+
+
+def network_forward(torch, network: Network, weights: dict, x, mode: str) -> Callable[[], Any]:
+    """The network as `mode` runs it (weights and input cast by torch_inputs): a no-argument forward.
+    Call it inside torch_mode(mode)."""
+    keys = list(weights)
+    cast = dict(zip(keys, torch_inputs(torch, mode, [weights[k] for k in keys])))
+    (x,) = torch_inputs(torch, mode, [x])
+    return torch_network(torch, network, cast, x)
+
+
 def measure_cudnn(torch, timing: Timing, config: BenchConfig, layer_inputs: dict, network_inputs: Batch) -> dict:
     """cuDNN on the same conv problems and the whole network, every mode, on a stream of its own
     (the timing's batch, warm-up and repeats; its stream is ours, not PyTorch's)."""
@@ -120,19 +136,13 @@ def measure_cudnn(torch, timing: Timing, config: BenchConfig, layer_inputs: dict
         del base
         torch.cuda.empty_cache()
 
-    weights, images, ref = network_inputs.weights, network_inputs.images, network_inputs.reference
-    net = config.network
-    base_w = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).cuda() for k, v in weights.items()}
-    base_x = torch.from_numpy(images).cuda()
+    ref = network_inputs.reference
+    base_w, base_x = network_on_device(torch, network_inputs)
     for mode in CUDNN_MODES:
         try:
             with torch_mode(torch, mode, config.cudnn_benchmark):
-                keys = list(base_w)
-                cast = dict(zip(keys, torch_inputs(torch, mode, [base_w[k] for k in keys])))
-                (x,) = torch_inputs(torch, mode, [base_x])
+                forward = network_forward(torch, config.network, base_w, base_x, mode)
                 torch.cuda.synchronize()
-
-                forward = torch_network(torch, net, cast, x)
                 samples = torch_samples(torch, stream, forward, timing)
                 with torch.cuda.stream(stream):
                     logits = forward().float().cpu().numpy()

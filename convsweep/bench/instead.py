@@ -12,14 +12,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from ..checks import normwise_error
 from ..errors import failure_message
 from ..inputs import Batch
 from ..numbers import finite
 from .config import BenchConfig
-from .cudnn import torch_inputs, torch_mode, torch_network, torch_samples
+from .cudnn import network_forward, network_on_device, torch_mode, torch_samples
 from .measure import Timing
 from .report import INSTEAD_MODES
 
@@ -61,9 +59,7 @@ def measure_instead(torch, timing: Timing, config: BenchConfig, network_inputs: 
                     log: Callable[[str], None] = lambda message: None) -> dict:
     """Every way x mode on the timing's batch: samples (events on the current stream), the error of
     the logits against float64 and how long the way took to get ready (capture, compile)."""
-    weights, images, ref = network_inputs.weights, network_inputs.images, network_inputs.reference
-    base_w = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).cuda() for k, v in weights.items()}
-    base_x = torch.from_numpy(images).cuda()
+    base_w, base_x = network_on_device(torch, network_inputs)
     rows = []
     for mode in INSTEAD_MODES:
         for way, prepare in WAYS:
@@ -72,17 +68,15 @@ def measure_instead(torch, timing: Timing, config: BenchConfig, network_inputs: 
                    "status": "ok", "error": None}
             try:
                 with torch_mode(torch, mode, config.cudnn_benchmark):
-                    keys = list(base_w)
-                    cast = dict(zip(keys, torch_inputs(torch, mode, [base_w[k] for k in keys])))
-                    (x,) = torch_inputs(torch, mode, [base_x])
+                    forward = network_forward(torch, config.network, base_w, base_x, mode)
                     torch.cuda.synchronize()
                     started = time.perf_counter()
-                    run, output = prepare(torch, torch_network(torch, config.network, cast, x))
+                    run, output = prepare(torch, forward)
                     torch.cuda.synchronize()
                     row["prepare_s"] = time.perf_counter() - started
                     row["samples_ms"] = torch_samples(torch, torch.cuda.current_stream(), run, timing)
                     logits = output().float().cpu().numpy()
-                row["max_rel_err"] = finite(normwise_error(logits, ref))
+                row["max_rel_err"] = finite(normwise_error(logits, network_inputs.reference))
             except Exception as e:
                 row.update(status="failed", error=failure_message(e), samples_ms=[])
             rows.append(row)
