@@ -273,12 +273,7 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
                 registry[grid_name].param_combinations(  # names the bad key
                     layer_values, f"{where}.params.{grid_name}" + (f".{layer}" if layer else ""))
         for v, entry in enumerate(exp["variants"]):
-            layer_map = _layer_map(entry, conv_names, f"{where}.variants[{v}]")
-            for var in set(layer_map.values()):
-                if var not in registry:
-                    raise ConfigError(f"{where}.variants[{v}]: unknown variant '{var}' (known: {', '.join(sorted(registry))})")
-            for layer in net.conv_layers:
-                _check_fits(net, layer.name, registry[layer_map[layer.name]], f"{where}.variants[{v}]")
+            layer_map = _layer_map(entry, net, registry, f"{where}.variants[{v}]")
             grid = _grid(layer_map, conv_names, exp.get("params", {}), f"{where}.params")
             # Checked here, once per cell shape, so a bad grid stops the sweep while it is planned.
             choose_settings(network, layer_map, grid, search, f"{where}.variants[{v}]")
@@ -343,7 +338,7 @@ def _grid(layer_map: dict[str, str], conv_names: list[str], params: dict, where:
     the variant's params are given per layer (a layer not named there keeps the defaults)."""
     grid = []
     for var in dict.fromkeys(layer_map.values()):
-        layers = [layer for layer in conv_names if layer_map[layer] == var]
+        layers = [layer for layer in layer_map if layer_map[layer] == var]
         per_layer = _per_layer(params.get(var, {}), conv_names, f"{where}.{var}")
         if None in per_layer:
             grid.append({"layers": layers, "values": per_layer[None]})
@@ -355,9 +350,13 @@ def _grid(layer_map: dict[str, str], conv_names: list[str], params: dict, where:
 def _check_shapes(net, layer_map: dict[str, str], params: dict[str, dict], registry) -> None:
     """Each layer's shape (one image; batch-dependent limits are the job's to find) must meet its
     variant's registry constraints with these tunables; ShapeError names the layer and the rule."""
-    for layer in net.conv_layers:
-        variant = registry[layer_map[layer.name]]
-        if variant.is_cpu:
+    try:  # a layer an earlier layer's fused network computes has no shape of its own to check
+        swallowed = net.swallowed({n: registry[v].fuses for n, v in layer_map.items() if not registry[v].is_cpu})
+    except ShapeError:
+        swallowed = {}  # the layer whose fused layers do not follow it is named below
+    for name, variant_name in layer_map.items():
+        variant, layer = registry[variant_name], net.layer(name)
+        if variant.is_cpu or name in swallowed:
             continue
         shape = net.variant_shape(layer, variant.fuses)
         try:
@@ -366,13 +365,36 @@ def _check_shapes(net, layer_map: dict[str, str], params: dict[str, dict], regis
             raise ShapeError(f"layer {layer.name} of {net.path.name}: {e}") from None
 
 
-def _layer_map(entry: str | dict, conv_names: list[str], where: str) -> dict[str, str]:
+def _layer_map(entry: str | dict, net, registry, where: str) -> dict[str, str]:
+    """conv layer -> variant name for one `variants` entry, checked against the registry and the
+    network. A conv layer that an earlier layer's variant computes too (a fused network swallows the
+    later convs) has no entry of its own: a string entry covers it, a mapping may leave it out."""
+    conv_names = [layer.name for layer in net.conv_layers]
     if isinstance(entry, str):
-        return {name: entry for name in conv_names}
-    unknown = set(entry) - set(conv_names)
-    if unknown:
-        raise ConfigError(f"{where}: unknown layer '{sorted(unknown)[0]}' (conv layers: {', '.join(conv_names)})")
-    missing = [n for n in conv_names if n not in entry]
-    if missing:
-        raise ConfigError(f"{where}: no variant for layer '{missing[0]}'")
-    return {name: entry[name] for name in conv_names}
+        given = {name: entry for name in conv_names}
+    else:
+        unknown = set(entry) - set(conv_names)
+        if unknown:
+            raise ConfigError(f"{where}: unknown layer '{sorted(unknown)[0]}' (conv layers: {', '.join(conv_names)})")
+        given = dict(entry)
+    for var in dict.fromkeys(given.values()):
+        if var not in registry:
+            raise ConfigError(f"{where}: unknown variant '{var}' (known: {', '.join(sorted(registry))})")
+    layer_map: dict[str, str] = {}
+    swallowed: dict[str, str] = {}  # conv layer -> the earlier layer whose variant computes it
+    for name in conv_names:
+        if name in swallowed:
+            owner = swallowed[name]
+            if given.get(name, layer_map[owner]) != layer_map[owner]:
+                raise ConfigError(f"{where}.{name}: layer {name} is computed by {owner}'s variant "
+                                  f"'{layer_map[owner]}' (it fuses the layers after {owner}); give {name} no variant "
+                                  "or the same one")
+            continue
+        if name not in given:
+            raise ConfigError(f"{where}: no variant for layer '{name}'")
+        layer_map[name] = given[name]
+        variant = registry[given[name]]
+        _check_fits(net, name, variant, where)
+        if not variant.is_cpu:
+            swallowed.update({layer.name: name for layer in net.fused_layers(name, variant.fuses) if layer.is_conv})
+    return layer_map

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from . import nsys as nsys_mod
 from .compile import LAYERS_SOURCE, source_hash
 from .config import JobSpec, RunSpec, Settings
-from .errors import ConvsweepError
+from .errors import ConvsweepError, ShapeError
 from .fileio import canonical_hash, remove_stale_temporaries, write_json_atomic
 from .gpu_early import start_primary_context
 from .gpulock import bind_free_gpu
@@ -69,6 +69,17 @@ def utc_now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
+def timed_variants(network: Network, variants: dict[str, Variant]) -> dict[str, Variant]:
+    """The layer -> variant map a job times: a conv layer that an earlier layer's variant computes
+    (a fused network swallows the later convs) has no kernel, no op time and no build of its own.
+    A variant that does not fit its layer is left for the measurement to report."""
+    try:
+        swallowed = network.swallowed({layer: v.fuses for layer, v in variants.items() if not v.is_cpu})
+    except ShapeError:
+        return variants
+    return {layer: v for layer, v in variants.items() if layer not in swallowed}
+
+
 # -- one setting's record -----------------------------------------------------------------------
 @dataclass
 class JobContext:
@@ -92,8 +103,9 @@ class JobContext:
         from .network import load_network
 
         settings = spec.settings()
-        variants = {layer: get_variant(name) for layer, name in spec.variants.items()}
-        return cls(spec, spec.runs(), settings, load_network(resolve_network_path(spec.network)), None, variants,
+        network = load_network(resolve_network_path(spec.network))
+        variants = timed_variants(network, {layer: get_variant(name) for layer, name in spec.variants.items()})
+        return cls(spec, spec.runs(), settings, network, None, variants,
                    {"git": git_state(), "sources": kernel_sources_of(variants)})
 
     def skeleton(self, index: int) -> dict:
@@ -284,7 +296,7 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
     summaries = {}
     t = time.perf_counter()
     if sqlite_path is not None:
-        conv_names = list(spec.variants)
+        conv_names = list(ctx.variants)
         activities = nsys_mod.read_activities(sqlite_path, {layer.name for layer in ctx.network.layers})
         summaries = nsys_mod.summarize_settings(activities, conv_names)
     read_s = time.perf_counter() - t

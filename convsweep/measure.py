@@ -43,6 +43,13 @@ def _timings_from_samples(samples: list[dict], conv_names: list[str]) -> dict:
             "forward_ms": med("forward_ms"), "overlap": med("overlap"), "streams_used": med("streams_used")}
 
 
+def _floor_shape(network, name: str, variant: Variant, batch: int):
+    """The problem a timed layer's floor is reckoned on: the conv alone, or for a fused network the
+    whole run of layers its kernel computes (whose intermediate maps need not leave the chip)."""
+    layer = network.layer(name)
+    return network.variant_shape(layer, variant.fuses, batch) if variant.fuses_tail else network.conv_shape(layer, batch)
+
+
 def _complete(record: dict, measured: dict, ctx: JobContext) -> None:
     """Fold one setting's measurement into its record and check its logits against float64."""
     batch, run = ctx.batch, ctx.runs[record["grid"]["index"]]
@@ -52,8 +59,8 @@ def _complete(record: dict, measured: dict, ctx: JobContext) -> None:
     record.update(measured, **check.record(), tolerance=max(v.tolerance for v in ctx.variants.values()),
                   images={"batch": run.batch, "unique": len(batch.dataset.images),
                           "cycled": run.batch > len(batch.dataset.images)},
-                  floors={layer.name: {"bytes": s.min_bytes, "flops": s.flops} for layer in batch.network.conv_layers
-                          for s in [batch.network.conv_shape(layer, run.batch)]})
+                  floors={name: {"bytes": s.min_bytes, "flops": s.flops} for name in ctx.variants
+                          for s in [_floor_shape(batch.network, name, ctx.variants[name], run.batch)]})
     record["timings"].update(timings)
     missed = [b["compile_ms"] for b in record["builds"] if not b["cache_hit"]]
     record["timings"]["compile_ms"] = sum(missed) if record["builds"] else None
@@ -117,7 +124,7 @@ def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backen
 def _measure_cpu_settings(ctx: JobContext, todo: list[int], finish) -> None:
     """The CPU reference: synchronous numpy, so a host clock around each layer is an honest timer."""
     network, images = ctx.batch.network, ctx.batch.images
-    conv_names = [layer.name for layer in network.conv_layers]
+    conv_names = list(ctx.variants)  # the timed layers: a fused network's conv1 times the later convs too
     dtype = np.dtype(network.dtype)
     cast = {k: v.astype(dtype) for k, v in ctx.batch.weights.items()}
     for i in todo:
@@ -159,11 +166,10 @@ def build_requests(network, variants: dict[str, Variant], run: RunSpec) -> list[
     """Every module a setting loads: layers.cu, and each conv layer's variant with its macros
     (tunables, and the layer's shape for variants that compile it in)."""
     requests = [BuildRequest.of(LAYERS_SOURCE, "layers", {"CONV_T": "double"} if network.dtype == "float64" else {})]
-    for layer in network.conv_layers:
-        variant = variants[layer.name]
-        params = variant.resolve_params(run.params.get(layer.name), f"params.{layer.name}")
+    for name, variant in variants.items():
+        params = variant.resolve_params(run.params.get(name), f"params.{name}")
         requests.append(BuildRequest.of(variant.source, variant.name,
-                                        variant.defines(params, network.variant_shape(layer, variant.fuses))))
+                                        variant.defines(params, network.variant_shape(network.layer(name), variant.fuses))))
     return list(dict.fromkeys(requests))
 
 
@@ -235,7 +241,7 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> di
     """One setting: its network (compiled builds loaded, weights, lanes), warm-up and timed passes."""
     gpu, streams, buffers, chunks = session.gpu, session.streams, session.buffers, session.chunks
     run, network = ctx.runs[index], ctx.batch.network
-    conv_names = [layer.name for layer in network.conv_layers]
+    conv_names = list(ctx.variants)  # the timed layers: a fused network's conv1 times the later convs too
     phases, samples = {}, []
     t = time.perf_counter()
     plan = ConvPlan(ctx.variants, {layer: var.resolve_params(run.params.get(layer), f"params.{layer}")

@@ -69,11 +69,18 @@ class Network:
         return tuple(after)
 
     def conv_shape(self, layer: Layer, batch: int, fused: tuple[Layer, ...] = ()) -> ConvShape:
-        """The kernel's problem for a conv layer and the layers fused into it (a max-pool sets P, PS)."""
+        """The kernel's problem for a conv layer and the layers fused into it: its own relu and
+        max-pool (which sets P, PS), then any later layers a fused network computes (the tail)."""
         c, h, w = layer.in_shape
-        pool = next((f for f in fused if f.kind.fuse_name == "maxpool"), None)
+        own = 0
+        while own < len(fused) and fused[own].kind.fuse_name in ("relu", "maxpool"):
+            own += 1
+            if fused[own - 1].kind.fuse_name == "maxpool":
+                break
+        pool = next((f for f in fused[:own] if f.kind.fuse_name == "maxpool"), None)
         return ConvShape(B=batch, C=c, M=layer.out_channels, H=h, W=w, K=layer.kernel, S=layer.stride,
-                         P=pool.size if pool else 0, PS=pool.stride if pool else 0, dtype=self.dtype)
+                         P=pool.size if pool else 0, PS=pool.stride if pool else 0, dtype=self.dtype,
+                         tail=tuple(fused[own:]))
 
     def variant_shape(self, layer: Layer, fuses: tuple[str, ...], batch: int = 1) -> ConvShape:
         """The problem a variant fusing `fuses` solves at conv `layer` (one image by default: the
@@ -82,7 +89,8 @@ class Network:
 
     def steps(self, fuses: dict[str, tuple[str, ...]]) -> list[Step]:
         """The launched steps in order when conv layer `name` runs a variant fusing `fuses[name]`
-        (relu, maxpool): such a step swallows those layers, and a dense step the relu right after it."""
+        (relu, maxpool, or on to the network's end): such a step swallows those layers, and a dense
+        step the relu right after it. A conv layer a step swallowed needs no entry in `fuses`."""
         steps, skip = [], 0
         for layer in self.layers:
             if skip:
@@ -95,6 +103,14 @@ class Network:
             steps.append(Step(layer, fused))
             skip = len(fused)
         return steps
+
+    def swallowed(self, fuses: dict[str, tuple[str, ...]]) -> dict[str, str]:
+        """{conv layer: the earlier conv layer whose step computes it} when the conv layers named in
+        `fuses` run variants fusing those layers (a fused network swallows the later convs)."""
+        swallowed = {}
+        for step in self.steps(fuses):
+            swallowed.update({layer.name: step.layer.name for layer in step.fused if layer.is_conv})
+        return swallowed
 
     def relu_after(self, name: str) -> tuple[Layer, ...]:
         """The relu right after layer `name` (or nothing): the dense kernel applies it in its epilogue."""

@@ -59,10 +59,11 @@ class ConvOp:
                                   self.variant.workspace_bytes(shape, self.params))
         return self._plans[shape]
 
-    def bind_weights(self, k: DeviceArray, bias: DeviceArray, stream) -> None:
+    def bind_weights(self, k: DeviceArray, bias: DeviceArray, stream, tail: tuple[DeviceArray, ...] = ()) -> None:
         """Once per layer, before any launch: the weights every launch reads (variants that keep k
-        in __constant__ get it copied there)."""
-        self.k, self.bias = k, bias
+        in __constant__ get it copied there); `tail`: a fused network's later weights and biases,
+        in layer order (FUSED_WEIGHTS)."""
+        self.k, self.bias, self.tail = k, bias, tail
         if self.variant.constant_weights:
             symbol = self.gpu.global_array(self.module, self.variant.constant_weights)
             if k.nbytes > symbol.nbytes:
@@ -87,6 +88,7 @@ class ConvOp:
             args.append(workspace.arg)
         if self.variant.fuses_pool:
             args += [np.int32(shape.P), np.int32(shape.PS)]
+        args += [w.arg for w in self.tail]
         for launch in launches:
             self.gpu.launch(stream, self.kernels[launch.kernel], launch.grid, launch.block, launch.shared_bytes, *args)
 
@@ -182,8 +184,12 @@ class GpuNetwork:
             self.builds.append(op.build)
             self.convs[step.layer.name] = op
         self.weights = {name: gpu.to_device(array.astype(self.dtype), stream) for name, array in weights.items()}
-        for name, op in self.convs.items():
-            op.bind_weights(self.weights[f"{name}.weight"], self.weights[f"{name}.bias"], stream)
+        for step in self.steps:
+            if step.layer.is_conv:
+                name = step.layer.name
+                tail = tuple(self.weights[f"{layer.name}.{part}"] for layer in self.shape(step, 1).tail
+                             for part in layer.kind.weights(layer))
+                self.convs[name].bind_weights(self.weights[f"{name}.weight"], self.weights[f"{name}.bias"], stream, tail)
         self.lanes = [self._lane(capacity) for _ in range(lanes)]
         stream.sync()
 

@@ -10,9 +10,10 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .checks import TOLERANCE
 from .errors import ConfigError, ShapeError
@@ -20,6 +21,9 @@ from .expr import evaluate
 from .fileio import canonical_hash
 from .paths import REGISTRY_PATH
 from .schema import validated_file
+
+if TYPE_CHECKING:  # a job process imports this before numpy (which convsweep.layers needs)
+    from .layers import Layer
 
 DTYPES = {"float32": 4, "float64": 8}  # element types a network may store; variants list theirs (schema enum)
 
@@ -30,6 +34,8 @@ class ConvShape:
 
     P and PS are the window and stride of a max-pool fused into the conv (0: none), and dtype
     the element type of every tensor; both change what the kernel computes and is built as.
+    `tail` holds the later layers a kernel that runs on to the network's end computes too (a fused
+    network): their sizes are names too (tail_names), and y is then the last one's output.
     """
 
     B: int
@@ -42,6 +48,7 @@ class ConvShape:
     P: int = 0
     PS: int = 0
     dtype: str = "float32"
+    tail: tuple[Layer, ...] = ()
 
     @property
     def H_out(self) -> int:
@@ -60,8 +67,10 @@ class ConvShape:
         return (self.W_out - self.P) // self.PS + 1 if self.P else self.W_out
 
     @property
-    def out_shape(self) -> tuple[int, int, int, int]:
-        """What the kernel writes: the pooled maps when a pool is fused."""
+    def out_shape(self) -> tuple[int, ...]:
+        """What the kernel writes: the pooled maps when a pool is fused, the last layer's output of a tail."""
+        if self.tail:
+            return (self.B, *self.tail[-1].out_shape)
         return (self.B, self.M, self.H_pool, self.W_pool)
 
     @property
@@ -72,17 +81,52 @@ class ConvShape:
     def names(self) -> dict[str, int]:
         return {"B": self.B, "C": self.C, "M": self.M, "H": self.H, "W": self.W, "K": self.K,
                 "S": self.S, "H_out": self.H_out, "W_out": self.W_out, "P": self.P, "PS": self.PS,
-                "H_pool": self.H_pool, "W_pool": self.W_pool, "E": self.E}
+                "H_pool": self.H_pool, "W_pool": self.W_pool, "E": self.E, **tail_names(self.tail)}
 
     @property
     def flops(self) -> int:
-        return 2 * self.B * self.M * self.H_out * self.W_out * self.C * self.K * self.K
+        own = 2 * self.B * self.M * self.H_out * self.W_out * self.C * self.K * self.K
+        return own + sum(self.B * layer_flops(layer) for layer in self.tail)
 
     @property
     def min_bytes(self) -> int:
-        """Bytes the layer must move at least: input, weights, bias and (pooled) output once each."""
-        return self.E * (self.B * self.C * self.H * self.W + self.M * self.C * self.K * self.K + self.M
-                         + self.B * self.M * self.H_pool * self.W_pool)
+        """Bytes the kernel must move at least: input, weights and biases, and its output once each
+        (a tail's intermediate maps need not leave the chip)."""
+        weights = self.M * self.C * self.K * self.K + self.M + sum(layer_weights(layer) for layer in self.tail)
+        return self.E * (self.B * self.C * self.H * self.W + weights + math.prod(self.out_shape))
+
+
+def tail_names(tail: tuple[Layer, ...]) -> dict[str, int]:
+    """A tail's sizes as registry names, numbered by kind in layer order: the conv's own layer is
+    conv 1 and its pool pool 1, so a tail's convs give M2, K2, S2, ..., its pools P2, PS2, ..., and
+    its dense layers N1, N2, ... (out_features)."""
+    names, count = {}, {"conv2d": 1, "maxpool2d": 1, "dense": 0}
+    for layer in tail:
+        if layer.type in count:
+            count[layer.type] += 1
+            n = count[layer.type]
+            if layer.type == "conv2d":
+                names.update({f"M{n}": layer.out_channels, f"K{n}": layer.kernel, f"S{n}": layer.stride})
+            elif layer.type == "maxpool2d":
+                names.update({f"P{n}": layer.size, f"PS{n}": layer.stride})
+            else:
+                names[f"N{n}"] = layer.out_features
+    return names
+
+
+def layer_flops(layer: Layer) -> int:
+    """Multiply-add FLOPs of one image through a conv or dense layer (0 for the others)."""
+    if layer.type == "conv2d":
+        c, k = layer.in_shape[0], layer.kernel
+        return 2 * math.prod(layer.out_shape) * c * k * k
+    if layer.type == "dense":
+        return 2 * layer.in_shape[0] * layer.out_features
+    return 0
+
+
+def layer_weights(layer: Layer) -> int:
+    """Weight and bias elements of a layer."""
+    return sum(math.prod(shape) for shape in layer.kind.weights(layer).values())
 
 
 @dataclass(frozen=True)
@@ -136,6 +180,12 @@ class Variant:
     @property
     def fuses_pool(self) -> bool:
         return "maxpool" in self.fuses
+
+    @property
+    def fuses_tail(self) -> bool:
+        """Whether the kernel runs on past its conv's relu and pool, through later layers (a fused
+        network): those layers' weights follow POOL_ARGS (FUSED_WEIGHTS in common.cuh)."""
+        return any(kind not in ("relu", "maxpool") for kind in self.fuses)
 
     def workspace_bytes(self, shape: ConvShape, params: dict) -> int:
         if not self.workspace:
@@ -204,6 +254,10 @@ class Variant:
         if self.fuses_pool != bool(shape.P):
             raise ShapeError(f"variant '{self.name}' fuses {'+'.join(self.fuses) or 'nothing'}: it needs "
                              f"{'a max-pool window (P > 0)' if self.fuses_pool else 'no fused pool'}, got P={shape.P}")
+        if self.fuses_tail != bool(shape.tail):
+            raise ShapeError(f"variant '{self.name}' " + (f"computes the layers after its conv too ({', '.join(self.fuses)}): "
+                             "it runs in a network, not on a lone layer" if self.fuses_tail else
+                             "computes one conv layer, not the layers after it"))
         if shape.P and (shape.H_out < shape.P or shape.W_out < shape.P):
             raise ShapeError(f"variant '{self.name}': pool window {shape.P} is larger than the {shape.H_out}x{shape.W_out} output")
         names = {**shape.names(), **params}

@@ -6,7 +6,10 @@
 //   WORKSPACE_ARG  a device buffer of the registry's `workspace` bytes (im2col columns, half
 //                  copies, spectra), private to the stream the launch runs on;
 //   POOL_ARGS      the fused max-pool window P and stride PS (variants whose `fuses` lists
-//                  maxpool; y is then the pooled output, [B][M][H_pool][W_pool]).
+//                  maxpool; y is then the pooled output, [B][M][H_pool][W_pool]);
+//   FUSED_WEIGHTS  one per later layer with weights that the variant computes too (a variant
+//                  whose `fuses` runs on past its pool, to the network's end: y is then the
+//                  logits), in layer order: that layer's weight and bias.
 #pragma once
 
 // The element type of x, k, bias and y: float, or double when the network is float64 (the
@@ -21,6 +24,7 @@ typedef CONV_T conv_t;
         const conv_t *__restrict__ bias, int B, int C, int M, int H, int W, int K, int S
 #define WORKSPACE_ARG void *__restrict__ workspace
 #define POOL_ARGS int P, int PS
+#define FUSED_WEIGHTS(layer) const conv_t *__restrict__ layer##_w, const conv_t *__restrict__ layer##_b
 
 __device__ __forceinline__ int conv_out_size(int in, int k, int s) { return (in - k) / s + 1; }
 

@@ -62,6 +62,7 @@
 // MAP_SPLIT (warps per band), SPLIT (1: TF32, 3: 3xTF32), HALF (fp16 rows and mma, below).
 #pragma once
 #include "common.cuh"
+#include "mma_f16.cuh"
 
 #ifndef WARPS
 #define WARPS 4
@@ -147,45 +148,11 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], unsigned a0, unsigned a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// max that keeps a NaN (like layers.cu's maxpool), in one instruction (sm_80+): the epilogue's
-// maxes were 3-4 integer/compare ops each, on a kernel whose busiest pipe is the ALU.
 // fp16 (HALF): mma.m16n8k8 .f16 has A = {a0: (g, 2t..2t+1), a1: (g+8, 2t..2t+1)} and B = {b0:
 // (k 2t..2t+1, n g)}, f16x2 each, fp32 accumulate. With the same pixel order (row g <-> pixel 2g,
 // g+8 <-> 2g+1) and k = kx, a0 = x[e], x[e+1] and a1 = x[e+1], x[e+2] for e = x0 + 2g + 2t (even):
-// one 32-bit LDS each, a1 from a copy of the row shifted by one element so that it is aligned too.
-__device__ __forceinline__ unsigned short to_half(float v) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    return h;
-}
-
-__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source -> upper half
-    return r;
-}
-
-__device__ __forceinline__ void mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned b0) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-}
-
-// m16n8k16 .f16 (CPAIR, RPAIR): A = {a0, a1} as m16n8k8's for k 0-7, {a2, a3} the same for k 8-15; B =
-// {b0: (k 2t..2t+1, n g), b1: (k 2t+8..2t+9, n g)}.
-__device__ __forceinline__ void mma_f16_k16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                            unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float max_nan(float a, float b) {
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
+// one 32-bit LDS each, a1 from a copy of the row shifted by one element so that it is aligned too
+// (to_half, pack_half2, mma_f16, mma_f16_k16 and max_nan are in mma_f16.cuh).
 
 __device__ __forceinline__ int kap(int t) { return (t & 1) | ((t & 2) << 1); }  // 0, 1, 4, 5
 

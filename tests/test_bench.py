@@ -12,6 +12,7 @@ from convsweep import bench
 from convsweep.bench import cudnn, report
 from convsweep.bench.harness import run_harness
 from convsweep.checks import check_indices, check_output, loosest_precision, normwise_error
+from convsweep.errors import ConfigError
 from convsweep.fileio import write_json_atomic
 from convsweep.network import load_network, reference_forward
 from convsweep.paths import ROOT
@@ -387,3 +388,32 @@ def test_bench_harness_on_the_gpu():
     cached = out["events"]["runs"][-1]
     assert cached["status"] == "ok", cached["error"]
     assert all(cached["cache_hits"]) and cached["total_s"] > 0
+
+
+def test_a_whole_network_variant_is_a_forward_row_of_its_own(tmp_path):
+    """`networks:` candidates run as forward plans beside the best of each layer; end to end runs
+    the fastest correct one (on the fake clock every forward ties, so the first: the per-layer plan)."""
+    text = GOOD + "networks:\n  - {variant: fp16_fused_network, params: {IMAGES: 8}}\n"
+    config = bench.load_bench_config(write(tmp_path, text))
+    assert [(c.layer, c.variant, c.resolved) for c in config.networks] == [("conv1", "fp16_fused_network", {"IMAGES": 8})]
+    result = bench.run_bench(config, bench.BenchOptions(batch=24, repeats=3), FAKE, load_torch=no_torch)
+    forwards = [r for r in result["rows"] if r["kind"] == "forward"]
+    assert len(forwards) == 2 and all(r["status"] == "ok" for r in forwards)
+    assert forwards[1]["variants"] == {"conv1": "fp16_fused_network"} and forwards[1]["precision"] == "fp16"
+    # the fused row's floor: one kernel reads the images and weights and writes the logits
+    assert forwards[1]["plan_bytes"] == forwards[1]["network_bytes"] < forwards[0]["plan_bytes"]
+    labels = [row[0] for row in report.table_rows(result)]
+    assert labels.count("forward (on device)") == 2
+    assert next(r for r in result["rows"] if r["kind"] == "end_to_end")["variants"] == forwards[0]["variants"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace("    - restrict_unroll", "    - fp16_fused_network"),
+     "candidates.conv1[1].variant: 'fp16_fused_network' runs the whole network: list it under networks"),
+    (lambda t: t + "networks: [naive]\n",
+     "networks[0].variant: 'naive' computes one conv layer: list it under candidates"),
+])
+def test_per_layer_and_whole_network_candidates_are_kept_apart(tmp_path, edit, message):
+    with pytest.raises(ConfigError) as info:
+        bench.load_bench_config(write(tmp_path, edit(GOOD)))
+    assert message in str(info.value) and "\n" not in str(info.value)

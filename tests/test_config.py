@@ -241,5 +241,22 @@ def test_the_default_experiments_file_is_valid():
     from convsweep.config import ROOT
 
     jobs = expand_config(load_config(ROOT / "experiments.yaml"))
-    assert {j.label for j in jobs} == {"naive", "fused_conv_relu_pool", "tf32_sliding_window", "fp16_sliding_window", "reference"}
+    assert {j.label for j in jobs} == {"naive", "fused_conv_relu_pool", "tf32_sliding_window", "fp16_sliding_window",
+                                      "fp16_fused_network", "reference"}
     assert sorted({j.batch for j in jobs}) == [100, 1000, 10000]
+
+
+def test_a_fused_network_covers_the_conv_layers_it_swallows(tmp_path):
+    """variants: [fp16_fused_network] maps conv1 alone (its kernel computes conv2); a mapping may
+    leave conv2 out, and one that gives conv2 another variant is one line naming the layer."""
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"]["variants"] = ["fp16_fused_network", {"conv1": "fp16_fused_network"}]
+    jobs = expand_config(load_config(write(tmp_path, data)))
+    assert {tuple(job.variants.items()) for job in jobs} == {(("conv1", "fp16_fused_network"),)}
+    data["experiments"]["e1"]["variants"] = [{"conv1": "fp16_fused_network", "conv2": "naive"}]
+    with pytest.raises(ConfigError) as info:
+        expand_config(load_config(write(tmp_path, data)))
+    assert "variants[0].conv2: layer conv2 is computed by conv1's variant 'fp16_fused_network'" in str(info.value)
+    data["experiments"]["e1"]["variants"] = [{"conv1": "naive", "conv2": "fp16_fused_network"}]
+    with pytest.raises(ConfigError, match="layer conv2 is followed by relu, maxpool, flatten"):
+        expand_config(load_config(write(tmp_path, data)))

@@ -30,7 +30,8 @@ SHAPES = {  # B, C, M, H, W, K, S, and the pool (window, stride) a variant fusin
     "odd-c-m8-k6": (2, 3, 8, 20, 22, 6, 1, (2, 2)),  # fp16_sliding_window's m16n8k8 path (no channel or row pairs)
 }
 REGISTRY = load_registry()
-CASES = [(name, params) for name, var in REGISTRY.items() if not var.is_cpu for params in var.all_combinations()]
+CASES = [(name, params) for name, var in REGISTRY.items() if not var.is_cpu and not var.fuses_tail
+         for params in var.all_combinations()]  # fused networks run whole networks (test_fused_network_*)
 DOUBLE_CASES = [name for name, var in REGISTRY.items() if "float64" in var.dtypes and not var.is_cpu]
 
 
@@ -266,6 +267,29 @@ def test_network_with_each_variant_classifies_like_the_reference(tmp_path, varia
     if REGISTRY[variant].precision != "fp16":
         assert result["prediction_agreement"] >= 0.999
     assert abs(result["accuracy"] - reference_accuracy(2000)) <= 0.005
+
+
+@pytest.mark.parametrize("batch, streams, chunk", [(1, 1, None), (7, 1, None), (7, 3, 2), (10001, 1, None),
+                                                   (10001, 4, 1250)])
+def test_fused_network_runs_any_batch_and_any_chunking(batch, streams, chunk):
+    """The whole network in one kernel: batches that are not a multiple of its 8-image groups or of
+    IMAGES, in one pass or pipelined in chunks on several streams; logits poisoned before each pass,
+    checked against float64 and the reference's accuracy; one timed layer (conv1) holds every op."""
+    from convsweep.measure import measure
+
+    run = spec("events", batch=batch, repeats=2, streams=streams, host_memory="pinned" if streams > 1 else "pageable",
+               chunk_images=chunk, variants={"conv1": "fp16_fused_network", "conv2": "fp16_fused_network"},
+               params={"conv1": {"IMAGES": 8}})
+    result = measure(run, keep_logits=True)
+    assert result["status"] == "ok", result["error"]
+    assert np.isfinite(result["logits"]).all() and result["logits"].shape == (batch, 10)
+    assert result["max_rel_err"] <= REGISTRY["fp16_fused_network"].tolerance
+    assert abs(result["accuracy"] - reference_accuracy(batch)) <= 0.005 + 1 / batch
+    op_time = result["timings"]["op_time_ms"]
+    assert list(op_time) == ["conv1"]
+    if streams == 1:  # one stream's layers can be told apart by events; several streams' cannot (None)
+        assert op_time["conv1"] > 0
+    assert {b["variant"] for b in result["builds"]} == {"fp16_fused_network", "layers"}
 
 
 @pytest.mark.parametrize("network, variant, batch", [

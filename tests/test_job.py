@@ -465,3 +465,25 @@ def test_without_nvml_nothing_is_guessed(tmp_path):
     assert m["status"] == "ok"
     assert (m["throttle"], m["note"], m["energy"]) == (None, None, None)
     assert m["clocks_after"] == {"sm_mhz": None, "memory_mhz": None}
+
+
+def test_a_fused_network_job_times_one_layer_and_builds_one_variant(tmp_path):
+    """fp16_fused_network at conv1 computes conv2 too: the job has one timed layer, one op time, one
+    variant build (layers.cu aside), even when the spec names conv2 as well."""
+    from convsweep.job import JobContext
+    from convsweep.measure import build_requests
+
+    job = spec(variants={"conv1": "fp16_fused_network", "conv2": "fp16_fused_network"},
+               params={"conv1": {"IMAGES": 8}, "conv2": {}}, batch=24)
+    ctx = JobContext.open(job)
+    assert list(ctx.variants) == ["conv1"]
+    builds = build_requests(ctx.network, ctx.variants, ctx.runs[0])
+    assert [b.name for b in builds] == ["layers", "fp16_fused_network"]
+    assert dict(builds[1].macros)["N2_FIXED"] == 10 and dict(builds[1].macros)["IMAGES"] == 8
+    m = run_job(job, tmp_path / "r.json", backend=FAKE)
+    assert m["status"] == "ok", m["error"]
+    assert list(m["timings"]["op_time_ms"]) == ["conv1"] and list(m["floors"]) == ["conv1"]
+    assert {s["layer"] for s in m["samples"] if s["metric"] == "op_time_ms"} == {"conv1"}
+    # the floor of a kernel that runs the whole network: the images, every weight and the logits
+    assert m["floors"]["conv1"]["bytes"] == 4 * (24 * 86 * 86 + 4 * 49 + 4 + 16 * 4 * 49 + 16 + 1024 * 32 + 32
+                                                 + 32 * 10 + 10 + 24 * 10)

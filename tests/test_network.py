@@ -258,3 +258,23 @@ def test_the_other_workloads_load_with_seeded_random_weights():
     first, again = load_weights(fp64), load_weights(fp64)
     assert all(np.array_equal(first[k], again[k]) and first[k].dtype == np.float64 for k in first)
     assert 0 < np.abs(first["fc1.weight"]).max() <= 1 / np.sqrt(4000)
+
+
+def test_a_fused_network_shape_names_its_later_layers_and_swallows_them():
+    from convsweep.paths import ROOT
+    from convsweep.variants import get_variant
+
+    lenet = load_network(ROOT / "networks" / "lenet86.yaml")
+    fuses = get_variant("fp16_fused_network").fuses
+    shape = lenet.variant_shape(lenet.layer("conv1"), fuses, 5)
+    assert (shape.P, shape.PS, shape.out_shape) == (2, 2, (5, 10))  # its own pool; it writes the logits
+    assert {k: shape.names()[k] for k in ("M2", "K2", "S2", "P2", "PS2", "N1", "N2")} == \
+        {"M2": 16, "K2": 7, "S2": 1, "P2": 4, "PS2": 4, "N1": 32, "N2": 10}
+    assert shape.flops == 5 * (2 * 4 * 80 * 80 * 49 + 2 * 16 * 34 * 34 * 4 * 49 + 2 * 1024 * 32 + 2 * 32 * 10)
+    steps = lenet.steps({"conv1": fuses})
+    assert [step.layer.name for step in steps] == ["conv1"] and steps[0].last.name == "fc2"
+    assert lenet.swallowed({"conv1": fuses}) == {"conv2": "conv1"}
+    assert lenet.swallowed({"conv1": ("relu", "maxpool"), "conv2": ()}) == {}
+    with pytest.raises(ShapeError, match="runs in a network, not on a lone layer"):
+        pooled = lenet.conv_shape(lenet.layer("conv1"), 5, (lenet.layer("relu1"), lenet.layer("pool1")))
+        get_variant("fp16_fused_network").check_shape(pooled, {"IMAGES": 8})

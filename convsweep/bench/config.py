@@ -42,6 +42,7 @@ class BenchConfig:
     copy_mib: int
     cudnn_benchmark: bool
     candidates: dict  # conv layer -> [Candidate]
+    networks: tuple  # Candidates of whole-network variants (their layer: the first conv)
     end_to_end: dict  # streams, host_memory, chunk_images
     harness: dict  # repeats, warmup
     targets: dict  # batch, device, ms
@@ -64,7 +65,10 @@ def load_bench_config(path: str | Path = DEFAULT_CONFIG) -> BenchConfig:
         raise ConfigError(f"{f}: network: expected a float32 network (the bench times float32 kernels), "
                           f"got {network.dtype} in {raw['network']}")
     conv_names = [layer.name for layer in network.conv_layers]
-    candidates = _candidates(raw["candidates"], network, conv_names, load_registry(), f)
+    registry = load_registry()
+    candidates = _candidates(raw["candidates"], network, conv_names, registry, f)
+    networks = tuple(_candidate(entry, conv_names[0], network, registry, f"{f}: networks[{i}]", whole=True)
+                     for i, entry in enumerate(raw["networks"]))
 
     t = raw["targets"]
     rows = tuple(load_schema("bench")["properties"]["targets"]["properties"]["ms"]["properties"])
@@ -79,7 +83,7 @@ def load_bench_config(path: str | Path = DEFAULT_CONFIG) -> BenchConfig:
     return BenchConfig(path=path, network_path=net_path, network=network, dataset=raw["dataset"],
                        batch=raw["batch"], repeats=raw["repeats"], warmup=raw["warmup"], seed=raw["seed"],
                        check_images=raw["check_images"], copy_mib=raw["copy_mib"],
-                       cudnn_benchmark=raw["cudnn_benchmark"], candidates=candidates,
+                       cudnn_benchmark=raw["cudnn_benchmark"], candidates=candidates, networks=networks,
                        end_to_end=raw["end_to_end"], harness=raw["harness"], targets=targets)
 
 
@@ -91,23 +95,28 @@ def _candidates(raw: dict, network, conv_names: list[str], registry: dict, f: st
         where = f"{f}: candidates.{layer_name}"
         if layer_name not in conv_names:
             raise ConfigError(f"{where}: expected a conv layer of {network.name} ({', '.join(conv_names)})")
-        layer = network.layer(layer_name)
-        candidates[layer_name] = []
-        for i, entry in enumerate(entries):
-            at = f"{where}[{i}]"
-            if isinstance(entry, str):  # shorthand: a bare variant name
-                entry = {"variant": entry, "params": {}}
-            name = entry["variant"]
-            if name not in registry:
-                raise ConfigError(f"{at}.variant: unknown variant {name!r} (known: {', '.join(sorted(registry))})")
-            var = registry[name]
-            if var.is_cpu:
-                raise ConfigError(f"{at}.variant: expected a GPU variant, got {name!r} (it runs on the CPU)")
-            resolved = var.resolve_params(entry["params"], f"{at}.params")
-            try:
-                fused = network.fused_layers(layer_name, var.fuses)
-                var.check_shape(network.conv_shape(layer, 1, fused), resolved)
-            except ConvsweepError as e:
-                raise ConfigError(f"{at}.variant: {e}") from None
-            candidates[layer_name].append(Candidate(layer_name, name, dict(entry["params"]), resolved))
+        candidates[layer_name] = [_candidate(entry, layer_name, network, registry, f"{where}[{i}]")
+                                  for i, entry in enumerate(entries)]
     return candidates
+
+
+def _candidate(entry, layer_name: str, network, registry: dict, at: str, whole: bool = False) -> Candidate:
+    """One candidate at conv `layer_name`: a GPU variant whose tunables and fused layers fit there;
+    `whole`: one that runs the rest of the network (networks:), else one that does not (candidates:)."""
+    if isinstance(entry, str):  # shorthand: a bare variant name
+        entry = {"variant": entry, "params": {}}
+    name = entry["variant"]
+    if name not in registry:
+        raise ConfigError(f"{at}.variant: unknown variant {name!r} (known: {', '.join(sorted(registry))})")
+    var = registry[name]
+    if var.is_cpu:
+        raise ConfigError(f"{at}.variant: expected a GPU variant, got {name!r} (it runs on the CPU)")
+    if var.fuses_tail != whole:
+        raise ConfigError(f"{at}.variant: {name!r} " + ("computes one conv layer: list it under candidates" if whole else
+                                                         "runs the whole network: list it under networks"))
+    resolved = var.resolve_params(entry["params"], f"{at}.params")
+    try:
+        var.check_shape(network.variant_shape(network.layer(layer_name), var.fuses), resolved)
+    except ConvsweepError as e:
+        raise ConfigError(f"{at}.variant: {e}") from None
+    return Candidate(layer_name, name, dict(entry["params"]), resolved)

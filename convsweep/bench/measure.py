@@ -164,6 +164,12 @@ def plan_from_best(config: BenchConfig, best: dict[str, dict]) -> ConvPlan:
     return ConvPlan({n: get_variant(best[n]["variant"]) for n in names}, {n: best[n]["resolved_params"] for n in names})
 
 
+def plan_of(cand: Candidate) -> ConvPlan:
+    """A whole-network candidate (bench `networks:`) as a network run takes it: its variant at the
+    first conv layer, which swallows the rest."""
+    return ConvPlan({cand.layer: get_variant(cand.variant)}, {cand.layer: cand.resolved})
+
+
 def _network_record(plan: ConvPlan, network, batch: int) -> dict:
     """A forward or end-to-end row before it is measured: the plan, its precision class and traffic."""
     names = {n: v.name for n, v in plan.variants.items()}

@@ -17,7 +17,7 @@ from .cudnn import measure_cudnn, measure_matmul, torch_cuda
 from .harness import run_harness
 from .instead import measure_instead
 from .measure import (Timing, best_variants, layer_inputs, measure_candidate,
-                      measure_ceilings, measure_end_to_end, measure_forward, plan_from_best)
+                      measure_ceilings, measure_end_to_end, measure_forward, plan_from_best, plan_of)
 from .report import build_result, params_text
 
 
@@ -68,17 +68,23 @@ def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backe
         missing = [layer.name for layer in network.conv_layers if layer.name not in config.candidates]
         best = None if missing else best_variants(meas["convs"])
         net_inputs = load_batch(network, config.dataset, batch)
-        if best is None:
-            why = (f"the bench file has no candidates for {', '.join(missing)}" if missing
-                   else "a conv layer has no correct candidate")
-            meas["forward"] = {"status": "skipped", "error": why, "samples_ms": []}
+        plans = ([plan_from_best(config, best)] if best else []) + [plan_of(cand) for cand in config.networks]
+        forwards = []
+        for plan in plans:
+            log(f"forward on the device: {', '.join(v.name for v in plan.variants.values())}")
+            forwards.append((plan, measure_forward(gpu, timing, config, plan, net_inputs, backend)))
+        fastest = min((pf for pf in forwards if pf[1]["status"] == "ok"), default=None,
+                      key=lambda pf: median(pf[1]["samples_ms"]))
+        if fastest is None:
+            why = (f"the bench file has no candidates for {', '.join(missing)}" if missing and not forwards
+                   else "no forward plan ran correctly" if forwards else "a conv layer has no correct candidate")
+            meas["forward"] = forwards[0][1] if forwards else {"status": "skipped", "error": why, "samples_ms": []}
             meas["end_to_end"] = {"status": "skipped", "error": why, "samples_ms": [], "streams": config.end_to_end["streams"]}
         else:
-            plan = plan_from_best(config, best)
-            log("forward on the device")
-            meas["forward"] = measure_forward(gpu, timing, config, plan, net_inputs, backend)
+            meas["forward"] = fastest[1]
             log(f"end to end, {config.end_to_end['streams']} streams")
-            meas["end_to_end"] = measure_end_to_end(gpu, timing, config, plan, net_inputs, backend)
+            meas["end_to_end"] = measure_end_to_end(gpu, timing, config, fastest[0], net_inputs, backend)
+        meas["other_forwards"] = [rec for _, rec in forwards if rec is not meas["forward"]]
         gpu.device.sync()
         if torch is None:
             meas["cudnn"] = {"available": False, "note": torch_note}

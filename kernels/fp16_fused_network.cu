@@ -1,0 +1,337 @@
+// fp16_fused_network: the whole LeNet-86 forward in one kernel, conv1 -> ReLU -> pool -> conv2 ->
+// ReLU -> pool -> flatten -> fc1 -> ReLU -> fc2, every intermediate map kept in shared memory: the
+// only global traffic is each image (29.6 KB), the weights (L2-resident) and 10 logits per image.
+// Separately, the layers write the 256 MB of pooled conv1 maps at batch 10000 and read them back.
+//
+// A block takes IMAGES consecutive images, one at a time, with all its warps on each phase:
+//   load     the image's fp32 rows arrive by cp.async while the previous image computes;
+//   stage    rows -> fp16 (plus a copy shifted by one element, so every fragment is a 32-bit word);
+//   conv1    the sliding-window mma of sliding_window.cuh (RPAIR: k 0-7 one input row, k 8-15 the
+//            next; n = two conv rows x 4 maps), a warp per pooled row; the epilogue pools, adds the
+//            bias, applies ReLU and writes fp16 straight into conv2's staged rows (both copies);
+//   conv2    the same mma with channel pairs (CPAIR), a warp per pooled row and both n8 map blocks;
+//            the epilogue writes the image's flattened fp16 features [16][8][8];
+//   dense    after every GROUP (8) images: fc1 as mma with the 8 images as n (the weights read once
+//            per 8 images), a k-slice per warp summed in shared memory, then bias, ReLU and fc2 in fp32.
+// Fragments, pixel orders and the pools' lanes are those of sliding_window.cuh; mma_f16.cuh has the
+// instructions.
+//
+// Floors (H100, B=10000): reading the images is 0.099 ms; the mma work (800 m16n8k16 for conv1 and
+// 1792 for conv2 per image, 106 GFLOP issued) is 0.16 ms at the 693 TFLOP/s the bench measured for
+// cuBLAS fp16 and about twice that at mma.sync's usual share of it; separately the two conv layers
+// take 0.257 + 0.308 ms. docs/performance.md has the measurements.
+// Tunables (registry): IMAGES (images per block: fewer is more blocks to fill the GPU, more spreads
+// each block's setup, the B fragments, over more images).
+#include "common.cuh"
+#include "mma_f16.cuh"
+
+#ifndef IMAGES
+#define IMAGES 16
+#endif
+
+namespace {
+
+// The network's shape, compiled in (registry compile_time) and held to what this kernel is written for.
+static_assert(C_FIXED == 1 && M_FIXED == 4 && K_FIXED == 7 && S_FIXED == 1 && P_FIXED == 2 && PS_FIXED == 2,
+              "conv1: 1 -> 4 maps, 7x7, stride 1, 2x2 pool (see the registry constraints)");
+static_assert(M2_FIXED == 16 && K2_FIXED == 7 && S2_FIXED == 1 && P2_FIXED == 4 && PS2_FIXED == 4,
+              "conv2: 4 -> 16 maps, 7x7, stride 1, 4x4 pool");
+static_assert(N1_FIXED == 32 && N2_FIXED <= 32, "fc1: 32 outputs; fc2: at most 32");
+
+constexpr int WARPS = 8, THREADS = 32 * WARPS;
+constexpr int GROUP = 8;                                   // images per dense mma (its n)
+constexpr int kH = H_FIXED, kW = W_FIXED, kK = K_FIXED;    // input rows and columns, conv1's kernel
+constexpr int M1 = M_FIXED, M2 = M2_FIXED, K2 = K2_FIXED, N1 = N1_FIXED, N2 = N2_FIXED;
+constexpr int HP1 = (kH - kK + 1) / 2, WP1 = (kW - kK + 1) / 2;          // pooled conv1 maps
+constexpr int HP2 = (HP1 - K2 + 1 - 4) / 4 + 1, WP2 = (WP1 - K2 + 1 - 4) / 4 + 1;  // pooled conv2 maps
+constexpr int FEAT = M2 * HP2 * WP2;                       // fc1's inputs
+constexpr int TILES1 = (2 * WP1 + 15) / 16, TILES2 = (4 * WP2 + 15) / 16;  // 16-pixel tiles of used columns
+constexpr int PW1 = 16 * TILES1 + 8;                       // staged input row (halves): past the last fragment
+constexpr int PW2 = (16 * TILES2 + 8 > WP1 ? 16 * TILES2 + 8 : WP1 + 1) / 2 * 2;  // staged pooled conv1 row
+constexpr int D1 = kK + 1;                                 // input rows one conv1 row pair reads
+constexpr int F1 = D1 / 2, F2 = M1 / 2 * K2 * (M2 / 8);    // B fragments: conv1 (row pairs), conv2
+constexpr int FEAT_STRIDE = FEAT + 8;                      // halves: images' feature rows 4 banks apart
+constexpr int CH2 = HP1 * 2 * PW2 + 16;                    // halves per staged conv2 channel: 8 banks apart, so
+                                                           // conv1's epilogue stores its 4 maps conflict-free
+constexpr int K_SLICE = FEAT / WARPS;                      // fc1 inputs per warp
+constexpr int ROWS1 = HP1 / WARPS;                         // pooled conv1 rows per warp
+static_assert(kK % 2 == 1 && HP2 <= WARPS && HP1 % WARPS == 0 && M2 % 8 == 0 && M1 % 2 == 0 && K_SLICE % 16 == 0 && N1 == 32,
+              "the mappings below");
+static_assert(4 * HP2 + K2 - 2 < HP1 && 2 * HP1 + D1 - 3 < kH, "row reads stay inside the maps");
+static_assert((kH * kW) % 4 == 0, "each image starts 16-byte aligned and is whole 16-byte chunks (cp.async)");
+static_assert(IMAGES % GROUP == 0 && THREADS == N1 * GROUP, "the dense phase's thread mapping");
+
+// Shared memory, in bytes (the registry's shared_bytes says the same; the kernel checks it).
+constexpr int RAW_BYTES = 4 * kH * kW;                    // the next image, fp32, as it arrives
+constexpr int X1_BYTES = 2 * kH * 2 * PW1;                // input rows, fp16, plain and shifted
+constexpr int X2_BYTES = 2 * M1 * CH2;                    // pooled conv1 maps, the same way
+constexpr int B1_BYTES = 8 * 32 * F1, B2_BYTES = 8 * 32 * F2;
+constexpr int FEAT_BYTES = 2 * GROUP * FEAT_STRIDE;
+constexpr int SHARED_BYTES = RAW_BYTES + X1_BYTES + X2_BYTES + B1_BYTES + B2_BYTES + FEAT_BYTES;
+static_assert(4 * (WARPS * N1 * GROUP + GROUP * N1) <= X1_BYTES, "fc partial sums fit where x1 is idle");
+static_assert(RAW_BYTES % 16 == 0 && X1_BYTES % 16 == 0 && X2_BYTES % 16 == 0, "alignment of what follows");
+
+__device__ __forceinline__ unsigned lds32(const unsigned short *p) { return *reinterpret_cast<const unsigned *>(p); }
+
+// Every thread's share of one image's 16-byte chunks into `raw`, as one cp.async group.
+__device__ __forceinline__ void load_image(float *raw, const float *__restrict__ src) {
+    const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(raw));
+    for (int c = threadIdx.x; c < kH * kW / 4; c += THREADS)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 16 * c), "l"(src + 4 * c) : "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+__device__ __forceinline__ void wait_image() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// conv1's B fragment f (input rows 2f, 2f + 1 of a row pair) for this lane: column n = g is map
+// g % 4 of conv row g / 4; k 2t, 2t+1 (b.x) kernel columns of the first row, k 2t+8.. (b.y) of the second.
+__device__ uint2 conv1_fragment(const float *__restrict__ k, int f, int lane) {
+    const int g = lane >> 2, t = lane & 3, m = g % M1, dr = g / M1;
+    unsigned h[2];
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        const int ky = 2 * f + p - dr;
+        float v[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) v[j] = ky >= 0 && ky < kK && 2 * t + j < kK ? k[(m * kK + ky) * kK + 2 * t + j] : 0.f;
+        h[p] = pack_half2(v[0], v[1]);
+    }
+    return make_uint2(h[0], h[1]);
+}
+
+// conv2's B fragment f = (channel pair cp, kernel row d, map block nb): column n = g is map nb * 8 + g;
+// k 0-7 (b.x) kernel columns of channel 2 cp, k 8-15 (b.y) of channel 2 cp + 1.
+__device__ uint2 conv2_fragment(const float *__restrict__ k, int f, int lane) {
+    const int g = lane >> 2, t = lane & 3, nb = f % (M2 / 8), d = f / (M2 / 8) % K2, cp = f / (M2 / 8 * K2);
+    const int m = nb * 8 + g;
+    unsigned h[2];
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        float v[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            v[j] = 2 * t + j < K2 ? k[((m * M1 + 2 * cp + p) * K2 + d) * K2 + 2 * t + j] : 0.f;
+        h[p] = pack_half2(v[0], v[1]);
+    }
+    return make_uint2(h[0], h[1]);
+}
+
+// raw (fp32 [kH][kW]) -> x1 [row][copy][PW1] fp16: copy 0 holds x[j], copy 1 x[j + 1], zero past W.
+// A warp per row, a column pair per lane: one 64-bit load (x[j + 2] is the next lane's), two
+// 32-bit stores. Lanes 0-31 cover 64 columns per pass, and a pass's last lane reads its x[j + 2].
+__device__ __forceinline__ void stage_input(const float *raw, unsigned short *x1, int warp, int lane) {
+    static_assert(kW % 2 == 0, "rows of whole float2 pairs");
+    for (int row = warp; row < kH; row += WARPS) {
+        const float *src = raw + row * kW;
+        unsigned *dst = reinterpret_cast<unsigned *>(x1 + row * 2 * PW1);
+#pragma unroll
+        for (int p0 = 0; p0 < PW1 / 2; p0 += 32) {
+            const int j = 2 * (p0 + lane);
+            const float2 v = j < kW ? *reinterpret_cast<const float2 *>(src + j) : make_float2(0.f, 0.f);
+            float next = __shfl_down_sync(0xffffffffu, v.x, 1);  // x[j + 2]
+            if (lane == 31) next = j + 2 < kW ? src[j + 2] : 0.f;
+            if (p0 + lane < PW1 / 2) {
+                dst[p0 + lane] = pack_half2(v.x, v.y);
+                dst[PW1 / 2 + p0 + lane] = pack_half2(v.y, next);
+            }
+        }
+    }
+}
+
+// conv1 + bias + ReLU + 2x2 pool: ROWS1 consecutive pooled rows per warp, one 16-pixel tile at a
+// time: the tile's row pairs are loaded once each and feed every pooled row they belong to (1.6
+// shared loads per mma instead of 4), with the four B fragments in registers.
+__device__ __forceinline__ void conv1(const unsigned short *x1, unsigned short *x2, const uint2 *b1,
+                                      const float *__restrict__ bias, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3, ph0 = warp * ROWS1;
+    uint2 b[F1];
+#pragma unroll
+    for (int f = 0; f < F1; ++f) b[f] = b1[f * 32 + lane];
+    // Pool: pixels 2g, 2g+1 are this thread's (d0/d2, d1/d3); the conv row pair is lanes t ^ 2.
+    // Then lanes t, t ^ 2 hold maps 2 (t & 1) + 0/1: lane t stores the one of index t >> 1.
+    const int m = 2 * (t & 1) + (t >> 1);
+    const float bm = __ldg(bias + m);
+#pragma unroll 1
+    for (int i = 0; i < TILES1; ++i) {
+        float acc[ROWS1][4];
+#pragma unroll
+        for (int j = 0; j < ROWS1; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+        const unsigned short *base = x1 + 2 * ph0 * 2 * PW1 + 16 * i + 2 * (g + t);
+#pragma unroll
+        for (int p = 0; p < ROWS1 + F1 - 1; ++p) {  // input rows 2 (ph0 + p), + 1
+            const unsigned short *row = base + 2 * p * 2 * PW1;
+            const unsigned a0 = lds32(row), a1 = lds32(row + PW1), a2 = lds32(row + 2 * PW1), a3 = lds32(row + 3 * PW1);
+#pragma unroll
+            for (int j = 0; j < ROWS1; ++j) {  // pooled row ph0 + j reads pairs j .. j + F1 - 1
+                const int f = p - j;
+                if (f >= 0 && f < F1) mma_f16_k16(acc[j], a0, a1, a2, a3, b[f].x, b[f].y);
+            }
+        }
+        const int pc = 8 * i + g;
+#pragma unroll
+        for (int j = 0; j < ROWS1; ++j) {
+            float h0 = max_nan(acc[j][0], acc[j][2]), h1 = max_nan(acc[j][1], acc[j][3]);
+            h0 = max_nan(h0, __shfl_xor_sync(0xffffffffu, h0, 2));
+            h1 = max_nan(h1, __shfl_xor_sync(0xffffffffu, h1, 2));
+            if (pc >= WP1) continue;
+            const float s = (t >> 1 ? h1 : h0) + bm;
+            const unsigned short v = to_half(s < 0.f ? 0.f : s);  // NaN stays NaN
+            unsigned short *dst = x2 + m * CH2 + (ph0 + j) * 2 * PW2;
+            dst[pc] = v;
+            if (pc > 0) dst[PW2 + pc - 1] = v;
+        }
+    }
+}
+
+// conv2 + bias + ReLU + 4x4 pool into the image's flattened features: pooled row ph per warp, both
+// map blocks, its four conv rows as four accumulators; a channel pair per mma, the pair's 14 B
+// fragments in registers (each used by both tiles and all four conv rows).
+__device__ __forceinline__ void conv2(const unsigned short *x2, unsigned short *feat, const uint2 *b2,
+                                      const float *__restrict__ bias, int warp, int lane) {
+    constexpr int NB = M2 / 8, BAND = 4 + K2 - 1;  // map blocks; input rows of a pooled row
+    const int g = lane >> 2, t = lane & 3;
+    for (int ph = warp; ph < HP2; ph += WARPS) {
+        float acc[4][TILES2][NB][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int i = 0; i < TILES2; ++i)
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) acc[q][i][nb][0] = acc[q][i][nb][1] = acc[q][i][nb][2] = acc[q][i][nb][3] = 0.f;
+#pragma unroll 1
+        for (int cp = 0; cp < M1 / 2; ++cp) {
+            uint2 b[K2][NB];
+#pragma unroll
+            for (int d = 0; d < K2; ++d)
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) b[d][nb] = b2[((cp * K2 + d) * NB + nb) * 32 + lane];
+            const unsigned short *base = x2 + 2 * cp * CH2 + 4 * ph * 2 * PW2 + 2 * (g + t);
+#pragma unroll
+            for (int r = 0; r < BAND; ++r) {
+                unsigned a[TILES2][4];
+#pragma unroll
+                for (int i = 0; i < TILES2; ++i) {
+                    const unsigned short *row = base + r * 2 * PW2 + 16 * i;
+                    a[i][0] = lds32(row), a[i][1] = lds32(row + PW2), a[i][2] = lds32(row + CH2), a[i][3] = lds32(row + CH2 + PW2);
+                }
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int d = r - q;
+                    if (d < 0 || d >= K2) continue;
+#pragma unroll
+                    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                        for (int i = 0; i < TILES2; ++i)
+                            mma_f16_k16(acc[q][i][nb], a[i][0], a[i][1], a[i][2], a[i][3], b[d][nb].x, b[d][nb].y);
+                }
+            }
+        }
+        // Pool: the four conv rows in registers, pixel pairs in-thread, pixel quads lanes g ^ 1 (which
+        // then hold the same two maps 2t, 2t + 1: lane g stores the one of index g & 1).
+#pragma unroll
+        for (int i = 0; i < TILES2; ++i) {
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                float v[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    v[e] = max_nan(max_nan(acc[0][i][nb][e], acc[1][i][nb][e]), max_nan(acc[2][i][nb][e], acc[3][i][nb][e]));
+                float h0 = max_nan(v[0], v[2]), h1 = max_nan(v[1], v[3]);
+                h0 = max_nan(h0, __shfl_xor_sync(0xffffffffu, h0, 4));
+                h1 = max_nan(h1, __shfl_xor_sync(0xffffffffu, h1, 4));
+                const int pc = (16 * i + 2 * g) / 4, m = nb * 8 + 2 * t + (g & 1);
+                if (pc >= WP2) continue;
+                const float s = (g & 1 ? h1 : h0) + __ldg(bias + m);
+                feat[(m * HP2 + ph) * WP2 + pc] = to_half(s < 0.f ? 0.f : s);
+            }
+        }
+    }
+}
+
+// fc1 (mma, n = the group's images) + bias + ReLU, then fc2 in fp32, for the `n` images of a group.
+__device__ __forceinline__ void dense(const unsigned short *feat, float *part, const float *__restrict__ w1,
+                                      const float *__restrict__ b1, const float *__restrict__ w2,
+                                      const float *__restrict__ b2, float *__restrict__ y, int n, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    float acc[2][4] = {};
+#pragma unroll 2
+    for (int k = warp * K_SLICE; k < (warp + 1) * K_SLICE; k += 16) {
+        const unsigned short *f = feat + g * FEAT_STRIDE + k + 2 * t;  // B: image g, inputs k + 2t (+8)
+        const unsigned bl = lds32(f), bh = lds32(f + 8);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            const float *w = w1 + (mt * 16 + g) * FEAT + k + 2 * t;   // A: outputs mt*16 + g (+8)
+            const float2 w00 = __ldg(reinterpret_cast<const float2 *>(w)), w10 = __ldg(reinterpret_cast<const float2 *>(w + 8 * FEAT));
+            const float2 w01 = __ldg(reinterpret_cast<const float2 *>(w + 8)), w11 = __ldg(reinterpret_cast<const float2 *>(w + 8 * FEAT + 8));
+            mma_f16_k16(acc[mt], pack_half2(w00.x, w00.y), pack_half2(w10.x, w10.y), pack_half2(w01.x, w01.y),
+                        pack_half2(w11.x, w11.y), bl, bh);
+        }
+    }
+    // part[warp][output][image]: d0, d1 are (output mt*16 + g, images 2t, 2t+1), d2, d3 output + 8.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+        float *p = part + (warp * N1 + mt * 16 + g) * GROUP + 2 * t;
+        p[0] = acc[mt][0], p[1] = acc[mt][1], p[8 * GROUP] = acc[mt][2], p[8 * GROUP + 1] = acc[mt][3];
+    }
+    __syncthreads();
+    float *hidden = part + WARPS * N1 * GROUP;  // [image][output]
+    {
+        const int o = threadIdx.x / GROUP, img = threadIdx.x % GROUP;
+        float s = __ldg(b1 + o);
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) s += part[(w * N1 + o) * GROUP + img];
+        hidden[img * N1 + o] = s < 0.f ? 0.f : s;
+    }
+    __syncthreads();
+    if (threadIdx.x < N2 * GROUP) {
+        const int o = threadIdx.x / GROUP, img = threadIdx.x % GROUP;
+        if (img < n) {
+            float s = __ldg(b2 + o);
+#pragma unroll
+            for (int j = 0; j < N1; ++j) s = fmaf(hidden[img * N1 + j], __ldg(w2 + o * N1 + j), s);
+            y[img * N2 + o] = s;
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), FUSED_WEIGHTS(fc2)) {
+    (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS;
+    unsigned dynamic_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+    if (dynamic_bytes < SHARED_BYTES) return;  // the launch gave too little: the logits stay poisoned
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *raw = reinterpret_cast<float *>(smem);
+    unsigned short *x1 = reinterpret_cast<unsigned short *>(smem + RAW_BYTES);
+    unsigned short *x2 = reinterpret_cast<unsigned short *>(smem + RAW_BYTES + X1_BYTES);
+    uint2 *b1 = reinterpret_cast<uint2 *>(smem + RAW_BYTES + X1_BYTES + X2_BYTES);
+    uint2 *b2 = b1 + 32 * F1;
+    unsigned short *feat = reinterpret_cast<unsigned short *>(b2 + 32 * F2);
+    float *part = reinterpret_cast<float *>(x1);  // the dense phase's sums: x1 is idle until the next image
+
+    const int first = blockIdx.x * IMAGES, count = min(IMAGES, B - first);
+    if (count <= 0) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    load_image(raw, x + image_offset(first, 1, kH, kW));
+    for (int e = threadIdx.x; e < 32 * F1; e += THREADS) b1[e] = conv1_fragment(k, e >> 5, e & 31);
+    for (int e = threadIdx.x; e < 32 * F2; e += THREADS) b2[e] = conv2_fragment(conv2_w, e >> 5, e & 31);
+    for (int e = threadIdx.x; e < X2_BYTES / 4; e += THREADS) reinterpret_cast<unsigned *>(x2)[e] = 0u;  // unwritten columns read 0
+
+    for (int n = 0; n < count; ++n) {
+        wait_image();
+        __syncthreads();  // raw holds image n; the previous image's phases are done with x1, x2
+        stage_input(raw, x1, warp, lane);
+        __syncthreads();
+        if (n + 1 < count) load_image(raw, x + image_offset(first + n + 1, 1, kH, kW));  // lands during this image
+        conv1(x1, x2, b1, bias, warp, lane);
+        __syncthreads();
+        conv2(x2, feat + n % GROUP * FEAT_STRIDE, b2, conv2_b, warp, lane);
+        if (n % GROUP == GROUP - 1 || n == count - 1) {
+            __syncthreads();
+            const int group_first = n - n % GROUP;
+            dense(feat, part, fc1_w, fc1_b, fc2_w, fc2_b, y + (long long)(first + group_first) * N2, n % GROUP + 1, warp, lane);
+        }
+    }
+}
