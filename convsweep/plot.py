@@ -101,8 +101,17 @@ def layer_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
         ORDER BY lt.layer_index, r.batch, r.id""", {"experiment": experiment})
     for row in rows:
         row["params"] = json_column(row["params"]) or {}
-        row["series"] = row["variant"] + cache_suffix(row["cache"])
+        row["series"] = row["variant"] + whole_network_suffix(row["variant"]) + cache_suffix(row["cache"])
     return rows
+
+
+def whole_network_suffix(variant: str) -> str:
+    """' (whole network)' for a variant whose kernel runs on to the network's end: its first layer's
+    op time is every layer's, and a reader comparing it with one conv layer's must be told."""
+    from .variants import load_registry
+
+    entry = load_registry().get(variant)
+    return " (whole network)" if entry is not None and entry.fuses_tail else ""
 
 
 def cache_suffix(cache: str | None) -> str:

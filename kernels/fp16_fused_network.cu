@@ -3,7 +3,8 @@
 // only global traffic is each image (29.6 KB), the weights (L2-resident) and 10 logits per image.
 // Separately, the layers write the 256 MB of pooled conv1 maps at batch 10000 and read them back.
 //
-// A block takes IMAGES consecutive images, one at a time, with all its warps on each phase:
+// The grid is one wave (BLOCKS blocks, fewer for small batches: at least 8 images each); a block takes
+// an equal share of consecutive images, one at a time, with all its warps on each phase:
 //   load     the image's fp32 rows arrive by cp.async while the previous image computes;
 //   stage    rows -> fp16 (plus a copy shifted by one element, so every fragment is a 32-bit word);
 //   conv1    the sliding-window mma of sliding_window.cuh (RPAIR: k 0-7 one input row, k 8-15 the
@@ -20,14 +21,10 @@
 // 1792 for conv2 per image, 106 GFLOP issued) is 0.16 ms at the 693 TFLOP/s the bench measured for
 // cuBLAS fp16 and about twice that at mma.sync's usual share of it; separately the two conv layers
 // take 0.257 + 0.308 ms. docs/performance.md has the measurements.
-// Tunables (registry): IMAGES (images per block: fewer is more blocks to fill the GPU, more spreads
-// each block's setup, the B fragments, over more images).
+// Tunables (registry): BLOCKS (the grid: 2 per SM fills an H100 in one wave, no tail of half-empty
+// SMs; each block's setup, the B fragments, is spread over B / BLOCKS images).
 #include "common.cuh"
 #include "mma_f16.cuh"
-
-#ifndef IMAGES
-#define IMAGES 16
-#endif
 
 namespace {
 
@@ -59,7 +56,7 @@ static_assert(kK % 2 == 1 && HP2 <= WARPS && HP1 % WARPS == 0 && M2 % 8 == 0 && 
               "the mappings below");
 static_assert(4 * HP2 + K2 - 2 < HP1 && 2 * HP1 + D1 - 3 < kH, "row reads stay inside the maps");
 static_assert((kH * kW) % 4 == 0, "each image starts 16-byte aligned and is whole 16-byte chunks (cp.async)");
-static_assert(IMAGES % GROUP == 0 && THREADS == N1 * GROUP, "the dense phase's thread mapping");
+static_assert(THREADS == N1 * GROUP, "the dense phase's thread mapping");
 
 // Shared memory, in bytes (the registry's shared_bytes says the same; the kernel checks it).
 constexpr int RAW_BYTES = 4 * kH * kW;                    // the next image, fp32, as it arrives
@@ -311,7 +308,7 @@ network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), 
     unsigned short *feat = reinterpret_cast<unsigned short *>(b2 + 32 * F2);
     float *part = reinterpret_cast<float *>(x1);  // the dense phase's sums: x1 is idle until the next image
 
-    const int first = blockIdx.x * IMAGES, count = min(IMAGES, B - first);
+    const int share = (B + gridDim.x - 1) / gridDim.x, first = blockIdx.x * share, count = min(share, B - first);
     if (count <= 0) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     load_image(raw, x + image_offset(first, 1, kH, kW));

@@ -393,9 +393,9 @@ def test_bench_harness_on_the_gpu():
 def test_a_whole_network_variant_is_a_forward_row_of_its_own(tmp_path):
     """`networks:` candidates run as forward plans beside the best of each layer; end to end runs
     the fastest correct one (on the fake clock every forward ties, so the first: the per-layer plan)."""
-    text = GOOD + "networks:\n  - {variant: fp16_fused_network, params: {IMAGES: 8}}\n"
+    text = GOOD + "networks:\n  - {variant: fp16_fused_network, params: {BLOCKS: 132}}\n"
     config = bench.load_bench_config(write(tmp_path, text))
-    assert [(c.layer, c.variant, c.resolved) for c in config.networks] == [("conv1", "fp16_fused_network", {"IMAGES": 8})]
+    assert [(c.layer, c.variant, c.resolved) for c in config.networks] == [("conv1", "fp16_fused_network", {"BLOCKS": 132})]
     result = bench.run_bench(config, bench.BenchOptions(batch=24, repeats=3), FAKE, load_torch=no_torch)
     forwards = [r for r in result["rows"] if r["kind"] == "forward"]
     assert len(forwards) == 2 and all(r["status"] == "ok" for r in forwards)

@@ -273,13 +273,13 @@ def test_network_with_each_variant_classifies_like_the_reference(tmp_path, varia
                                                    (10001, 4, 1250)])
 def test_fused_network_runs_any_batch_and_any_chunking(batch, streams, chunk):
     """The whole network in one kernel: batches that are not a multiple of its 8-image groups or of
-    IMAGES, in one pass or pipelined in chunks on several streams; logits poisoned before each pass,
+    its blocks' shares, in one pass or pipelined in chunks on several streams; logits poisoned before each pass,
     checked against float64 and the reference's accuracy; one timed layer (conv1) holds every op."""
     from convsweep.measure import measure
 
     run = spec("events", batch=batch, repeats=2, streams=streams, host_memory="pinned" if streams > 1 else "pageable",
                chunk_images=chunk, variants={"conv1": "fp16_fused_network", "conv2": "fp16_fused_network"},
-               params={"conv1": {"IMAGES": 8}})
+               params={"conv1": {"BLOCKS": 132}})
     result = measure(run, keep_logits=True)
     assert result["status"] == "ok", result["error"]
     assert np.isfinite(result["logits"]).all() and result["logits"].shape == (batch, 10)

@@ -474,12 +474,12 @@ def test_a_fused_network_job_times_one_layer_and_builds_one_variant(tmp_path):
     from convsweep.measure import build_requests
 
     job = spec(variants={"conv1": "fp16_fused_network", "conv2": "fp16_fused_network"},
-               params={"conv1": {"IMAGES": 8}, "conv2": {}}, batch=24)
+               params={"conv1": {"BLOCKS": 132}, "conv2": {}}, batch=24)
     ctx = JobContext.open(job)
     assert list(ctx.variants) == ["conv1"]
     builds = build_requests(ctx.network, ctx.variants, ctx.runs[0])
     assert [b.name for b in builds] == ["layers", "fp16_fused_network"]
-    assert dict(builds[1].macros)["N2_FIXED"] == 10 and dict(builds[1].macros)["IMAGES"] == 8
+    assert dict(builds[1].macros)["N2_FIXED"] == 10 and dict(builds[1].macros)["BLOCKS"] == 132
     m = run_job(job, tmp_path / "r.json", backend=FAKE)
     assert m["status"] == "ok", m["error"]
     assert list(m["timings"]["op_time_ms"]) == ["conv1"] and list(m["floors"]) == ["conv1"]

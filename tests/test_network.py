@@ -277,4 +277,4 @@ def test_a_fused_network_shape_names_its_later_layers_and_swallows_them():
     assert lenet.swallowed({"conv1": ("relu", "maxpool"), "conv2": ()}) == {}
     with pytest.raises(ShapeError, match="runs in a network, not on a lone layer"):
         pooled = lenet.conv_shape(lenet.layer("conv1"), 5, (lenet.layer("relu1"), lenet.layer("pool1")))
-        get_variant("fp16_fused_network").check_shape(pooled, {"IMAGES": 8})
+        get_variant("fp16_fused_network").check_shape(pooled, {"BLOCKS": 132})

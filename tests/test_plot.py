@@ -418,3 +418,11 @@ def test_roofline_takes_nsight_computes_dram_bytes_where_a_setting_was_profiled(
     fig = roofline_figure(url, "lenet86-ci")
     assert "FLOP/byte, DRAM bytes or floor bytes" in " ".join(axis_labels(fig))
     assert "what Nsight Compute measured" in caption(fig) and "what the layer must move at least" in caption(fig)
+
+
+def test_a_whole_network_variant_is_named_so_in_the_legend():
+    """Its conv1 op time is the whole network's: beside one conv layer's times it must say so."""
+    from convsweep.plot import whole_network_suffix
+
+    assert whole_network_suffix("fp16_fused_network") == " (whole network)"
+    assert whole_network_suffix("fp16_sliding_window") == "" and whole_network_suffix("gone_variant") == ""
