@@ -184,6 +184,10 @@ def choose_settings(network_path: str, variants: dict[str, str], grid: list[dict
         variant = registry[names.pop()]
         per_entry.append([(entry["layers"], combo) for combo in
                           variant.param_combinations(entry["values"], f"{where}: params.{variant.name}")])
+    try:
+        shapes = _layer_shapes(net, variants, registry)
+    except ShapeError as e:  # the layers a variant fuses do not follow its layer: no setting can fit
+        raise ConfigError(f"{where}: {e}") from None
     valid, first_misfit, combos = [], None, 0
     for combo in itertools.product(*per_entry):
         combos += 1
@@ -192,7 +196,7 @@ def choose_settings(network_path: str, variants: dict[str, str], grid: list[dict
             for layer in layers:
                 params[layer] = dict(values)
         try:
-            _check_shapes(net, variants, params, registry)
+            _check_shapes(net, shapes, params)
         except ShapeError as e:
             first_misfit = first_misfit or str(e)
             continue
@@ -347,22 +351,23 @@ def _grid(layer_map: dict[str, str], conv_names: list[str], params: dict, where:
     return grid
 
 
-def _check_shapes(net, layer_map: dict[str, str], params: dict[str, dict], registry) -> None:
+def _layer_shapes(net, layer_map: dict[str, str], registry) -> list[tuple[str, Any, Any]]:
+    """(layer, variant, one-image shape) of each GPU layer that has a kernel of its own (a layer an
+    earlier layer's fused network computes has none): the same for every setting of a grid."""
+    timed = [(name, registry[v]) for name, v in layer_map.items() if not registry[v].is_cpu]
+    swallowed = net.swallowed({name: variant.fuses for name, variant in timed})
+    return [(name, variant, net.variant_shape(net.layer(name), variant.fuses)) for name, variant in timed
+            if name not in swallowed]
+
+
+def _check_shapes(net, shapes: list[tuple[str, Any, Any]], params: dict[str, dict]) -> None:
     """Each layer's shape (one image; batch-dependent limits are the job's to find) must meet its
     variant's registry constraints with these tunables; ShapeError names the layer and the rule."""
-    try:  # a layer an earlier layer's fused network computes has no shape of its own to check
-        swallowed = net.swallowed({n: registry[v].fuses for n, v in layer_map.items() if not registry[v].is_cpu})
-    except ShapeError:
-        swallowed = {}  # the layer whose fused layers do not follow it is named below
-    for name, variant_name in layer_map.items():
-        variant, layer = registry[variant_name], net.layer(name)
-        if variant.is_cpu or name in swallowed:
-            continue
-        shape = net.variant_shape(layer, variant.fuses)
+    for name, variant, shape in shapes:
         try:
-            variant.check_shape(shape, params[layer.name])
+            variant.check_shape(shape, params[name])
         except ShapeError as e:
-            raise ShapeError(f"layer {layer.name} of {net.path.name}: {e}") from None
+            raise ShapeError(f"layer {name} of {net.path.name}: {e}") from None
 
 
 def _layer_map(entry: str | dict, net, registry, where: str) -> dict[str, str]:

@@ -76,9 +76,13 @@ def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backe
         fastest = min((pf for pf in forwards if pf[1]["status"] == "ok"), default=None,
                       key=lambda pf: median(pf[1]["samples_ms"]))
         if fastest is None:
-            why = (f"the bench file has no candidates for {', '.join(missing)}" if missing and not forwards
-                   else "no forward plan ran correctly" if forwards else "a conv layer has no correct candidate")
-            meas["forward"] = forwards[0][1] if forwards else {"status": "skipped", "error": why, "samples_ms": []}
+            if forwards:  # every plan ran and failed: the first one's row says how
+                why = "no forward plan ran correctly"
+                meas["forward"] = forwards[0][1]
+            else:
+                why = (f"the bench file has no candidates for {', '.join(missing)}" if missing
+                       else "a conv layer has no correct candidate")
+                meas["forward"] = {"status": "skipped", "error": why, "samples_ms": []}
             meas["end_to_end"] = {"status": "skipped", "error": why, "samples_ms": [], "streams": config.end_to_end["streams"]}
         else:
             meas["forward"] = fastest[1]
