@@ -260,6 +260,32 @@ class Gpu:
         except Exception as e:
             raise DeviceError(f"launch of grid {grid} block {block} failed: {e}") from None
 
+    def capture(self, stream, enqueue: Callable[[], object]) -> "CapturedGraph":
+        """The work `enqueue` puts on `stream` (and on the streams it forks from it with an event and
+        joins back) captured as a CUDA graph, instantiated: nothing runs until the graph is launched.
+        Copies must be from pinned or registered host memory (pageable ones cannot be captured)."""
+        from cuda.bindings import driver
+
+        handle = int(stream.handle)
+        _check(driver.cuStreamBeginCapture(handle, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+               "cuStreamBeginCapture")
+        try:
+            enqueue()
+        except BaseException:
+            err, graph = driver.cuStreamEndCapture(handle)  # ends the capture; its error is the one raised
+            if err == driver.CUresult.CUDA_SUCCESS and graph:
+                driver.cuGraphDestroy(graph)
+            raise
+        graph = _check(driver.cuStreamEndCapture(handle), "cuStreamEndCapture")
+        try:
+            executable = _check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        except BaseException:
+            driver.cuGraphDestroy(graph)
+            raise
+        captured = CapturedGraph(graph, executable)
+        self._owned.append(captured)
+        return captured
+
     @contextlib.contextmanager
     def scope(self):
         """Resources created inside the block are released when it ends (after the device is idle):
@@ -295,3 +321,24 @@ class Gpu:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class CapturedGraph:
+    """Work captured once (Gpu.capture) and replayed with one launch: the host pays one call per
+    replay instead of one per copy, kernel and event. Owned by its Gpu, which closes it."""
+
+    def __init__(self, graph, executable):
+        self._graph, self._executable = graph, executable
+
+    def launch(self, stream) -> None:
+        from cuda.bindings import driver
+
+        _check(driver.cuGraphLaunch(self._executable, int(stream.handle)), "cuGraphLaunch")
+
+    def close(self) -> None:
+        from cuda.bindings import driver
+
+        if self._executable is not None:
+            driver.cuGraphExecDestroy(self._executable)
+            driver.cuGraphDestroy(self._graph)
+            self._executable = self._graph = None

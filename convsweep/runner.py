@@ -3,7 +3,8 @@
 `GpuNetwork` compiles and uploads once, owns one set of activation buffers per lane (one lane
 per stream), and `enqueue` puts one chunk of images through every step on a stream, each step
 enqueued by its layer kind (convsweep.layers). `pipeline_pass` runs a batch host to host in
-chunks over several streams. Timing is the caller's business: the runner only marks layers
+chunks over several streams, and `capture_pass` records such a pass once as a CUDA graph to
+replay. Timing is the caller's business: the runner only marks layers
 (NVTX ranges, optional events).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from .compile import LAYERS_SOURCE, CompiledModule, compile_all, compile_source, compile_variant
 from .errors import DeviceError, ShapeError
-from .gpu import DeviceArray, Gpu
+from .gpu import CapturedGraph, DeviceArray, Gpu
 from .layers import LAYER_KINDS
 from .network import Network, Step
 from .variants import ConvShape, Variant
@@ -315,3 +316,11 @@ def pipeline_pass(gpu: Gpu, net: GpuNetwork, streams: list, chunks: list[tuple[i
         streams[0].wait(gpu.event(s))
     end = gpu.event(streams[0])
     return start, h2d_end, d2h_start, end
+
+
+def capture_pass(gpu: Gpu, net: GpuNetwork, streams: list, chunks: list[tuple[int, int]],
+                 buffers: PipelineBuffers) -> CapturedGraph:
+    """One pipeline_pass captured as a CUDA graph (its fork and join over the streams included), for
+    `graph.launch(streams[0])` to replay: one host call a pass instead of a few per chunk, which at
+    small batches is what a pass would otherwise wait on. The host buffers must be page-locked."""
+    return gpu.capture(streams[0], lambda: pipeline_pass(gpu, net, streams, chunks, buffers))

@@ -3,7 +3,7 @@
 // only global traffic is each image (29.6 KB), the weights (L2-resident) and 10 logits per image.
 // Separately, the layers write the 256 MB of pooled conv1 maps at batch 10000 and read them back.
 //
-// The grid is one wave (BLOCKS blocks, fewer for small batches: at least 8 images each); a block takes
+// The grid is one wave (BLOCKS blocks; a batch smaller than that gets a block per image); a block takes
 // an equal share of consecutive images, one at a time, with all its warps on each phase:
 //   load     the image's fp32 rows arrive by cp.async while the previous image computes;
 //   stage    rows -> fp16 (plus a copy shifted by one element, so every fragment is a 32-bit word);

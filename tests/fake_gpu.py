@@ -128,6 +128,23 @@ class FakeGpu:
     def copy(self, dst, src, stream):
         self.mem(DeviceArray(dst.ptr, (src.nbytes,), np.dtype(np.uint8)))[:] = self.mem(src)
 
+    captures = 0  # how many passes any fake GPU captured as a graph
+
+    def capture(self, stream, enqueue):
+        FakeGpu.captures += 1
+        return FakeGraph(enqueue)
+
+
+class FakeGraph:
+    """A captured pass: as with a real capture, capturing runs nothing and each launch runs it all."""
+
+    def __init__(self, enqueue):
+        self.enqueue, self.launches = enqueue, 0
+
+    def launch(self, stream):
+        self.launches += 1
+        self.enqueue()
+
 
 class FakeConvOp:
     """A variant's kernels as numpy: restrict_unroll computes a wrong answer, naive leaves the last image unwritten."""

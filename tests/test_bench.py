@@ -19,7 +19,7 @@ from convsweep.paths import ROOT
 from convsweep.runner import pass_chunks
 
 from bench_files import GOOD, write
-from fake_gpu import FAKE
+from fake_gpu import FAKE, FakeGpu
 
 LENET = load_network(ROOT / "networks/lenet86.yaml")
 
@@ -131,8 +131,14 @@ def test_what_pytorch_would_run_instead_beside_our_forward():
     assert text.endswith("- PyTorch instead (CUDA graph, torch.compile): n/a (PyTorch failed: OutOfMemoryError)")
 
 
+# Round one's targets, which these fake numbers sit either side of (bench/default.yaml now has round two's).
+ROUND_ONE = {"batch": 10000, "device": "H100",
+             "ms": {"conv1": 0.6, "conv2": {"fp32": 0.8, "tf32": 0.8, "fp16": 0.5}, "forward": 1.0, "end_to_end": 8.0,
+                    "harness_events": 2000, "harness_nsys": 5000}}
+
+
 def test_result_rows_best_floors_ratios_and_verdicts(tmp_path):
-    targets = bench.load_bench_config("bench/default.yaml").targets
+    targets = ROUND_ONE
     result = report.build_result(fake_measurements(), targets)
     assert result["ceilings"]["dtod_GBps"] == pytest.approx(2 * (1 << 30) / 0.72e-3 * 1e-9)
     assert result["best"]["conv1"]["variant"] == "wmma_8x32x16"  # the faster restrict_unroll is incorrect
@@ -250,11 +256,35 @@ def test_whole_bench_over_a_fake_gpu(tmp_path):
         assert row["median_ms"] > 0 and row["accuracy"] > 0.8 and row["floor_ms"] > 0
     e2e = next(r for r in result["rows"] if r["kind"] == "end_to_end")
     assert e2e["streams"] == 4 and e2e["chunks"] == len(pass_chunks(24, 4)) > 4  # several chunks per stream, as jobs cut them
+    assert e2e["graph"] and e2e["batch"] == 24 and "end_to_end_small" not in {r["label"] for r in result["rows"]}
     ceilings = result["ceilings"]
     assert ceilings["copy_bytes"] == 1 << 20 and ceilings["dtod_GBps"] > 0 and ceilings["h2d_GBps"] > 0
     assert result["cudnn"]["note"] == "n/a (PyTorch not installed)"
     write_json_atomic(tmp_path / "r.json", result)
     assert "| conv1 best" in report.format_report(result)
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_end_to_end_rows_replay_a_captured_pass_or_enqueue_each(tmp_path, graph):
+    """With graph, one capture per end-to-end row and every pass a replay of it (the fake capture, like
+    a real one, runs nothing: logits only a replay wrote pass the check); the small batch is a row of
+    its own, judged against its own target."""
+    text = GOOD.replace("copy_mib: 1", f"copy_mib: 1\nend_to_end: {{graph: {str(graph).lower()}, "
+                                       "small_batch: {batch: 5, chunk_images: 2}}")
+    text = text.replace("end_to_end: 8.0,", "end_to_end: 8.0, end_to_end_small: 0.1,")
+    config = bench.load_bench_config(write(tmp_path, text))
+    before = FakeGpu.captures
+    result = bench.run_bench(config, bench.BenchOptions(batch=24, repeats=3), FAKE, load_torch=no_torch)
+    assert FakeGpu.captures - before == (2 if graph else 0)
+    rows = {r["label"]: r for r in result["rows"] if r["kind"] == "end_to_end"}
+    assert set(rows) == {"end_to_end", "end_to_end_small"}
+    small = rows["end_to_end_small"]
+    assert small["status"] == "ok", small["error"]
+    assert (small["batch"], small["chunks"], small["chunk_images"], small["graph"]) == (5, 3, 2, graph)
+    assert small["accuracy"] is not None and small["target_ms"] == 0.1
+    assert small["host_bytes"] < rows["end_to_end"]["host_bytes"]  # its floor is its own batch's
+    printed = report.format_report(result)
+    assert f"| end to end, batch 5 (4 streams{', CUDA graph' if graph else ''}) |" in printed
 
 
 @pytest.mark.parametrize("streams, memory", [(1, "pageable"), (4, "pinned")])

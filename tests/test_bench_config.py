@@ -19,8 +19,12 @@ def test_default_bench_file_is_valid():
     assert first.params == {"BLOCK_M": 4, "BLOCK_N": 256, "BLOCK_K": 8, "THREAD_M": 4, "THREAD_N": 4}
     assert first.resolved == first.params  # every tunable given
     assert config.candidates["conv2"][0].resolved["BLOCK_M"] == 16  # registry default filled in
-    assert config.targets["ms"]["conv2"] == {"fp32": 0.8, "tf32": 0.8, "fp16": 0.5}
-    assert config.targets["batch"] == 10000 and config.end_to_end == {"streams": 4, "host_memory": "pinned", "chunk_images": 1250}
+    assert config.targets["ms"] == {"conv1": 0.21, "conv2": {"fp32": 0.8, "tf32": 0.8, "fp16": 0.2}, "forward": 0.3,
+                                    "end_to_end": 5.55, "end_to_end_small": 0.12,
+                                    "harness_events": 2000, "harness_nsys": 5000}  # issue 16's, and round one's harness
+    assert config.targets["batch"] == 10000
+    assert config.end_to_end == {"streams": 4, "host_memory": "pinned", "chunk_images": 1250, "graph": True,
+                                 "small_batch": {"batch": 100, "chunk_images": 100}}
 
 
 def test_good_file_and_shorthand(tmp_path):
@@ -52,6 +56,10 @@ def test_good_file_and_shorthand(tmp_path):
     (("copy_mib: 1", "copy_mib: 1\nharness: {warmup: -1}"), "harness.warmup", "less than the minimum of 0"),
     (("copy_mib: 1", "copy_mib: 1\nend_to_end: {chunk_images: 0}"), "end_to_end.chunk_images", "less than the minimum of 1"),
     (("copy_mib: 1", "copy_mib: 1\nend_to_end: {host_memory: paged}"), "end_to_end.host_memory", "expected one of"),
+    (("copy_mib: 1", "copy_mib: 1\nend_to_end: {host_memory: pageable}"), "end_to_end.graph",
+     "cannot capture copies from pageable memory"),
+    (("copy_mib: 1", "copy_mib: 1\nend_to_end: {small_batch: {chunk_images: 5}}"), "end_to_end.small_batch",
+     "batch"),
     (("network: networks/lenet86.yaml", "network: networks/nope.yaml"), "network", "expected an existing network"),
     (("network: networks/lenet86.yaml", "network: networks/fp64_stride5.yaml"), "network", "expected a float32 network"),
 ])
@@ -83,7 +91,8 @@ def test_defaults_come_from_the_schema(tmp_path):
     assert config.network_path == ROOT / "networks/lenet86.yaml" and config.dataset == "mnist5k"
     assert (config.batch, config.repeats, config.warmup, config.seed) == (10000, 20, 3, 0)
     assert (config.check_images, config.copy_mib, config.cudnn_benchmark) == (8, 1024, True)
-    assert config.end_to_end == {"streams": 4, "host_memory": "pinned", "chunk_images": None}
+    assert config.end_to_end == {"streams": 4, "host_memory": "pinned", "chunk_images": None, "graph": True,
+                                 "small_batch": None}
     assert config.harness == {"repeats": 5, "warmup": 1}
     assert config.targets == {"batch": 10000, "device": None, "ms": {}}  # targets.batch: the file's batch
     (candidate,) = config.candidates["conv1"]

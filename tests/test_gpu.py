@@ -292,6 +292,42 @@ def test_fused_network_runs_any_batch_and_any_chunking(batch, streams, chunk):
     assert {b["variant"] for b in result["builds"]} == {"fp16_fused_network", "layers"}
 
 
+@pytest.mark.parametrize("variants, batch, streams, chunk", [
+    ({"conv1": "fp16_fused_network"}, 7, 3, 2),
+    ({"conv1": "fp16_fused_network"}, 100, 4, 25),
+    ({"conv1": "fp16_sliding_window", "conv2": "fp16_sliding_window"}, 301, 2, 64),
+])
+def test_a_captured_pass_runs_only_when_replayed_and_matches_float64(gpu, variants, batch, streams, chunk):
+    """capture_pass records a chunked pass over several streams as one CUDA graph: capturing runs
+    nothing (the logits stay poisoned), each replay writes them all again, checked against float64."""
+    from convsweep.checks import check_logits
+    from convsweep.inputs import load_batch
+    from convsweep.network import load_network
+    from convsweep.runner import ConvPlan, GpuNetwork, capture_pass, pass_chunks, pipeline_buffers, poison_logits
+    from convsweep.config import ROOT
+    from convsweep.variants import get_variant
+
+    network = load_network(ROOT / "networks/lenet86.yaml")
+    inputs = load_batch(network, "mnist5k", batch)
+    plan = ConvPlan({n: get_variant(v) for n, v in variants.items()},
+                    {n: get_variant(v).resolve_params({}, n) for n, v in variants.items()})
+    chunks = pass_chunks(batch, streams, chunk)
+    with gpu.scope():
+        lanes = [gpu.stream() for _ in range(streams)]
+        net = GpuNetwork(gpu, network, inputs.weights, plan, streams, chunk)
+        buffers = pipeline_buffers(gpu, network, inputs.images, "pinned", lanes[0])
+        graph = capture_pass(gpu, net, lanes, chunks, buffers)
+        gpu.device.sync()
+        assert np.isnan(buffers.logits_host).all()  # captured, not run
+        for _ in range(2):
+            graph.launch(lanes[0])
+            lanes[0].sync()
+            logits = np.array(buffers.logits_host)
+            check = check_logits(logits, inputs.reference, inputs.dataset.labels, inputs.idx, plan.variants.values())
+            assert check.status == "ok", check.error
+            poison_logits(gpu, buffers, lanes[0])
+
+
 @pytest.mark.parametrize("network, variant, batch", [
     ("networks/fp64_stride5.yaml", "naive", 1000),
     ("networks/fp64_stride5.yaml", "tiled_shared", 1000),

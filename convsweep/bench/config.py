@@ -43,7 +43,7 @@ class BenchConfig:
     cudnn_benchmark: bool
     candidates: dict  # conv layer -> [Candidate]
     networks: tuple  # Candidates of whole-network variants (their layer: the first conv)
-    end_to_end: dict  # streams, host_memory, chunk_images
+    end_to_end: dict  # streams, host_memory, chunk_images, graph, small_batch
     harness: dict  # repeats, warmup
     targets: dict  # batch, device, ms
 
@@ -70,6 +70,11 @@ def load_bench_config(path: str | Path = DEFAULT_CONFIG) -> BenchConfig:
     networks = tuple(_candidate(entry, conv_names[0], network, registry, f"{f}: networks[{i}]", whole=True)
                      for i, entry in enumerate(raw["networks"]))
 
+    e2e = raw["end_to_end"]
+    if e2e["graph"] and e2e["host_memory"] == "pageable":
+        raise ConfigError(f"{f}: end_to_end.graph: a CUDA graph cannot capture copies from pageable memory: "
+                          "expected host_memory pinned or registered, or graph: false")
+
     t = raw["targets"]
     rows = tuple(load_schema("bench")["properties"]["targets"]["properties"]["ms"]["properties"])
     ms = {}
@@ -84,7 +89,7 @@ def load_bench_config(path: str | Path = DEFAULT_CONFIG) -> BenchConfig:
                        batch=raw["batch"], repeats=raw["repeats"], warmup=raw["warmup"], seed=raw["seed"],
                        check_images=raw["check_images"], copy_mib=raw["copy_mib"],
                        cudnn_benchmark=raw["cudnn_benchmark"], candidates=candidates, networks=networks,
-                       end_to_end=raw["end_to_end"], harness=raw["harness"], targets=targets)
+                       end_to_end=e2e, harness=raw["harness"], targets=targets)
 
 
 def _candidates(raw: dict, network, conv_names: list[str], registry: dict, f: str) -> dict[str, list[Candidate]]:

@@ -20,7 +20,7 @@ from ..gpu import DeviceArray
 from ..inputs import Batch
 from ..network import Layer
 from ..reference import conv2d_reference, maxpool2d_reference
-from ..runner import Backend, ConvPlan, pass_chunks, pipeline_buffers, pipeline_pass
+from ..runner import Backend, ConvPlan, capture_pass, pass_chunks, pipeline_buffers, pipeline_pass
 from ..config import variant_label
 from ..variants import ConvShape, get_variant
 from .config import BenchConfig, Candidate
@@ -201,20 +201,29 @@ def measure_forward(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan, in
 
 
 def measure_end_to_end(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan, inputs: Batch,
-                       backend: Backend) -> dict:
-    """Host images -> host logits on the bench file's streams, chunked as jobs chunk; events around
-    the whole pass (the timing's stream is not used: the pass brings its own)."""
-    network, e2e, batch = config.network, config.end_to_end, timing.batch
-    chunks = pass_chunks(batch, e2e["streams"], e2e["chunk_images"])
-    rec = {**_network_record(plan, network, batch), "streams": e2e["streams"], "host_memory": e2e["host_memory"],
-           "chunks": len(chunks), "chunk_images": max(hi - lo for lo, hi in chunks)}
+                       backend: Backend, chunk_images: int | None = None) -> dict:
+    """Host images -> host logits on the bench file's streams, chunked as jobs chunk (by
+    `chunk_images` when given: a small batch's own), at the batch `inputs` holds. Events around the
+    whole pass on streams[0]; with `graph` (the default) the pass is captured once as a CUDA graph
+    and each timed pass is one replay of it."""
+    network, e2e, batch = config.network, config.end_to_end, len(inputs.idx)
+    chunks = pass_chunks(batch, e2e["streams"], chunk_images or e2e["chunk_images"])
+    rec = {**_network_record(plan, network, batch), "batch": batch, "streams": e2e["streams"],
+           "host_memory": e2e["host_memory"], "graph": e2e["graph"], "chunks": len(chunks),
+           "chunk_images": max(hi - lo for lo, hi in chunks)}
     try:
         streams = [gpu.stream() for _ in range(e2e["streams"])]
         net = backend.network(gpu, network, inputs.weights, plan, len(streams), rec["chunk_images"])
         buffers = pipeline_buffers(gpu, network, inputs.images, e2e["host_memory"], streams[0])
+        graph = capture_pass(gpu, net, streams, chunks, buffers) if e2e["graph"] else None
 
         def one_pass() -> float:
-            start, _, _, end = pipeline_pass(gpu, net, streams, chunks, buffers)
+            if graph is None:
+                start, _, _, end = pipeline_pass(gpu, net, streams, chunks, buffers)
+            else:
+                start = gpu.event(streams[0])
+                graph.launch(streams[0])
+                end = gpu.event(streams[0])
             end.sync()  # the logits are on the host only now; the next pass reuses the buffers
             return end - start
 

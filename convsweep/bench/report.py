@@ -129,12 +129,14 @@ def build_result(meas: dict, targets: dict) -> dict:
             rows.append(row)
 
     # The fastest correct forward plan first (the one end to end runs), then the other plans.
-    network_recs = [("forward", meas.get("forward")), *(("forward", r) for r in meas.get("other_forwards", [])),
-                    ("end_to_end", meas.get("end_to_end"))]
-    for kind, rec in network_recs:
+    # Each row's label is its targets key.
+    network_recs = [("forward", "forward", meas.get("forward")),
+                    *(("forward", "forward", r) for r in meas.get("other_forwards", [])),
+                    ("end_to_end", "end_to_end", meas.get("end_to_end")),
+                    ("end_to_end", "end_to_end_small", meas.get("end_to_end_small"))]
+    for kind, key, rec in network_recs:
         if rec is None:
             continue
-        key = kind
         row = {"kind": kind, "label": key, **rec}
         row["max_rel_err"] = finite(row.get("max_rel_err"))
         if kind == "forward":
@@ -244,7 +246,9 @@ def table_rows(result: dict) -> list[list[str]]:
         if r["kind"] == "forward":
             out.append(line("forward (on device)", r))
         elif r["kind"] == "end_to_end":
-            out.append(line(f"end to end ({r.get('streams')} streams)", r))
+            how = f"{r.get('streams')} streams" + (", CUDA graph" if r.get("graph") else "")
+            out.append(line(f"end to end, batch {r['batch']} ({how})" if r["label"] == "end_to_end_small"
+                            else f"end to end ({how})", r))
         elif r["kind"] == "harness":
             out.append(line(f"harness {r['profiler']} (cached job)", r))
     return out

@@ -88,6 +88,12 @@ def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backe
             meas["forward"] = fastest[1]
             log(f"end to end, {config.end_to_end['streams']} streams")
             meas["end_to_end"] = measure_end_to_end(gpu, timing, config, fastest[0], net_inputs, backend)
+            small = config.end_to_end["small_batch"]
+            if small:
+                log(f"end to end at batch {small['batch']}")
+                meas["end_to_end_small"] = measure_end_to_end(gpu, timing, config, fastest[0],
+                                                              load_batch(network, config.dataset, small["batch"]),
+                                                              backend, small["chunk_images"])
         meas["other_forwards"] = [rec for _, rec in forwards if rec is not meas["forward"]]
         gpu.device.sync()
         if torch is None:
