@@ -499,6 +499,10 @@ def summary_markdown(experiment: Experiment) -> str:
              run["op_time_2_ms"], _spread(run["op_time_2_spread"]), run["forward_ms"], _spread(run["forward_spread"]),
              run["total_s"], run["accuracy"]] for run in runs]
     text = f"# {experiment.name}\n\n{SUMMARY_INTRO}\n\n{render(columns, rows, 'table')}\n"
+    whole = sorted({run["variant"] for run in runs if _whole_network(run["variant"])})
+    if whole:
+        text += (f"\n{', '.join(whole)} {'runs' if len(whole) == 1 else 'run'} the whole network in one kernel: "
+                 "op time 1 is every layer's time, and op time 2 is empty.\n")
     failed = [run for run in runs if run["status"] != "ok"]
     if failed:
         columns = ["variant", *(["setting"] if grid else []), "batch", "streams", "host_memory", "cache", "status",
@@ -508,6 +512,14 @@ def summary_markdown(experiment: Experiment) -> str:
                 for run in failed]
         text += f"\n## Failed or incorrect\n\n{render(columns, rows, 'table')}\n"
     return text
+
+
+def _whole_network(variant: str) -> bool:
+    """A registered variant that replaces every layer after its conv (one op time for them all)."""
+    from .variants import load_registry
+
+    registered = load_registry().get(variant)
+    return bool(registered and registered.fuses_tail)
 
 
 def _spread(fraction: Any) -> str | None:

@@ -243,7 +243,11 @@ __device__ bfrag_t make_b(const conv_t *__restrict__ k, int c, int d, int nb, in
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32) conv_relu_pool_window(CONV_ARGS, POOL_ARGS) {
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1  // blocks per SM the register allocation must allow (__launch_bounds__' second argument)
+#endif
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) conv_relu_pool_window(CONV_ARGS, POOL_ARGS) {
     // b_s[f][lane], f = (c / CSTEP * (D / DSTEP) + d / DSTEP) * NB + nb, built once per block.
     __shared__ bfrag_t b_s[FRAGS][32];
 #pragma unroll 4

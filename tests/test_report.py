@@ -208,6 +208,17 @@ def test_summary_md_tells_a_grids_settings_apart_fastest_first(tmp_path):
     one_each = report.load(url, EXPERIMENT)
     one_each.runs = [run for run in one_each.runs if run["variant"] != "grid" or run["params"]["conv1"]["BLOCK"] == 64]
     assert "setting" not in report.summary_markdown(one_each).split("\n")[4]
+    assert "whole network in one kernel" not in text
+
+
+def test_summary_md_says_why_a_whole_network_variants_op_time_2_is_empty(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    fill(url)
+    experiment = report.load(url, EXPERIMENT)
+    fused = {**experiment.runs[0], "variant": "fp16_fused_network", "op_time_2_ms": None}
+    experiment.runs = [*experiment.runs, fused]
+    text = report.summary_markdown(experiment)
+    assert "fp16_fused_network runs the whole network in one kernel: op time 1 is every layer's time" in text
 
 
 def test_the_command_writes_what_it_is_asked_and_keeps_summary_md(tmp_path, capsys):
