@@ -175,3 +175,40 @@ def test_a_ptxas_error_is_the_line_reported():
     assert _first_error(log, "kernels/x.cu", "x") == (
         "kernels/x.cu: NVRTC failed for variant 'x': ptxas error   : Entry function 'conv_relu_pool_window' uses too "
         "much shared data (0xa00000 bytes, 0xc000 max)")
+
+
+def test_the_window_kernels_default_register_cap_is_no_cap():
+    """MIN_BLOCKS 1 (the default) must leave __launch_bounds__' second argument out: NVRTC allocates
+    otherwise with an explicit 1 (conv1 took 106 registers instead of 56, and 0.30 ms instead of 0.26
+    on the H100); 5 asks for five blocks per SM. The PTX says which (.minnctapersm)."""
+    from cuda.bindings import nvrtc
+    from cuda.core import ProgramOptions
+
+    from convsweep.compile import _cuda_include_dirs, nvrtc_version
+    from convsweep.network import load_network
+    from convsweep.paths import ROOT
+
+    net = load_network(ROOT / "networks/lenet86.yaml")
+    var = load_registry()["fp16_sliding_window"]
+    defines = var.defines(var.resolve_params({}), net.variant_shape(net.layer("conv1"), var.fuses, 1))
+    assert defines["MIN_BLOCKS"] == 1
+    source = KERNELS_DIR / var.source
+
+    def ptx(macros: dict) -> str:  # NVRTC itself: cuda.core's PTX path wants a driver
+        options = ProgramOptions(arch="compute_90", std="c++17", define_macro=[(k, str(v)) for k, v in macros.items()],
+                                 include_path=[str(KERNELS_DIR), *_cuda_include_dirs()],
+                                 use_bundled_headers=not _cuda_include_dirs() and nvrtc_version() >= "13.3",
+                                 ).as_bytes("nvrtc")
+        err, program = nvrtc.nvrtcCreateProgram(source.read_bytes(), b"window.cu", 0, [], [])
+        try:
+            (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+            assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+            err, size = nvrtc.nvrtcGetPTXSize(program)
+            text = b" " * size
+            (err,) = nvrtc.nvrtcGetPTX(program, text)
+            return text.decode()
+        finally:
+            nvrtc.nvrtcDestroyProgram(program)
+
+    assert ".minnctapersm" not in ptx(defines)
+    assert ".minnctapersm 5" in ptx({**defines, "MIN_BLOCKS": 5})
