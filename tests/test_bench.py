@@ -284,7 +284,7 @@ def test_end_to_end_rows_replay_a_captured_pass_or_enqueue_each(tmp_path, graph)
     assert small["accuracy"] is not None and small["target_ms"] == 0.1
     assert small["host_bytes"] < rows["end_to_end"]["host_bytes"]  # its floor is its own batch's
     printed = report.format_report(result)
-    assert f"| end to end, batch 5 (4 streams{', CUDA graph' if graph else ''}) |" in printed
+    assert f"| end to end, batch 5 (4 streams, 3 x 2 images{', CUDA graph' if graph else ''}) |" in printed
 
 
 @pytest.mark.parametrize("streams, memory", [(1, "pageable"), (4, "pinned")])

@@ -246,7 +246,8 @@ def table_rows(result: dict) -> list[list[str]]:
         if r["kind"] == "forward":
             out.append(line("forward (on device)", r))
         elif r["kind"] == "end_to_end":
-            how = f"{r.get('streams')} streams" + (", CUDA graph" if r.get("graph") else "")
+            how = (f"{r.get('streams')} streams" + (f", {r['chunks']} x {r['chunk_images']} images" if r.get("chunks") else "")
+                   + (", CUDA graph" if r.get("graph") else ""))
             out.append(line(f"end to end, batch {r['batch']} ({how})" if r["label"] == "end_to_end_small"
                             else f"end to end ({how})", r))
         elif r["kind"] == "harness":
