@@ -816,21 +816,49 @@ def plot(kind: str, url: str | None = None, experiment: str | None = None, out: 
     chosen = _experiments(url, experiment)
     directory = Path(out) if out else Path("results") / experiment / "figures" if experiment else \
         Path("results") / "figures"
+    tasks = [(k, name, url, ceilings, directory / (f"{k}.png" if experiment else f"{name}-{k}.png"))
+             for name in chosen for k in kinds]
     done = Plotted()
-    for name in chosen:
-        for k in kinds:
-            try:
-                fig = figure(k, name, url, ceilings)
-            except MissingData as e:
-                done.skipped.append((k, str(e)))
-                continue
-            path = directory / (f"{k}.png" if experiment else f"{name}-{k}.png")
-            _save(fig, path)
+    for k, (path, why) in zip([t[0] for t in tasks], _draw_all(tasks)):
+        if path is None:
+            done.skipped.append((k, why))
+        else:
             done.paths.append(path)
     if not done.paths:
         raise MissingData(done.skipped[0][1] if len(done.skipped) == 1 else
                           "no figure to draw: " + "; ".join(f"{k}: {why}" for k, why in done.skipped))
     return done
+
+
+def _draw_all(tasks: list[tuple]) -> list[tuple[Path | None, str | None]]:
+    """Draw and save each task's figure, in order. Laying out and rasterising a figure is about half
+    a second of one CPU core and the figures are independent, so several are drawn at once, each in
+    a process forked once matplotlib and the query code are loaded (where fork is the platform's
+    way: Linux). Each reads the database through its own connection (query.fetch opens one a call)."""
+    import multiprocessing
+    import os
+    import sys
+
+    from . import query  # noqa: F401  loaded once, before the fork, not once per figure
+
+    if len(tasks) < 2 or not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2:
+        return [_draw_one(*task) for task in tasks]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(len(tasks), os.cpu_count() or 1),
+                             mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(_draw_one, *zip(*tasks)))
+
+
+def _draw_one(kind: str, experiment: str, url: str | None, ceilings: Ceilings | None,
+              path: Path) -> tuple[Path | None, str | None]:
+    """(the PNG written, None), or (None, why) when the database lacks what the figure needs."""
+    try:
+        fig = figure(kind, experiment, url, ceilings)
+    except MissingData as e:
+        return None, str(e)
+    _save(fig, path)
+    return path, None
 
 
 def _experiments(url: str | None, experiment: str | None) -> list[str]:

@@ -375,6 +375,23 @@ def test_cli_plot_all_writes_every_figure_each_experiment_has(url, bench_file, t
     assert f"skipped streams: experiment '{BASELINE}' has no ok runs" in proc.stdout
 
 
+def test_figures_drawn_side_by_side_keep_their_order_and_a_bug_in_one_is_raised(url, tmp_path, monkeypatch):
+    """`plot all` draws its figures in forked processes: the results come back in the order asked,
+    a figure without data is skipped with its reason, and any other error is raised, never skipped."""
+    import convsweep.plot as plot_mod
+
+    done = plot("all", url=url, experiment=TUNING, out=tmp_path)
+    assert [p.name for p in done.paths] == [f"{k}.png" for k in KINDS if k != "streams"]
+    assert [k for k, _ in done.skipped] == ["streams"]
+
+    def broken(url, experiment, ceilings=None):
+        raise RuntimeError("a bug in a figure")
+
+    monkeypatch.setitem(plot_mod.FIGURES, "phases", broken)
+    with pytest.raises(RuntimeError, match="a bug in a figure"):
+        plot("all", url=url, experiment=TUNING, out=tmp_path / "again")
+
+
 def test_cli_plot_with_an_experiment_writes_kind_named_files(url, tmp_path):
     proc = convsweep("plot", "streams", "--experiment", STREAMS, "--db", url, "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
