@@ -225,8 +225,8 @@ class PendingBuilds:
 @contextlib.contextmanager
 def compile_all(requests: list[BuildRequest], arch: str, workers: int | None = None):
     """Start compiling every request on `workers` threads (NVRTC works outside the GIL), through
-    the disk cache as ever, and yield at once, so the caller can open its GPU meanwhile; the
-    PendingBuilds yielded waits for them."""
+    the disk cache as ever, and yield at once, so the caller can go on meanwhile; the PendingBuilds
+    yielded waits for them."""
 
     def build(request: BuildRequest):
         try:
@@ -235,7 +235,7 @@ def compile_all(requests: list[BuildRequest], arch: str, workers: int | None = N
             return e
 
     # cuda.core loads its modules lazily, and two threads importing them at once can each see a
-    # half-made module: load what the workers and the caller (opening its GPU) use, first, here.
+    # half-made module: load what the workers and the caller (opening its GPU later) use, first, here.
     import cuda.core
 
     _ = cuda.core.Device, cuda.core.Program, cuda.core.ProgramOptions, nvrtc_version(), _cuda_include_dirs()

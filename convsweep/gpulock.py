@@ -1,13 +1,14 @@
 """One timed job per GPU at a time, across processes: an exclusive `flock` on a file per GPU.
 
-Snakemake's `gpu=1` resource only orders the jobs of one invocation; a second `snakemake`, or a
-job left running by a killed one, would time its kernels on the same GPU at the same moment.
-The kernel releases a flock when its holder exits, however it exits, so a crash never leaves
-a GPU locked. The lock file names its holder, so a waiting job's log says whom it waits for.
+A job takes the lock before its process starts CUDA and lets go after closing the GPU: another
+process's CUDA start-up, let alone its kernels, slows the kernels being timed (measure.py). Any
+number of jobs may prepare at once (start, load, compile), whether one `snakemake` started them
+or several; they take turns on the GPU. The kernel releases a flock when its holder exits, however
+it exits, so a crash never leaves a GPU locked. The lock file names its holder, so a waiting job's
+log says whom it waits for.
 
-On a host with several GPUs (`snakemake --resources gpu=G`), a job process first takes the lock
-of a free GPU (`bind_free_gpu`) and binds to it through CUDA_VISIBLE_DEVICES before CUDA starts,
-so G jobs run at once, one per GPU, and never two on one.
+On a host with several GPUs, a job process takes the lock of the first free one (`bind_free_gpu`)
+and binds to it through CUDA_VISIBLE_DEVICES, so jobs run at once, one per GPU, never two on one.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 DEFAULT_LOCK_DIR = Path("/tmp/convsweep-locks")
@@ -99,7 +100,7 @@ def _try_lock(gpu_uuid: str) -> int | None:
 
 
 @contextmanager
-def claim_gpu(gpu_uuids: list[str], holder: str, log=None, poll_s: float = 0.2) -> Iterator[str]:
+def claim_gpu(gpu_uuids: list[str], holder: str, log=None, poll_s: float = 0.05) -> Iterator[str]:
     """Hold the lock of the first of `gpu_uuids` that no other process holds, and yield its UUID;
     while all are held, say whom for once on `log` and try again every `poll_s` seconds."""
     log = log or sys.stderr
@@ -137,10 +138,15 @@ def _holder_of(gpu_uuid: str) -> str:
 
 @contextmanager
 def bind_free_gpu(holder: str, gpu_uuids: list[str] | None = None, log=None) -> Iterator[str | None]:
-    """In a job process, before CUDA starts: when this host has several GPUs and nothing bound the
-    process yet (CUDA_VISIBLE_DEVICES unset; SLURM sets it), take a free one's lock and make it the
-    process's only visible GPU, for it and the nsys child it starts. Yields its UUID, or None where
-    there is nothing to choose (one GPU, none, or already bound): the job then locks the GPU it opens."""
+    """Before this process starts CUDA: wait for one of this host's GPUs that no other process
+    holds, hold its lock for the body, and make it the process's only visible GPU (for the children
+    it starts too: nsys's, ncu's). Yields its UUID; a lock this process's job already holds (its
+    parent took it: LOCKED_ENV) is yielded as it is. None where NVML cannot say which GPU CUDA will
+    open (no NVML, or CUDA_VISIBLE_DEVICES set by a scheduler such as SLURM): the caller then locks
+    the GPU it opened."""
+    if os.environ.get(LOCKED_ENV):
+        yield os.environ[LOCKED_ENV]
+        return
     if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
         yield None
         return
@@ -148,10 +154,15 @@ def bind_free_gpu(holder: str, gpu_uuids: list[str] | None = None, log=None) -> 
         from .provenance import gpu_uuids as nvml_gpu_uuids
 
         gpu_uuids = nvml_gpu_uuids()
-    if len(gpu_uuids) < 2:
+    if not gpu_uuids:
         yield None
         return
-    with claim_gpu(gpu_uuids, holder, log) as uuid:
+    with ExitStack() as stack:
+        if len(gpu_uuids) == 1:  # a blocking flock: the waiter wakes the moment the GPU is free
+            uuid = gpu_uuids[0]
+            stack.enter_context(gpu_lock(uuid, holder, log))
+        else:
+            uuid = stack.enter_context(claim_gpu(gpu_uuids, holder, log))
         os.environ["CUDA_VISIBLE_DEVICES"] = f"GPU-{bare_uuid(uuid)}"
         os.environ[LOCKED_ENV] = bare_uuid(uuid)
         try:

@@ -12,10 +12,11 @@ finished setting is also kept in `<job>.partial/` until the file is written, so 
 interrupted measures, when run again, only the settings it has no result for, unless the code
 or inputs it measures have changed since.
 
-A job process's fixed costs are most of a small job, so the slow starts overlap the imports:
-the CUDA context is created on a thread (gpu_early.py) and `nsys profile` is started before this
-process has loaded numpy, the network or the provenance. Hence the imports here are light, and
-measure.py, the network and the GPU runtime are imported where they are used.
+A job process's fixed costs are most of a small job, so `nsys profile` is started before this
+process has loaded numpy, the network or the provenance, and the imports here are light (measure.py,
+the network and the GPU runtime are imported where they are used). Everything up to opening the
+GPU (imports, the batch, the builds, nsys's start) runs while other jobs may hold the GPU; CUDA
+starts only once this job has the GPU's lock (measure.py says why).
 """
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,8 +39,6 @@ from .compile import LAYERS_SOURCE, source_hash
 from .config import JobSpec, RunSpec, Settings
 from .errors import ConvsweepError, ShapeError
 from .fileio import canonical_hash, remove_stale_temporaries, write_json_atomic
-from .gpu_early import start_primary_context
-from .gpulock import bind_free_gpu
 from .numbers import finite
 from .paths import relative_to_root, resolve_network_path
 from .provenance import environment, git_state
@@ -175,29 +173,23 @@ def resume_key(ctx: JobContext) -> str:
 
 
 # -- the job ------------------------------------------------------------------------------------
-def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None, backend: Backend | None = None,
-            choose_gpu: bool = False) -> dict:
+def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None, backend: Backend | None = None) -> dict:
     """Measure the job's settings and write its result file; returns what it wrote. A setting's
     failure is stored, never raised; a spec whose settings cannot be worked out raises ConvsweepError.
 
     `process_age` is how long the process had run before this call (cli.process_age()): the
     phase process_start, counted into the job's total_s. `backend` None is the real GPU (tests
-    hand in a fake one). `choose_gpu`: this process has not started CUDA, and on a host with
-    several GPUs takes a free one (gpulock.bind_free_gpu) for the whole job.
+    hand in a fake one).
     """
     out_path = Path(out_path)
     started, started_at = time.perf_counter(), utc_now()
     remove_stale_temporaries(out_path)
     on_gpu = not all(get_variant(name).is_cpu for name in spec.variants.values())
     nsys_path = nsys_mod.find_nsys() if spec.profiler == "nsys" and on_gpu else None
-    with ExitStack() as gpu_claim, ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsys") as pool:
-        if choose_gpu and on_gpu and backend is None:  # before CUDA or nsys starts: they see only that GPU
-            gpu_claim.enter_context(bind_free_gpu(f"job {spec.job_id} ({spec.experiment})"))
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsys") as pool:
         child = None
         if nsys_path and not ResumeStore.has_partial(out_path):  # nothing to resume: start every setting now
             child = ProfiledChild(pool, spec, None, out_path, nsys_path)
-        elif on_gpu and nsys_path is None and backend is None:
-            start_primary_context()
         ctx = JobContext.open(spec)
         resume = ResumeStore(out_path, resume_key(ctx))
         stored = resume.load()
@@ -353,7 +345,6 @@ def read_progress(path: Path) -> list[dict]:
 def measure_to_file(spec: JobSpec, todo: list[int] | None, out_path: Path) -> None:
     """The child half of a job under nsys: measure settings `todo` (None: all), appending each
     finished one to `out_path` (one JSON line, flushed) and last the phases the settings shared."""
-    start_primary_context()  # while measure.py's imports load
     from .measure import measure_settings
     from .runner import Backend
 

@@ -21,13 +21,13 @@ from .checks import check_logits
 from .compile import LAYERS_SOURCE, BuildRequest
 from .config import JobSpec, RunSpec, tunables_text
 from .errors import CompileError, ConvsweepError, failure_message
-from .gpulock import gpu_lock, holds_lock_of
+from .gpulock import bind_free_gpu, gpu_lock, holds_lock_of
 from .inputs import load_batch
 from .job import JobContext
 from .network import reference_layer
 from .numbers import finite, median
 from .progress import progress
-from .provenance import GpuMonitor, environment, host_gpu_arch, slowdown_names
+from .provenance import GpuMonitor, environment, host_environment, host_gpu_arch, slowdown_names
 from .runner import (FLUSH, Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks, pipeline_buffers,
                      pipeline_pass, poison_logits)
 from .stats import StoppingRule
@@ -187,31 +187,34 @@ def _compile_errors(ctx: JobContext, todo: list[int], builds: dict) -> dict[int,
 def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, shared: dict, finish) -> None:
     spec = ctx.spec
     chunks = pass_chunks(spec.batch, spec.streams, spec.chunk_images)
-    # The builds compile on the CPU cores while this thread opens the GPU (for NVML's idea of its
-    # architecture: no CUDA context is needed to know it; sm_90 where there is no GPU, so that a
-    # kernel that does not compile says so on any machine).
+    # The builds compile on the CPU cores (for NVML's idea of the GPU's architecture: no CUDA context
+    # is needed to know it; sm_90 where there is no GPU, so that a kernel that does not compile says
+    # so on any machine), while other jobs may hold the GPU.
     arch = spec.arch if spec.arch != "auto" else host_gpu_arch() or "sm_90"
     requests = [r for i in todo for r in build_requests(ctx.batch.network, ctx.variants, ctx.runs[i])]
+    holder = f"job {spec.job_id} ({spec.experiment})"
     with ExitStack() as stack:
         t = time.perf_counter()
-        compiling = stack.enter_context(backend.compile_all(requests, arch))
+        builds = stack.enter_context(backend.compile_all(requests, arch)).wait()
+        host_environment()  # read now: what the job does while it holds the GPU, other jobs wait for
+        shared["compile"] = time.perf_counter() - t
+        # The GPU's lock before this process touches CUDA: another process's CUDA start-up slows
+        # the kernels being timed (on the lent H100, each context opened beside a timed job slowed
+        # about nine of its passes, up to twice as long). The lock is let go after the GPU is closed.
+        t = time.perf_counter()
+        stack.enter_context(bind_free_gpu(holder))
+        shared["gpu_wait"] = time.perf_counter() - t
+        t = time.perf_counter()
         try:
             gpu = stack.enter_context(backend.gpu())
         except Exception:
-            ctx.compile_errors = _compile_errors(ctx, todo, compiling.wait())
+            ctx.compile_errors = _compile_errors(ctx, todo, builds)
             raise
-        # Everything this job does on the GPU, uploads included, happens under the GPU's lock (taken
-        # here, unless the job process took it when it chose this GPU among several).
-        waiting = time.perf_counter()
-        if not holds_lock_of(gpu.uuid):
-            stack.enter_context(gpu_lock(gpu.uuid, f"job {spec.job_id} ({spec.experiment})"))
-        shared["gpu_wait"] = time.perf_counter() - waiting
+        if not holds_lock_of(gpu.uuid):  # NVML could not say which GPU CUDA would open: lock the one it did
+            stack.enter_context(gpu_lock(gpu.uuid, holder))
         monitor = stack.enter_context(GpuMonitor(gpu.uuid, gpu.pci_bus_id))
         env = environment(gpu)
-        shared["context"] = time.perf_counter() - t - shared["gpu_wait"]
-        t = time.perf_counter()
-        compiling.wait()
-        shared["compile"] = time.perf_counter() - t  # what compiling took beyond opening the GPU
+        shared["context"] = time.perf_counter() - t
         t = time.perf_counter()
         streams = [gpu.stream() for _ in range(spec.streams)]
         buffers = pipeline_buffers(gpu, ctx.batch.network, ctx.batch.images, spec.host_memory, streams[0])
@@ -281,14 +284,17 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> di
     for w in range(run.warmup):
         forward(f"warmup {w}", None)
     phases["warmup"] = time.perf_counter() - t
-    clocks, energy = monitor.clocks(), EnergyCounter()  # at the start of the timed part
-    energy.read(monitor.energy_mj())
-    t = time.perf_counter()
     rule, stop = StoppingRule.of(run.repeats, run.stopping), None
+    # NVML's energy query takes milliseconds; it is read per pass only where a power can come of it.
+    energy = EnergyCounter()
+    energy_mj = monitor.energy_mj if energy.can_tell(rule.max_samples_taken, run.energy_window_s) else lambda: None
+    clocks = monitor.clocks()  # at the start of the timed part
+    energy.read(energy_mj())
+    t = time.perf_counter()
     while stop is None:
         repeat = len(rule.samples_ms)
         forward(f"repeat {repeat}", repeat)
-        energy.read(monitor.energy_mj())
+        energy.read(energy_mj())
         stop = rule.reason(_last_forward(samples), time.perf_counter() - t)
     phases["timed"] = time.perf_counter() - t
     passes, clocks_after = len(rule.samples_ms), monitor.clocks()
@@ -298,7 +304,7 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> di
     t, extra = time.perf_counter(), 0
     while energy.counting and energy.watts(passes + extra) is None and time.perf_counter() - t < run.energy_window_s:
         forward(f"energy {extra}", None)
-        energy.read(monitor.energy_mj())
+        energy.read(energy_mj())
         extra += 1
     if extra:
         phases["energy"] = time.perf_counter() - t
@@ -349,6 +355,12 @@ class EnergyCounter:
     def read(self, millijoules: int | None, now: float | None = None) -> None:
         if millijoules is not None:
             self.readings.append((time.perf_counter() if now is None else now, millijoules))
+
+    @classmethod
+    def can_tell(cls, max_passes: int, window_s: float) -> bool:
+        """Whether readings could give a power at all: the steps must lie MIN_SPAN_PASSES passes
+        apart, so a setting of fewer timed passes, with no energy window after them, never has one."""
+        return max_passes >= cls.MIN_SPAN_PASSES or window_s > 0
 
     @property
     def counting(self) -> bool:

@@ -6,6 +6,7 @@ NVML comes from nvidia-ml-py (`pynvml`) and the driver's libnvidia-ml; where eit
 """
 from __future__ import annotations
 
+import functools
 import platform
 import subprocess
 from importlib import metadata
@@ -40,25 +41,34 @@ def environment(gpu=None) -> dict:
     """The software and machine a job ran on: the same for every run of a sweep on one host, so the
     store keeps one row of it. With a GPU: its identity (UUID, driver, from NVML) and the nsys on
     PATH (or $NSYS), which profiles GPU runs."""
-    packages = {}
-    for name in PACKAGES:
-        try:
-            packages[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            packages[name] = None
-    env = {"hostname": platform.node(), "python": platform.python_version(), "packages": packages,
-           "gpu": None, "gpu_uuid": None, "compute_capability": None, "driver": None, "cuda_driver": None,
-           "nvrtc": None, "nsys": None}
-    try:
-        env["nvrtc"] = nvrtc_version()
-    except Exception:  # no NVRTC library: the compile step says so where it matters
-        pass
+    host = host_environment()
+    env = {**host, "packages": dict(host["packages"]), "gpu": None, "gpu_uuid": None, "compute_capability": None,
+           "driver": None, "cuda_driver": None, "nsys": None}
     if gpu is not None:
         env.update(gpu=gpu.name, compute_capability=f"{gpu.compute_capability:.1f}", cuda_driver=gpu.driver_version())
         nsys = find_nsys()
         env["nsys"] = nsys_version(nsys) if nsys else None
         with GpuMonitor(gpu.uuid, gpu.pci_bus_id) as monitor:
             env.update(gpu_uuid=monitor.uuid, driver=monitor.driver)
+    return env
+
+
+@functools.cache
+def host_environment() -> dict:
+    """The host's part of environment(): Python, package versions, NVRTC. Reading the packages'
+    metadata takes a job process about a tenth of a second, so it is read once, and a job reads it
+    before it takes the GPU (the time it holds the GPU is the time other jobs wait)."""
+    packages = {}
+    for name in PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            packages[name] = None
+    env = {"hostname": platform.node(), "python": platform.python_version(), "packages": packages, "nvrtc": None}
+    try:
+        env["nvrtc"] = nvrtc_version()
+    except Exception:  # no NVRTC library: the compile step says so where it matters
+        pass
     return env
 
 

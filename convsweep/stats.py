@@ -115,6 +115,11 @@ class StoppingRule:
     def noise(self) -> float | None:
         return relative_spread(self.samples_ms)
 
+    @property
+    def max_samples_taken(self) -> int:
+        """The most samples this rule can take: `repeats` when fixed, else `max_samples`."""
+        return self.repeats if self.repeats is not None else self.max_samples
+
     def record(self, reason: str) -> dict:
         """What a measurement stores about its sampling."""
         return {"rule": "fixed" if self.repeats is not None else "auto", "reason": reason,

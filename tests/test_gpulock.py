@@ -113,6 +113,7 @@ def test_jobs_take_different_free_gpus_and_the_next_waits_for_one():
 
 
 def test_binding_shows_the_process_one_gpu_and_lets_go(monkeypatch):
+    """A job process binds to a free GPU and holds its lock before CUDA starts, one GPU or several."""
     from convsweep.gpulock import LOCKED_ENV, bind_free_gpu, holds_lock_of
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -127,7 +128,13 @@ def test_binding_shows_the_process_one_gpu_and_lets_go(monkeypatch):
     finally:
         holder.kill()
         holder.wait(timeout=30)
-    with bind_free_gpu("job c", GPUS[:1]) as uuid:  # one GPU: nothing to choose, the job locks what it opens
+    with bind_free_gpu("job c", GPUS[:1]) as uuid:  # one GPU: locked and bound too, before CUDA starts
+        assert uuid == GPUS[0].removeprefix("GPU-") and os.environ["CUDA_VISIBLE_DEVICES"] == GPUS[0]
+        assert lock_path(uuid).read_text().startswith(f"pid {os.getpid()} ") and holds_lock_of(uuid)
+        with bind_free_gpu("its nsys child", GPUS[:1]) as again:  # the job holds it already: no second wait
+            assert again == uuid
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ and LOCKED_ENV not in os.environ
+    with bind_free_gpu("job on a host without NVML", []) as uuid:
         assert uuid is None and "CUDA_VISIBLE_DEVICES" not in os.environ
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # bound already (SLURM does it): left as it is
     with bind_free_gpu("job d", GPUS) as uuid:

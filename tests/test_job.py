@@ -459,6 +459,20 @@ def test_energy_is_the_power_between_the_counters_steps_or_not_known():
     assert EnergyCounter().record(1.0, 10) is None  # no counter
 
 
+def test_the_energy_counter_is_read_per_pass_only_where_a_power_can_come_of_it():
+    """Fewer timed passes than the counter's span, and no energy window: no reading can give a
+    power (so a job does not spend NVML's milliseconds a pass on it); more passes, or a window, can."""
+    from convsweep.measure import EnergyCounter
+
+    few = EnergyCounter.MIN_SPAN_PASSES - 1
+    assert not EnergyCounter.can_tell(few, 0)
+    assert EnergyCounter.can_tell(few, 0.5) and EnergyCounter.can_tell(EnergyCounter.MIN_SPAN_PASSES, 0)
+    c = EnergyCounter()  # whatever the readings of so few passes, watts stays unknown
+    for i in range(few + 1):
+        c.read(1_000_000 + 5_000 * i, 0.001 + 0.05 * i)  # a step after every pass
+    assert c.watts(few) is None
+
+
 def test_without_nvml_nothing_is_guessed(tmp_path):
     m = run_one_job(grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}]), tmp_path / "r.json",
                     backend=FAKE)["measurements"][0]

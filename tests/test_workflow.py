@@ -174,18 +174,20 @@ def history(workdir: Path) -> list[tuple]:
 
 
 def test_plain_snakemake_uses_the_default_profile():
-    """From the repository root, as a user types it: the workflow profile is read, so timed jobs
-    take gpu=1, failures do not stop the sweep, an interrupted one resumes, commands are printed."""
-    proc = subprocess.run([SNAKEMAKE, "-n", "--cores", "1"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    """From the repository root, as a user types it (no --cores: the profile gives them): the
+    workflow profile is read, so up to four GPU jobs run at once (each measuring under its GPU's
+    lock), failures do not stop the sweep, an interrupted one resumes, commands are printed."""
+    proc = subprocess.run([SNAKEMAKE, "-n"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "Using workflow specific profile profiles/default" in out
     assert "Shell command: convsweep run-job " in out
     blocks = [block.split("\n\n", 1)[0] for block in out.split("rule run_job:")[1:]]
     run_job = next(block for block in blocks if "job=reference-" not in block)  # a GPU job (the CPU ones ask gpu=0)
-    assert "gpu=1" in run_job
+    assert "gpu=1" in run_job and "gpu_jobs=1" in run_job
     profile = yaml.safe_load((ROOT / "profiles" / "default" / "config.yaml").read_text())
-    assert profile["keep-going"] is True and profile["rerun-incomplete"] is True and "gpu=1" in profile["resources"]
+    assert profile["keep-going"] is True and profile["rerun-incomplete"] is True
+    assert profile["cores"] == 4 and profile["resources"] == ["gpu_jobs=4"]
     assert not (ROOT / "workflow" / "profiles").exists()  # where Snakemake never looks
 
 
@@ -336,12 +338,15 @@ def test_only_jobs_on_gpu_variants_ask_for_a_gpu():
 
 
 def test_the_rule_takes_its_gpu_resource_from_the_plan(tmp_path):
-    """What Snakemake hands the executor: gpu=0 for the reference job, gpu=1 for the naive one."""
+    """What Snakemake hands the executor: gpu=0 for the reference job, gpu=1 for the naive one;
+    gpu_jobs alike, so the profile's limit counts GPU jobs only (the reference job never waits)."""
     small_sweep(tmp_path, {"e": {"variants": ["reference", "naive"]}})
     out = run_in(ROOT, tmp_path, "-n").stdout
     blocks = [block.split("\n\n", 1)[0] for block in out.split("rule run_job:")[1:]]
     asked = dict(re.search(r"job=([a-z_]+)-b.*\bgpu=(\d+)", block, re.S).groups() for block in blocks)
     assert asked == {"reference": "0", "naive": "1"}, out[-3000:]
+    slots = dict(re.search(r"job=([a-z_]+)-b.*\bgpu_jobs=(\d+)", block, re.S).groups() for block in blocks)
+    assert slots == asked, out[-3000:]
 
 
 def test_the_report_draws_the_ceilings_of_the_bench_file_the_sweep_names(tmp_path):

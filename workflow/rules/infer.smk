@@ -12,6 +12,7 @@ rule run_job:
         registry=lambda w: plan.registry_entries(w.experiment, w.job),  # editing an entry re-measures
     resources:
         gpu=lambda w: plan.gpus(w.experiment, w.job),  # 0 for a job on CPU variants only
+        gpu_jobs=lambda w: plan.gpus(w.experiment, w.job),  # counted against the profile's gpu_jobs
     conda:
         "../envs/convsweep.yaml"
     shell:

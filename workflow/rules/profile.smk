@@ -13,6 +13,7 @@ rule profile_kernels:
         registry=lambda w: plan.registry_entries(w.experiment, w.job),
     resources:
         gpu=1,
+        gpu_jobs=1,
     conda:
         "../envs/convsweep.yaml"
     shell:
