@@ -6,7 +6,7 @@ import sys
 from snakemake.utils import min_version, validate
 
 sys.path.insert(0, workflow.basedir)  # plan with this checkout's convsweep, whatever is installed
-from convsweep.plan import SweepPlan, release_scheduler_timer
+from convsweep.plan import SweepPlan, release_scheduler_timer, skip_final_collection
 
 min_version("8.0")
 
@@ -38,13 +38,16 @@ onstart:
     plan.check_store()
 
 
-# Snakemake's job-rate limiter would keep a finished run alive for up to a second more.
+# Snakemake's job-rate limiter would keep a finished run alive for up to a second more, and the
+# interpreter's last garbage collection a third of a second.
 onsuccess:
     release_scheduler_timer()
+    skip_final_collection()
 
 
 onerror:
     release_scheduler_timer()
+    skip_final_collection()
 
 
 include: "workflow/rules/infer.smk"

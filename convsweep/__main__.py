@@ -1,6 +1,4 @@
 """`python -m convsweep`: the same as the `convsweep` command."""
-import sys
+from .cli import run
 
-from .cli import main
-
-sys.exit(main())
+run()
