@@ -42,7 +42,7 @@ NCU_DRAM_BYTES_SQL = """
 FLOOR_BYTES_MEANING = ("floor bytes: what the layer must move at least, its input, weights, bias and output once "
                        "each, not measured DRAM traffic")
 # Where a job's wall time goes, in the order it is spent; other phase names follow, sorted.
-PHASE_ORDER = ("process_start", "load", "reference", "gpu_wait", "context", "compile", "allocate", "setup",
+PHASE_ORDER = ("process_start", "load", "reference", "compile", "gpu_wait", "context", "allocate", "setup",
                "warmup", "timed", "check", "profile", "nsys_read")
 PHASE_LABELS = {"process_start": "process start", "gpu_wait": "GPU wait", "warmup": "warm-up",
                 "profile": "nsys profile", "nsys_read": "nsys read", "setup": "set-up"}
