@@ -196,7 +196,7 @@ def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, sh
     with ExitStack() as stack:
         t = time.perf_counter()
         builds = stack.enter_context(backend.compile_all(requests, arch)).wait()
-        host_environment()  # read now: what the job does while it holds the GPU, other jobs wait for
+        host_environment()  # read now (counted here): what a job does while it holds the GPU, others wait for
         shared["compile"] = time.perf_counter() - t
         # The GPU's lock before this process touches CUDA: another process's CUDA start-up slows
         # the kernels being timed (on the lent H100, each context opened beside a timed job slowed
