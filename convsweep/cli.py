@@ -107,7 +107,7 @@ def cmd_run_job(args) -> None:
     from .config import tunables_text
     from .job import run_job
 
-    # A fresh process: on a host with several GPUs it takes a free one before CUDA starts.
+    # A fresh process: the job takes its GPU's lock (a free one among several) before CUDA starts.
     result = run_job(_job_spec(_read_spec(args)), Path(args.out), process_age=process_age())
     statuses = Counter(m["status"] for m in result["measurements"])
     fastest = min((m for m in result["measurements"] if m["status"] == "ok"),
