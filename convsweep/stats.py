@@ -9,10 +9,9 @@ The verdict puts that interval against a threshold, as asv and nvbench's compare
 """
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
 
 SAME, FASTER, SLOWER, UNSURE = "SAME", "FASTER", "SLOWER", "UNSURE"
 MIN_SAMPLES = 5  # fewer per side and a bootstrap interval means nothing: the verdict is UNSURE
@@ -21,12 +20,14 @@ CONFIDENCE = 0.95
 
 
 def relative_spread(values: Sequence[float]) -> float | None:
-    """Median absolute deviation over the median; None for no samples or a zero median."""
-    x = np.asarray([v for v in values if v is not None], dtype=np.float64)
-    if not x.size:
+    """Median absolute deviation over the median; None for no samples or a zero median. (The
+    standard library's median: storing a result needs this, and numpy's import is a tenth of a
+    second of the ingest process.)"""
+    x = [float(v) for v in values if v is not None]
+    if not x:
         return None
-    centre = float(np.median(x))
-    return float(np.median(np.abs(x - centre))) / centre if centre else None
+    centre = statistics.median(x)
+    return statistics.median(abs(v - centre) for v in x) / centre if centre else None
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ def bootstrap_ratio(a: Sequence[float], b: Sequence[float], resamples: int = RES
                     confidence: float = CONFIDENCE, seed: int = 0) -> tuple[float, float, float]:
     """median(b) / median(a) and its bootstrap percentile interval (each side resampled with
     replacement on its own); seeded, so one pair of sample sets always gets the same interval."""
+    import numpy as np
+
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     rng = np.random.default_rng(seed)
     med_a = np.median(rng.choice(a, size=(resamples, a.size)), axis=1)
@@ -62,7 +65,7 @@ def compare_samples(a: Sequence[float], b: Sequence[float], threshold: float = 0
     a = [v for v in a if v is not None and v > 0]
     b = [v for v in b if v is not None and v > 0]
     if len(a) < MIN_SAMPLES or len(b) < MIN_SAMPLES:
-        ratio = float(np.median(b) / np.median(a)) if a and b else None
+        ratio = statistics.median(b) / statistics.median(a) if a and b else None
         return Change(ratio, None, None, UNSURE, len(a), len(b))
     ratio, low, high = bootstrap_ratio(a, b)
     band_low, band_high = 1 / (1 + threshold), 1 + threshold
