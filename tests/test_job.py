@@ -501,3 +501,42 @@ def test_a_fused_network_job_times_one_layer_and_builds_one_variant(tmp_path):
     # the floor of a kernel that runs the whole network: the images, every weight and the logits
     assert m["floors"]["conv1"]["bytes"] == 4 * (24 * 86 * 86 + 4 * 49 + 4 + 16 * 4 * 49 + 16 + 1024 * 32 + 32
                                                  + 32 * 10 + 10 + 24 * 10)
+
+
+def test_a_job_opens_the_gpu_only_under_its_lock_and_closes_it_before_letting_go(tmp_path, monkeypatch):
+    """Another process's CUDA start-up slows timed kernels, so CUDA starts (the GPU is opened) only
+    once the job holds the GPU's lock, bound to that GPU; and the lock outlives the GPU's closing."""
+    import os
+
+    from fake_gpu import FakeGpu
+
+    from convsweep import provenance
+    from convsweep.gpulock import lock_path
+    from convsweep.runner import Backend
+
+    monkeypatch.setenv("CONVSWEEP_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(provenance, "gpu_uuids", lambda: [f"GPU-{FakeGpu.uuid}"])  # NVML sees this one GPU
+    lock = lock_path(FakeGpu.uuid)
+    seen = []
+
+    def held() -> bool:
+        return lock.is_file() and lock.read_text().startswith(f"pid {os.getpid()} ")
+
+    class WatchedGpu(FakeGpu):
+        def __init__(self):
+            seen.append(("open", held(), os.environ.get("CUDA_VISIBLE_DEVICES")))
+            super().__init__()
+
+        def __exit__(self, *exc):
+            seen.append(("close", held(), None))
+
+    backend = Backend(gpu=WatchedGpu, conv_op=FAKE.conv_op, network=FAKE.network, compile_all=FAKE.compile_all)
+    job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=2, warmup=0)
+    m = run_one_job(job, tmp_path / "job.json", backend=backend)["measurements"][0]
+    assert m["status"] == "ok", m["error"]
+    assert seen == [("open", True, f"GPU-{FakeGpu.uuid}"), ("close", True, None)]
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    import fcntl  # let go after the job: another process could take it now
+    with open(lock) as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
