@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import platform
 import subprocess
+from contextlib import ExitStack
 from importlib import metadata
 
 from .compile import nvrtc_version
@@ -37,10 +38,11 @@ def git_state() -> dict:
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 
 
-def environment(gpu=None) -> dict:
+def environment(gpu=None, monitor: GpuMonitor | None = None) -> dict:
     """The software and machine a job ran on: the same for every run of a sweep on one host, so the
-    store keeps one row of it. With a GPU: its identity (UUID, driver, from NVML) and the nsys on
-    PATH (or $NSYS), which profiles GPU runs."""
+    store keeps one row of it. With a GPU: its identity (UUID, driver, from NVML: through `monitor`
+    where the caller has one open, else a monitor of its own) and the nsys on PATH (or $NSYS), which
+    profiles GPU runs."""
     host = host_environment()
     env = {**host, "packages": dict(host["packages"]), "gpu": None, "gpu_uuid": None, "compute_capability": None,
            "driver": None, "cuda_driver": None, "nsys": None}
@@ -48,7 +50,9 @@ def environment(gpu=None) -> dict:
         env.update(gpu=gpu.name, compute_capability=f"{gpu.compute_capability:.1f}", cuda_driver=gpu.driver_version())
         nsys = find_nsys()
         env["nsys"] = nsys_version(nsys) if nsys else None
-        with GpuMonitor(gpu.uuid, gpu.pci_bus_id) as monitor:
+        with ExitStack() as stack:
+            if monitor is None:
+                monitor = stack.enter_context(GpuMonitor(gpu.uuid, gpu.pci_bus_id))
             env.update(gpu_uuid=monitor.uuid, driver=monitor.driver)
     return env
 

@@ -540,3 +540,21 @@ def test_a_job_opens_the_gpu_only_under_its_lock_and_closes_it_before_letting_go
     import fcntl  # let go after the job: another process could take it now
     with open(lock) as f:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_a_job_opens_nvml_once_for_its_gpu(tmp_path, monkeypatch):
+    """NVML's opening (~0.03 s on the lent H100's host) happens while the job holds the GPU: once,
+    the environment's GPU identity read through the job's own monitor."""
+    from convsweep import provenance
+
+    opened = []
+    original = provenance.GpuMonitor.__init__
+
+    def counted(self, *args, **kwargs):
+        opened.append(args)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(provenance.GpuMonitor, "__init__", counted)
+    job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64, 128]}}], repeats=2, warmup=0)
+    ms = run_one_job(job, tmp_path / "job.json", backend=GRID)["measurements"]
+    assert [m["status"] for m in ms] == ["ok", "ok"] and len(opened) == 1
