@@ -702,8 +702,8 @@ def tuning_settings(rows: Iterable[dict[str, Any]]) -> dict[tuple[int, str, int]
         variant = row["layer_variant"] or row["variant"]
         tunables = setting_text(variant, row["params"])
         entry = settings.setdefault(tunables + cache_suffix(row["cache"]),
-                                    {"variant": variant, "tunables": tunables, "op_time_ms": None,
-                                     "status": row["status"]})
+                                    {"variant": variant, "tunables": tunables, "params": row["params"] or {},
+                                     "cache": row["cache"], "op_time_ms": None, "status": row["status"]})
         if row["status"] == "ok" and row["op_time_ms"]:
             if entry["op_time_ms"] is None or row["op_time_ms"] < entry["op_time_ms"]:
                 entry.update(op_time_ms=row["op_time_ms"], status="ok")
@@ -727,47 +727,71 @@ def tuning_figure(url: str | None, experiment: str, ceilings: Ceilings | None = 
                           "(sweeps/tuning.yaml sweeps some)")
     layers = sorted({(i, layer) for i, layer, _ in panels})
     batches = sorted({b for *_, b in panels})
-    colors = variant_colors(s["variant"] for settings in panels.values() for s in settings.values())
+    every = [s for settings in panels.values() for s in settings.values()]
+    colors = variant_colors(s["variant"] for s in every)
+    names = tunable_names(every)
     most = max(len(s) for s in panels.values())
     labelled = most <= LABELLED_SETTINGS_MAX
     height = (1.2 + 0.22 * most) if labelled else PANEL_HEIGHT_IN
-    fig, axes = new_figure(len(layers), len(batches), (PANEL_WIDTH_IN + (2.2 if labelled else 0)) * len(batches)
+    fig, axes = new_figure(len(layers), len(batches), (PANEL_WIDTH_IN + (1.0 if labelled else 0)) * len(batches)
                            + LEGEND_WIDTH_IN, height * len(layers) + 1.4)
     for row, (index, layer) in enumerate(layers):
         for col, batch in enumerate(batches):
             settings = panels.get((index, layer, batch))
-            _tuning_panel(axes[row][col], settings, colors, labelled)
+            _tuning_panel(axes[row][col], settings, colors, names, labelled)
             axes[row][col].set_title(f"{layer}, batch {batch}" + _unranked_note(settings or {}), fontsize=10)
-    _tuning_legend(fig, colors)
+    _tuning_legend(fig, colors, names)
     note = ("Each setting's op time (the fastest of its ok runs), ranked from the fastest; settings that were "
-            "incorrect or failed have no time and are counted in each panel's title.")
+            "incorrect or failed have no time and are counted in each panel's title. A setting is named by "
+            "its values, in the order its variant's tunables have in the legend.")
     return finish(fig, f"Tuning landscape: op time per setting: {experiment}",
                   f"{provenance(rows)} {runs_note(rows, experiment)} {note}")
 
 
-def _tuning_panel(ax, settings: dict[str, dict[str, Any]] | None, colors: dict[str, str], labelled: bool) -> None:
-    """One layer and batch: a ranked dot per ok setting (names on the axis when few, else the
+def tunable_names(settings: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
+    """variant -> the names of its tunables, in the order its settings first have them."""
+    names: dict[str, dict[str, None]] = {}
+    for s in settings:
+        names.setdefault(s["variant"], {}).update(dict.fromkeys(s["params"]))
+    return {variant: list(keys) for variant, keys in names.items()}
+
+
+def values_text(params: dict[str, Any], names: list[str]) -> str:
+    """A setting as its values in its variant's tunable order ('4, 256, 8'), so a panel of settings
+    reads as a table whose header is the legend; 'BLOCK=64' where the setting lacks one of the
+    names (a partial setting), '(defaults)' where it has none."""
+    if not params:
+        return "(defaults)"
+    if list(params) == names:
+        return ", ".join(str(params[k]) for k in names)
+    return ",".join(f"{k}={v}" for k, v in params.items())
+
+
+def _tuning_panel(ax, settings: dict[str, dict[str, Any]] | None, colors: dict[str, str],
+                  names: dict[str, list[str]], labelled: bool) -> None:
+    """One layer and batch: a ranked dot per ok setting (its values on the axis when few, else the
     fastest named in the corner), op time on a log axis."""
     if not settings:
         ax.text(0.5, 0.5, "no grid measured here", ha="center", va="center", transform=ax.transAxes, color="0.4")
         ax.set_axis_off()
         return
-    ranked = sorted(((s["op_time_ms"], name, s["variant"]) for name, s in settings.items() if s["op_time_ms"]))
+    ranked = sorted(((s["op_time_ms"], values_text(s["params"], names[s["variant"]]) + cache_suffix(s["cache"]),
+                      s["variant"], name) for name, s in settings.items() if s["op_time_ms"]))
     ranks = list(range(1, len(ranked) + 1))
     ax.plot([t for t, *_ in ranked], ranks, color="0.8", linewidth=1, zorder=1)
-    ax.scatter([t for t, *_ in ranked], ranks, c=[colors[v] for *_, v in ranked], s=22, zorder=3)
+    ax.scatter([t for t, *_ in ranked], ranks, c=[colors[v] for _, _, v, _ in ranked], s=22, zorder=3)
     plain_log(ax, "x")
     ax.set_xlabel("op time (ms, log scale)")
     ax.set_ylim(len(ranked) + 0.5, 0.5)
     ax.grid(True, which="both", alpha=0.3)
     if labelled:
-        ax.set_yticks(ranks, [name for _, name, _ in ranked], fontsize=7)
+        ax.set_yticks(ranks, [label for _, label, _, _ in ranked], fontsize=7)
     elif ranked:
         from matplotlib.ticker import MaxNLocator
 
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("rank (1 = fastest)")
-        ax.text(0.98, 0.97, "fastest: " + ranked[0][1].replace(" ", "\n", 1), ha="right", va="top",
+        ax.text(0.98, 0.97, "fastest: " + ranked[0][3].replace(" ", "\n", 1), ha="right", va="top",
                 transform=ax.transAxes, fontsize=7)
 
 
@@ -778,11 +802,14 @@ def _unranked_note(settings: dict[str, dict[str, Any]]) -> str:
         if unranked else ""
 
 
-def _tuning_legend(fig, colors: dict[str, str]) -> None:
+def _tuning_legend(fig, colors: dict[str, str], names: dict[str, list[str]]) -> None:
+    """Each variant's colour, and the order of its tunables in the settings' names."""
     from matplotlib.lines import Line2D
 
-    side_legend(fig, [Line2D([], [], ls="", marker="o", color=c) for c in colors.values()], list(colors),
-                title="variant")
+    labels = [textwrap.fill(f"{variant}: {', '.join(names[variant]) or 'no tunables'}", 30,
+                            subsequent_indent="  ", break_on_hyphens=False) for variant in colors]
+    side_legend(fig, [Line2D([], [], ls="", marker="o", color=c) for c in colors.values()], labels,
+                title="variant: its tunables")
 
 
 # -- the command -----------------------------------------------------------------------------------------

@@ -302,8 +302,23 @@ def test_tuning_ranks_the_settings_and_counts_the_ones_without_a_time(url):
     ax = fig.axes[0]
     names = [t.get_text() for t in ax.get_yticklabels()]
     assert len(names) == 4 + 11  # naive 1024 failed, one register_tiled_gemm setting incorrect
-    assert names[0] == "register_tiled_gemm BLOCK_M=4,BLOCK_N=128,BLOCK_K=8,THREAD_M=4,THREAD_N=4"
-    assert names[-1] == "naive BLOCK=512"  # the slowest
+    assert names[0] == "4, 128, 8, 4, 4"  # its values, in the order the legend names them
+    assert names[-1] == "512"  # the slowest: naive BLOCK=512
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["naive: BLOCK", "register_tiled_gemm: BLOCK_M,\n  BLOCK_N, BLOCK_K, THREAD_M,\n  THREAD_N"]
+
+
+def test_a_setting_is_named_by_its_values_in_its_variants_order_else_in_full():
+    from convsweep.plot import tunable_names, values_text
+
+    settings = [{"variant": "tiled", "params": {"TILE": 16, "UNROLL": 2}},
+                {"variant": "tiled", "params": {"TILE": 32}},  # a partial setting adds no name of its own
+                {"variant": "naive", "params": {}}]
+    names = tunable_names(settings)
+    assert names == {"tiled": ["TILE", "UNROLL"], "naive": []}
+    assert values_text({"TILE": 16, "UNROLL": 2}, names["tiled"]) == "16, 2"
+    assert values_text({"TILE": 32}, names["tiled"]) == "TILE=32"
+    assert values_text({}, names["naive"]) == "(defaults)"
 
 
 def test_tuning_of_a_large_grid_names_only_the_fastest(tmp_path):
@@ -348,7 +363,7 @@ def test_a_bench_file_without_matmul_rates_draws_the_memory_roof_alone(url, tmp_
 def test_figures_work_on_both_databases(db_url):
     fill(db_url)
     fig = figure("tuning", TUNING, db_url)  # JSON tunables: SQLite hands back text, PostgreSQL objects
-    assert any("BLOCK=64" in t.get_text() for t in fig.axes[0].get_yticklabels())
+    assert "64" in [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert "on 2026-11-25" in caption(fig)  # started_at: SQLite text, a PostgreSQL datetime
 
 
