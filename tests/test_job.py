@@ -371,7 +371,10 @@ def test_a_cold_job_writes_over_l2_before_every_conv_layer_and_times_around_it(t
 
 class SlowingMonitor:
     """NVML as a fake: the clocks drop from 1980 to 1755 MHz, the power cap holds them down after
-    passes 1 and 3, and the energy counter gains 2500 mJ per reading."""
+    passes 1 and 3, and the energy counter gains 2500 mJ per reading. It knows no GPU by UUID or
+    driver (None, as NVML where it cannot tell)."""
+
+    uuid = driver = None
 
     def __init__(self, uuid, pci_bus_id=None):
         self.readings, self.energy = 0, 1_000_000
