@@ -3,6 +3,8 @@ docs/throughput.md, and the reason a job takes its GPU's lock before it starts C
 
 A lone measurement (naive at batch 1000, pinned, CUDA events, many passes) runs while a thread
 starts short processes over and over that, per condition:
+  init   start the CUDA driver only (cuInit, a device's name: no context);
+  nvml   open NVML and read what a job reads (UUID, driver, clocks, energy, slowdowns);
   ctx    open a CUDA context;
   alloc  also allocate 40 MB on the device and 31 MB of pinned host memory, and fill them;
   nsys   do that under `nsys profile`;
@@ -10,6 +12,7 @@ starts short processes over and over that, per condition:
 It prints, per condition, conv2's op time over the passes against the first condition's median.
 
     python scripts/gpu_interference.py quiet,ctx,alloc,nsys,quiet 1200
+    python scripts/gpu_interference.py quiet,init,nvml,quiet 1200
 """
 import statistics
 import subprocess
@@ -24,7 +27,12 @@ CONTEXT = ("from cuda.bindings import driver as d; d.cuInit(0); dev = d.cuDevice
            "c = d.cuDevicePrimaryCtxRetain(dev)[1]; d.cuCtxSetCurrent(c); d.cuCtxSynchronize()")
 ALLOCATE = CONTEXT + ("; p = d.cuMemAlloc(40 << 20)[1]; d.cuMemsetD8(p, 255, 40 << 20); "
                       "h = d.cuMemHostAlloc(31 << 20, 0)[1]; d.cuCtxSynchronize()")
-COMMANDS = {"ctx": [sys.executable, "-c", CONTEXT], "alloc": [sys.executable, "-c", ALLOCATE],
+DRIVER = "from cuda.bindings import driver as d; d.cuInit(0); dev = d.cuDeviceGet(0)[1]; d.cuDeviceGetName(64, dev)"
+NVML = ("import pynvml as n; n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0); n.nvmlDeviceGetUUID(h); "
+        "n.nvmlSystemGetDriverVersion(); n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM); "
+        "n.nvmlDeviceGetTotalEnergyConsumption(h); n.nvmlDeviceGetCurrentClocksEventReasons(h); n.nvmlShutdown()")
+COMMANDS = {"init": [sys.executable, "-c", DRIVER], "nvml": [sys.executable, "-c", NVML],
+            "ctx": [sys.executable, "-c", CONTEXT], "alloc": [sys.executable, "-c", ALLOCATE],
             "nsys": ["nsys", "profile", "-t", "cuda,nvtx", "-o", "/tmp/gpu-interference", "--force-overwrite", "true",
                      sys.executable, "-c", ALLOCATE]}
 
