@@ -759,10 +759,11 @@ def tunable_names(settings: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
 def values_text(params: dict[str, Any], names: list[str]) -> str:
     """A setting as its values in its variant's tunable order ('4, 256, 8'), so a panel of settings
     reads as a table whose header is the legend; 'BLOCK=64' where the setting lacks one of the
-    names (a partial setting), '(defaults)' where it has none."""
+    names (a partial setting), '(defaults)' where it has none. The legend's order holds however the
+    database ordered a setting's keys (PostgreSQL's JSONB sorts them its own way)."""
     if not params:
         return "(defaults)"
-    if list(params) == names:
+    if set(params) == set(names):
         return ", ".join(str(params[k]) for k in names)
     return ",".join(f"{k}={v}" for k, v in params.items())
 

@@ -317,6 +317,7 @@ def test_a_setting_is_named_by_its_values_in_its_variants_order_else_in_full():
     names = tunable_names(settings)
     assert names == {"tiled": ["TILE", "UNROLL"], "naive": []}
     assert values_text({"TILE": 16, "UNROLL": 2}, names["tiled"]) == "16, 2"
+    assert values_text({"UNROLL": 2, "TILE": 16}, names["tiled"]) == "16, 2"  # keys in another order
     assert values_text({"TILE": 32}, names["tiled"]) == "TILE=32"
     assert values_text({}, names["naive"]) == "(defaults)"
 
