@@ -1,7 +1,7 @@
 """One timed job per GPU at a time, across processes: an exclusive `flock` on a file per GPU.
 
-A job takes the lock before its process starts CUDA and lets go after closing the GPU: another
-process's CUDA start-up, let alone its kernels, slows the kernels being timed (measure.py). Any
+A job takes the lock before its process opens a CUDA context and lets go after closing the GPU:
+another process's context, let alone its kernels, slows the kernels being timed (measure.py). Any
 number of jobs may prepare at once (start, load, compile), whether one `snakemake` started them
 or several; they take turns on the GPU. The kernel releases a flock when its holder exits, however
 it exits, so a crash never leaves a GPU locked. The lock file names its holder, so a waiting job's

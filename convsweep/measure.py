@@ -198,9 +198,10 @@ def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, sh
         builds = stack.enter_context(backend.compile_all(requests, arch)).wait()
         host_environment()  # read now (counted here): what a job does while it holds the GPU, others wait for
         shared["compile"] = time.perf_counter() - t
-        # The GPU's lock before this process touches CUDA: another process's CUDA start-up slows
+        # The GPU's lock before this process opens a CUDA context: another process's context slows
         # the kernels being timed (on the lent H100, each context opened beside a timed job slowed
-        # about nine of its passes, up to twice as long). The lock is let go after the GPU is closed.
+        # about nine of its passes, up to twice as long; a driver start or NVML read did not: see
+        # docs/throughput.md). The lock is let go after the GPU is closed.
         t = time.perf_counter()
         stack.enter_context(bind_free_gpu(holder))
         shared["gpu_wait"] = time.perf_counter() - t

@@ -211,7 +211,12 @@ def series_styles(rows: Iterable[dict[str, Any]]) -> dict[str, SeriesStyle]:
 def setting_text(variant: str, params: dict[str, Any]) -> str:
     """'naive BLOCK=64' (tunables in the order the run stored them), or 'naive (defaults)' for a
     variant run at its registry defaults."""
-    return f"{variant} " + (",".join(f"{k}={v}" for k, v in params.items()) if params else "(defaults)")
+    return f"{variant} " + (params_text(params) if params else "(defaults)")
+
+
+def params_text(params: dict[str, Any]) -> str:
+    """'BLOCK_M=4,BLOCK_N=256': tunables in the order the run stored them."""
+    return ",".join(f"{k}={v}" for k, v in params.items())
 
 
 def roofline_bytes(row: dict[str, Any]) -> tuple[int | None, str]:
@@ -765,7 +770,7 @@ def values_text(params: dict[str, Any], names: list[str]) -> str:
         return "(defaults)"
     if set(params) == set(names):
         return ", ".join(str(params[k]) for k in names)
-    return ",".join(f"{k}={v}" for k, v in params.items())
+    return params_text(params)
 
 
 def _tuning_panel(ax, settings: dict[str, dict[str, Any]] | None, colors: dict[str, str],

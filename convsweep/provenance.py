@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import platform
 import subprocess
-from contextlib import ExitStack
+from contextlib import nullcontext
 from importlib import metadata
 
 from .compile import nvrtc_version
@@ -50,10 +50,8 @@ def environment(gpu=None, monitor: GpuMonitor | None = None) -> dict:
         env.update(gpu=gpu.name, compute_capability=f"{gpu.compute_capability:.1f}", cuda_driver=gpu.driver_version())
         nsys = find_nsys()
         env["nsys"] = nsys_version(nsys) if nsys else None
-        with ExitStack() as stack:
-            if monitor is None:
-                monitor = stack.enter_context(GpuMonitor(gpu.uuid, gpu.pci_bus_id))
-            env.update(gpu_uuid=monitor.uuid, driver=monitor.driver)
+        with nullcontext(monitor) if monitor is not None else GpuMonitor(gpu.uuid, gpu.pci_bus_id) as nvml:
+            env.update(gpu_uuid=nvml.uuid, driver=nvml.driver)
     return env
 
 
