@@ -8,17 +8,26 @@ hash (run_key) names its measurements in the store.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, ShapeError
+from .errors import ConfigError, ConvsweepError, DataError, ShapeError
 from .fileio import canonical_hash
 from .paths import DEFAULT_DB_URL, ROOT, resolve_network_path
 from .schema import validate as validate_against
 from .yamlio import read_yaml_file
+
+# Values in a sweep (keys, list items, aliases expanded): the largest here has ~400. jsonschema checks
+# ~30,000 values a second on this machine, so a config at the bound is still answered in under a second.
+MAX_CONFIG_NODES = 20_000
+MAX_JOBS = 20_000  # a sweep's jobs: twice the largest planned yet (10,003 in 25 s, docs/scaling.md)
+# GPU memory of the largest GPU the project is lent (an H200): a cell whose buffers need more than this
+# runs nowhere, so the planner refuses it rather than a job failing to allocate.
+MAX_DEVICE_BYTES = 141 * 10**9
 
 
 @dataclass(frozen=True)
@@ -169,7 +178,7 @@ def choose_settings(network_path: str, variants: dict[str, str], grid: list[dict
     drawn with `seed` (the same draw for every batch and stream count of the cell).
     One ConfigError line when nothing is left."""
     from .network import load_network
-    from .variants import load_registry
+    from .variants import check_grid_size, load_registry
 
     key = canonical_hash([network_path, variants, grid, search])
     if key in _SETTINGS:
@@ -188,6 +197,7 @@ def choose_settings(network_path: str, variants: dict[str, str], grid: list[dict
         shapes = _layer_shapes(net, variants, registry)
     except ShapeError as e:  # the layers a variant fuses do not follow its layer: no setting can fit
         raise ConfigError(f"{where}: {e}") from None
+    check_grid_size(math.prod(len(combos) for combos in per_entry), where)  # layers' grids multiply
     valid, first_misfit, combos = [], None, 0
     for combo in itertools.product(*per_entry):
         combos += 1
@@ -222,8 +232,14 @@ def variant_label(variants: dict[str, str]) -> str:
 
 
 def validate(config: dict, source: str) -> dict:
-    """Validate (and fill defaults into) a parsed experiments.yaml; one ConfigError line on the first problem."""
-    return validate_against(config, "experiments", source)
+    """Validate (and fill defaults into) a parsed experiments.yaml; one ConfigError line on the first problem.
+
+    Snakemake parses the file itself, keeping the last of two equal keys and expanding aliases without
+    bound, so where `source` is a file, convsweep's loader reads it again to refuse both with their line.
+    The dict (which holds --config overrides too) is then bounded in size before the schema walks it."""
+    if Path(source).is_file():
+        read_yaml_file(Path(source))
+    return validate_against(config, "experiments", source, max_nodes=MAX_CONFIG_NODES)
 
 
 @dataclass(frozen=True)
@@ -249,23 +265,30 @@ def load_config(path: str | os.PathLike) -> Config:
     data = read_yaml_file(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with an 'experiments' key")
-    return Config(path, validate(data, str(path)))
+    return Config(path, validate_against(data, "experiments", str(path), max_nodes=MAX_CONFIG_NODES))
 
 
 def expand_config(config: Config | dict, source: str = "experiments.yaml") -> list[JobSpec]:
     """Every job of every experiment, in a stable order; errors name the file and key."""
     from . import network as network_mod
+    from .data import check_dataset
     from .variants import load_registry
 
     if isinstance(config, dict):
         config = Config(Path(source), validate(config, source))
     registry = load_registry()
     base_dir = config.path.parent
+    _check_job_count(config)
     jobs: list[JobSpec] = []
     for name, exp in config.experiments.items():
         where = f"{config.path}: experiments.{name}"
         resolved = resolve_network_path(exp["network"], base_dir)
         net = network_mod.load_network(resolved)
+        try:
+            network_mod.check_weights(net)
+            check_dataset(exp["dataset"])
+        except ConvsweepError as e:
+            raise ConfigError(f"{where}.{'network' if isinstance(e, DataError) else 'dataset'}: {e}") from None
         network = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
         conv_names = [layer.name for layer in net.conv_layers]
         search = _search(exp, f"{where}.search")
@@ -282,10 +305,15 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
             # Checked here, once per cell shape, so a bad grid stops the sweep while it is planned.
             choose_settings(network, layer_map, grid, search, f"{where}.variants[{v}]")
             on_gpu = not all(registry[var].is_cpu for var in layer_map.values())
+            steps = net.steps({layer: registry[var].fuses for layer, var in layer_map.items()
+                               if not registry[var].is_cpu})
             for batch, streams, memory, chunk, cache in itertools.product(
                     exp["batches"], exp["streams"], exp["host_memory"], exp["chunk_images"], exp["cache"]):
                 if cache == "cold" and not (on_gpu and streams == 1):
                     continue  # L2 is the GPU's, and a flush on one stream would hit the others' kernels
+                if on_gpu:
+                    _check_device_memory(net, steps, batch, streams, None if chunk == "auto" else chunk,
+                                         f"{where}.batches")
                 jobs.append(JobSpec(
                     experiment=name, network=network, dataset=exp["dataset"], variants=layer_map, grid=grid,
                     batch=batch, streams=streams, host_memory=memory, repeats=exp["repeats"], warmup=exp["warmup"],
@@ -298,6 +326,38 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
     for job in jobs:
         seen.setdefault(job.job_id, job)
     return list(seen.values())
+
+
+def _check_job_count(config: Config) -> None:
+    """Refuse a sweep of more than MAX_JOBS jobs, counted from its axes' lengths before any is made."""
+    axes = ("variants", "batches", "streams", "host_memory", "chunk_images", "cache")
+    total = 0
+    for name, exp in config.experiments.items():
+        total += math.prod(len(exp[axis]) for axis in axes)
+        if total > MAX_JOBS:
+            raise ConfigError(f"{config.path}: experiments.{name}: the sweep's axes ({' x '.join(axes)}) multiply "
+                              f"to more than {MAX_JOBS:,} jobs; split it, or measure more settings per job")
+
+
+def device_bytes(net, steps, batch: int, streams: int, chunk_images: int | None) -> int:
+    """A lower bound of the GPU memory a job of this cell allocates (convsweep.runner): the batch's
+    input and logits, each stream's lane of layer outputs for one chunk, and the weights."""
+    from .variants import DTYPES
+
+    # The chunk as runner.pass_chunks cuts it (not imported: the runner brings CUDA's modules with it).
+    chunk = min(chunk_images or math.ceil(batch / (1 if streams == 1 else min(batch, 4 * streams))), batch)
+    outputs = sum(math.prod(step.last.out_shape) for step in steps if step.layer.kind.owns_output)
+    weights = sum(math.prod(shape) for layer in net.layers for shape in layer.kind.weights(layer).values())
+    images = math.prod(net.input_shape) + math.prod(net.layers[-1].out_shape)
+    return DTYPES[net.dtype] * (batch * images + streams * chunk * outputs + weights)
+
+
+def _check_device_memory(net, steps, batch: int, streams: int, chunk_images: int | None, where: str) -> None:
+    need = device_bytes(net, steps, batch, streams, chunk_images)
+    if need > MAX_DEVICE_BYTES:
+        raise ConfigError(f"{where}: batch {batch:,} at {streams} stream(s) needs at least {need / 1e9:,.0f} GB of GPU "
+                          f"memory for {net.path.name} (input, layer outputs, weights); the largest GPU here has "
+                          f"{MAX_DEVICE_BYTES / 1e9:.0f} GB")
 
 
 def _search(exp: dict, where: str) -> dict:

@@ -53,6 +53,18 @@ class Dataset:
 RANDOM = "random"
 
 
+def check_dataset(spec: str | dict) -> None:
+    """What the planner can tell of a job's dataset before any job runs: a name must be one convsweep
+    knows (or `random`), and IDX files given by path must be there. ConfigError otherwise."""
+    if isinstance(spec, dict):
+        for key in ("images", "labels"):
+            if not Path(spec[key]).is_file():
+                raise ConfigError(f"{key}: no such file {str(spec[key])!r}")
+    elif spec != RANDOM and spec not in DATASETS:
+        raise ConfigError(f"unknown dataset {spec!r}; expected one of {', '.join([*sorted(DATASETS), RANDOM])}, "
+                          "or IDX files as {name, images, labels}")
+
+
 def random_dataset(shape: tuple[int, ...], count: int, seed: int = 0) -> Dataset:
     """`count` seeded uniform images of `shape` [C, H, W]: inputs for workloads timed for speed."""
     rng = np.random.default_rng(seed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import zipfile
 from dataclasses import dataclass
@@ -9,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from convsweep.errors import ConfigError, DataError, ShapeError
 from convsweep.layers import LAYER_KINDS, Layer
 from convsweep.progress import progress
 from convsweep.variants import DTYPES as ELEMENT_BYTES, ConvShape
-from convsweep.yamlio import load_yaml
+from convsweep.yamlio import read_yaml_file
 
 DTYPES = tuple(ELEMENT_BYTES)  # what a network may store: the element types kernels are built for
 
@@ -23,6 +23,8 @@ NETWORK_KEYS = (frozenset({"name", "input", "layers"}), frozenset({"dtype", "wei
 
 FORWARD_CHUNK = 64  # images per pass through the whole network in reference_forward
 RANDOM = "random"  # `weights: random`: seeded weights for workloads measured for speed, not accuracy
+MAX_SIZE = 65_536  # of any size a network file gives (channels, sides, kernels, features): the largest here is 256
+MAX_LAYERS = 256
 
 
 @dataclass(frozen=True)
@@ -127,8 +129,8 @@ class Network:
 
 
 def _positive_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{where}: expected a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SIZE:
+        raise ConfigError(f"{where}: expected a positive integer of at most {MAX_SIZE:,}, got {value!r:.60}")
     return value
 
 
@@ -164,15 +166,7 @@ def _build_layer(spec: Any, index: int, in_shape: tuple[int, ...], where_file: s
 def load_network(path: str | os.PathLike) -> Network:
     """Read and validate a network YAML, inferring every layer's shapes."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
-    try:
-        spec = load_yaml(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}: {line}not valid YAML: {problem}") from None
+    spec = read_yaml_file(path)
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: expected a mapping with name, input and layers, got {type(spec).__name__}")
     _check_keys(spec, *NETWORK_KEYS, prefix=f"{path}: ")
@@ -193,8 +187,8 @@ def load_network(path: str | os.PathLike) -> Network:
     weights_path = (path.resolve().parent / weights).resolve() if weights and weights != RANDOM else None
 
     layer_specs = spec["layers"]
-    if not isinstance(layer_specs, list) or not layer_specs:
-        raise ConfigError(f"{path}: layers: expected a non-empty list, got {layer_specs!r}")
+    if not isinstance(layer_specs, list) or not 0 < len(layer_specs) <= MAX_LAYERS:
+        raise ConfigError(f"{path}: layers: expected a list of 1 to {MAX_LAYERS} layers, got {layer_specs!r:.60}")
     layers: list[Layer] = []
     shape = input_shape
     for index, layer_spec in enumerate(layer_specs):
@@ -211,36 +205,76 @@ def weight_shapes(network: Network) -> dict[str, tuple[int, ...]]:
     return {f"{layer.name}.{part}": shape for layer in network.layers for part, shape in layer.kind.weights(layer).items()}
 
 
-def load_weights(network: Network) -> dict[str, np.ndarray]:
-    """Read the network's npz, checking every array's presence, shape and finiteness."""
-    if network.random_weights:
-        return random_weights(network)
+def _weights_file(network: Network) -> Path:
     path = network.weights_path
     if path is None:
         raise DataError(f"{network.path}: weights: missing; expected a path to an .npz file, or 'random'")
     if not path.is_file():
         raise DataError(f"{path}: no such file (weights of {network.path})")
+    return path
+
+
+def _check_arrays(network: Network, path: Path, found: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
+    """The arrays of a weights file (key -> shape, dtype) must be exactly the network's, in shape and
+    floating-point; DataError names the file and the first array that is not."""
     expected = weight_shapes(network)
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        raise DataError(f"{path}: {extra[0]}: unexpected array; {network.name} expects {', '.join(expected)}")
+    for key, shape in expected.items():
+        if key not in found:
+            raise DataError(f"{path}: {key}: missing; expected shape {shape}")
+        if found[key][0] != shape:
+            raise DataError(f"{path}: {key}: expected shape {shape}, got {found[key][0]}")
+        if not np.issubdtype(found[key][1], np.floating):
+            raise DataError(f"{path}: {key}: expected floating-point values, got {found[key][1]}")
+
+
+def check_weights(network: Network) -> None:
+    """What the planner can tell of the network's weights without reading them: the file is there
+    and holds exactly the arrays of the network's layers, in their shapes (from the .npy headers)."""
+    if network.random_weights:
+        return
+    path = _weights_file(network)
+    stat = path.stat()
+    _check_arrays(network, path, _npz_headers(path, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=16)
+def _npz_headers(path: Path, mtime_ns: int, size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of each array of an .npz from its .npy header alone, remembered per file version:
+    the Snakefile plans every sweep, and a job file's weights should not be read at each plan."""
+    headers = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                        np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(member)
+                headers[info.filename.removesuffix(".npy")] = (shape, dtype)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path}: not a readable .npz file ({exc})") from None
+    return headers
+
+
+def load_weights(network: Network) -> dict[str, np.ndarray]:
+    """Read the network's npz, checking every array's presence, shape and finiteness."""
+    if network.random_weights:
+        return random_weights(network)
+    path = _weights_file(network)
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path}: not a readable .npz file ({exc})") from None
-    extra = sorted(set(arrays) - set(expected))
-    if extra:
-        raise DataError(f"{path}: {extra[0]}: unexpected array; {network.name} expects {', '.join(expected)}")
+    _check_arrays(network, path, {key: (array.shape, array.dtype) for key, array in arrays.items()})
     weights: dict[str, np.ndarray] = {}
-    for key, shape in expected.items():
-        if key not in arrays:
-            raise DataError(f"{path}: {key}: missing; expected shape {shape}")
-        array = arrays[key]
-        if array.shape != shape:
-            raise DataError(f"{path}: {key}: expected shape {shape}, got {array.shape}")
-        if not np.issubdtype(array.dtype, np.floating):
-            raise DataError(f"{path}: {key}: expected floating-point values, got {array.dtype}")
-        if not np.all(np.isfinite(array)):
+    for key in weight_shapes(network):
+        if not np.all(np.isfinite(arrays[key])):
             raise DataError(f"{path}: {key}: expected finite values, found NaN or inf")
-        weights[key] = array.astype(network.dtype)
+        weights[key] = arrays[key].astype(network.dtype)
     return weights
 
 

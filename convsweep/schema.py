@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import ConfigError
 from .fileio import write_json_atomic
 from .paths import SCHEMAS_DIR, cache_dir
-from .yamlio import read_yaml_file
+from .yamlio import MAX_DEPTH, MAX_NODES, read_yaml_file
 
 if TYPE_CHECKING:
     import jsonschema
@@ -55,34 +55,110 @@ def key_path(path) -> str:
     return ".".join(parts).replace(".[", "[") or "(top level)"
 
 
-MAX_VALUE_CHARS = 80  # of a value quoted in an error line: a whole result section would drown the line
+MAX_VALUE_CHARS = 60  # of a value quoted in an error line: a whole result section would drown the line
+MAX_STRING_CHARS = 10_000  # any string of a checked document: far above every schema's maxLength
+
+_BOUNDS = {"minimum": "at least", "maximum": "at most",
+           "exclusiveMinimum": "more than", "exclusiveMaximum": "less than"}
+# Validators whose jsonschema message names schema keys only, never the instance's value.
+_OWN_MESSAGES = ("required", "dependentRequired")
 
 
 def _shown(value: Any) -> str:
-    text = json.dumps(value, default=str)
+    """At most MAX_VALUE_CHARS of `value` as JSON; the encoder runs lazily, so a value that expands to
+    millions of items costs as much as its first few."""
+    if isinstance(value, str):
+        value = value[:MAX_VALUE_CHARS + 1]
+    text, chunks = "", json.JSONEncoder(default=str).iterencode(value)
+    try:
+        for chunk in chunks:
+            text += chunk[:MAX_VALUE_CHARS + 1]
+            if len(text) > MAX_VALUE_CHARS:
+                break
+    except ValueError:  # a value that contains itself
+        text += "..."
     return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS - 3] + "..."
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
-    if error.validator == "additionalProperties":
-        return error.message.replace("Additional properties are not allowed", "unknown key")
-    if error.validator == "type":
-        return f"expected {error.validator_value}, got {_shown(error.instance)}"
-    if error.validator == "enum":
-        return f"expected one of {error.validator_value}, got {_shown(error.instance)}"
-    if error.validator == "const":
-        return f"expected {json.dumps(error.validator_value)}, got {_shown(error.instance)}"
-    if error.validator in ("anyOf", "oneOf") and all("description" in s for s in error.validator_value):
-        return f"expected {' or '.join(s['description'] for s in error.validator_value)}, got {_shown(error.instance)}"
-    if error.validator in ("minItems", "minProperties"):
-        return "must not be empty"
-    message = error.message  # jsonschema quotes the whole value: a long one is cut
+def _cut(message: str) -> str:
     return message if len(message) <= 4 * MAX_VALUE_CHARS else message[:4 * MAX_VALUE_CHARS - 3] + "..."
 
 
-def validate(instance: Any, schema: str | dict, source: str, *, fill_defaults: bool = True) -> Any:
+def _describe(error: jsonschema.ValidationError) -> str:
+    """What was expected, from the failing keyword and its value: jsonschema's own message quotes the
+    whole instance, which for a large one is megabytes."""
+    kind, expected, instance = error.validator, error.validator_value, error.instance
+    if kind == "additionalProperties":  # the message lists the unknown keys, never their values
+        return _cut(error.message.replace("Additional properties are not allowed", "unknown key"))
+    if kind in _OWN_MESSAGES:
+        return _cut(error.message)
+    if kind == "type":
+        return f"expected {expected}, got {_shown(instance)}"
+    if kind == "enum":
+        return f"expected one of {expected}, got {_shown(instance)}"
+    if kind == "const":
+        return f"expected {json.dumps(expected)}, got {_shown(instance)}"
+    if kind in ("anyOf", "oneOf") and all("description" in s for s in expected):
+        return f"expected {' or '.join(s['description'] for s in expected)}, got {_shown(instance)}"
+    if kind in ("minItems", "minProperties", "minLength") and expected == 1:
+        return "must not be empty"
+    if kind in ("minItems", "maxItems", "minProperties", "maxProperties", "minLength", "maxLength"):
+        unit = {"Ite": "items", "Pro": "keys", "Len": "characters"}[kind[3:6]]
+        return f"expected at {'least' if kind.startswith('min') else 'most'} {expected:,} {unit}, got {len(instance):,}"
+    if kind == "pattern":  # a schema with a pattern says in its description what the pattern allows
+        return f"expected {error.schema.get('description') or 'a string matching ' + expected}, got {_shown(instance)}"
+    if kind in _BOUNDS:
+        return f"expected {_BOUNDS[kind]} {expected:,}, got {_shown(instance)}"
+    if kind == "uniqueItems":
+        return f"expected no repeated items, got {_shown(instance)}"
+    if kind is None:  # a `false` subschema
+        return f"not allowed here, got {_shown(instance)}"
+    return f"expected a value its schema's {kind} {_shown(expected)} allows, got {_shown(instance)}"
+
+
+def check_size(instance: Any, source: str, max_nodes: int = MAX_NODES, max_chars: int = MAX_STRING_CHARS) -> None:
+    """Refuse, as one ConfigError line, a document of more than `max_nodes` values (keys count, and a
+    container repeated by a YAML alias counts each time), nested past MAX_DEPTH, holding a string of more
+    than `max_chars` characters, or containing itself. jsonschema walks every repetition, so this runs
+    first; sizes are memoised per container, and it stops at the first container past the bound."""
+    sizes: dict[int, int] = {}
+    open_ids: set[int] = set()
+
+    def size(value: Any, path: list) -> int:
+        if isinstance(value, str):
+            if len(value) > max_chars:
+                raise ConfigError(f"{source}: {key_path(path)}: a string of {len(value):,} characters; "
+                                  f"at most {max_chars:,}")
+            return 1
+        if not isinstance(value, (dict, list, tuple)):
+            return 1
+        if id(value) in sizes:
+            return sizes[id(value)]
+        if id(value) in open_ids:
+            raise ConfigError(f"{source}: {key_path(path)}: contains itself (a YAML alias inside its own anchor)")
+        if len(path) > MAX_DEPTH:
+            raise ConfigError(f"{source}: {key_path(path)}: nested more than {MAX_DEPTH} levels deep")
+        open_ids.add(id(value))
+        total, is_map = 1, isinstance(value, dict)
+        for key, item in value.items() if is_map else enumerate(value):
+            total += size(item, [*path, key]) + (size(key, path) if is_map else 0)
+            if total > max_nodes:
+                raise ConfigError(f"{source}: {key_path(path)}: more than {max_nodes:,} values "
+                                  "(a list this long, or YAML aliases repeating one)")
+        open_ids.discard(id(value))
+        sizes[id(value)] = total
+        return total
+
+    size(instance, [])
+
+
+def validate(instance: Any, schema: str | dict, source: str, *, fill_defaults: bool = True,
+             max_nodes: int | None = None) -> Any:
     """Check `instance` against a schema (a name in workflow/schemas/ or the schema itself), filling
-    its defaults in; the first problem is one ConfigError line naming `source` and the key."""
+    its defaults in; the first problem is one ConfigError line naming `source` and the key. With
+    `max_nodes`, a document larger than that (see check_size) is refused before the schema is applied."""
+    if max_nodes is not None:
+        check_size(instance, source, max_nodes)
     schema = load_schema(schema) if isinstance(schema, str) else schema
     validator = _validator_class(fill_defaults)(schema)
     errors = sorted(validator.iter_errors(instance), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))

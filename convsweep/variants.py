@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # a job process imports this before numpy (which convsweep.la
     from .layers import Layer
 
 DTYPES = {"float32": 4, "float64": 8}  # element types a network may store; variants list theirs (schema enum)
+# Settings one job may measure: at 0.2-0.4 s a setting (docs/throughput.md) about an hour of GPU; the
+# widest grid here is 48. The product of a grid's value lists is checked before it is enumerated.
+MAX_SETTINGS = 10_000
 
 
 @dataclass(frozen=True)
@@ -219,15 +222,17 @@ class Variant:
         return resolved
 
     def param_combinations(self, grid: dict[str, list], where: str) -> list[dict[str, Any]]:
-        """Every allowed combination of `grid` (unlisted tunables at their defaults)."""
+        """Every allowed combination of `grid` (unlisted tunables at their defaults); a grid of more
+        than MAX_SETTINGS combinations is one ConfigError line, before any is made."""
         for name, values in grid.items():
             for value in values:
                 self._check_value(name, value, where)
+        check_grid_size(math.prod(len(values) for values in grid.values()), where)
         names = list(grid)
-        combos = []
+        combos, where_rule = [], f"{REGISTRY_PATH.name}: {self.name}.restrictions"
         for values in itertools.product(*(grid[n] for n in names)):
             params = {**self.defaults(), **dict(zip(names, values))}
-            if all(evaluate(rule, params, f"{self.name}.restrictions") for rule in self.restrictions):
+            if all(evaluate(rule, params, where_rule) for rule in self.restrictions):
                 combos.append(params)
         if not combos:
             raise ConfigError(f"{where}: no combination of the grid satisfies the restrictions {list(self.restrictions)}")
@@ -262,7 +267,7 @@ class Variant:
             raise ShapeError(f"variant '{self.name}': pool window {shape.P} is larger than the {shape.H_out}x{shape.W_out} output")
         names = {**shape.names(), **params}
         for rule in self.constraints:
-            if not evaluate(rule, names, f"{self.name}.constraints"):
+            if not evaluate(rule, names, f"{REGISTRY_PATH.name}: {self.name}.constraints"):
                 raise ShapeError(f"variant '{self.name}' cannot handle {_fmt(shape)}: needs {rule}")
 
     def launch_plan(self, shape: ConvShape, params: dict) -> list[Launch]:
@@ -276,6 +281,13 @@ class Variant:
             plan.append(Launch(spec["kernel"], _dim3(grid), _dim3(block),
                                int(evaluate(spec.get("shared_bytes", 0), names, where))))
         return plan
+
+
+def check_grid_size(settings: int, where: str) -> None:
+    """Refuse a grid of more than MAX_SETTINGS settings (counted, not enumerated)."""
+    if settings > MAX_SETTINGS:
+        raise ConfigError(f"{where}: the grid holds {settings:,} settings (the product of its value lists); "
+                          f"a job measures at most {MAX_SETTINGS:,}")
 
 
 def _dim3(values: tuple[int, ...]) -> tuple[int, int, int]:

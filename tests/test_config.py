@@ -24,7 +24,7 @@ def test_defaults_are_filled_from_the_schema(tmp_path):
     cfg = load_config(write(tmp_path, BASE))
     exp = cfg.experiments["e1"]
     assert exp["streams"] == [1] and exp["host_memory"] == ["pageable"]
-    assert exp["repeats"] == "auto" and exp["profiler"] == "nsys" and exp["dataset"] == "mnist5k"
+    assert exp["repeats"] == "auto" and exp["profiler"] == "auto" and exp["dataset"] == "mnist5k"
     assert exp["stopping"] == {"max_noise": 0.005, "min_samples": 10, "min_time_s": 0.5, "timeout_s": 15,
                                "max_samples": 200}
     assert cfg.data["arch"] == "auto"
@@ -260,3 +260,228 @@ def test_a_fused_network_covers_the_conv_layers_it_swallows(tmp_path):
     data["experiments"]["e1"]["variants"] = [{"conv1": "naive", "conv2": "fp16_fused_network"}]
     with pytest.raises(ConfigError, match="layer conv2 is followed by relu, maxpool, flatten"):
         expand_config(load_config(write(tmp_path, data)))
+
+
+SHELL_PATH = "expected a path of letters, digits and _ . / + = : @ - (no spaces or shell characters)"
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: d.update(results_dir="r;touch pwned;"), f'results_dir: {SHELL_PATH}, got "r;touch pwned;"'),
+    (lambda d: d.update(results_dir="x$(touch pwned)"), f'results_dir: {SHELL_PATH}, got "x$(touch pwned)"'),
+    (lambda d: d.update(results_dir="-rf"), f'results_dir: {SHELL_PATH}, got "-rf"'),
+    (lambda d: d.update(results_dir="my results"), f'results_dir: {SHELL_PATH}, got "my results"'),
+    (lambda d: d.update(results_dir="r/{experiment}"), f'results_dir: {SHELL_PATH}, got "r/{{experiment}}"'),
+    (lambda d: d.update(results_dir="r\nx"), f'results_dir: {SHELL_PATH}, got "r\\nx"'),
+    (lambda d: d.update(bench="b|c.json"), f'bench: {SHELL_PATH}, got "b|c.json"'),
+    (lambda d: d["experiments"]["e1"].update(network="networks/`id`.yaml"),
+     f'experiments.e1.network: {SHELL_PATH}, got "networks/`id`.yaml"'),
+    (lambda d: d["experiments"]["e1"].update(dataset={"name": "f", "images": "a&b", "labels": "l"}),
+     f'experiments.e1.dataset.images: {SHELL_PATH}, got "a&b"'),
+    (lambda d: d.update(db_url="sqlite:///x.db;rm -rf ~"), 'db_url: expected a URL scheme://... of letters, digits'),
+    (lambda d: d.update(db_url="/tmp/x.db"), 'db_url: expected a URL scheme://...'),
+])
+def test_paths_refuse_shell_characters(tmp_path, mutate, expected):
+    data = copy.deepcopy(BASE)
+    mutate(data)
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: {expected}")
+
+
+def test_paths_and_urls_that_are_plain_pass(tmp_path):
+    data = copy.deepcopy(BASE)
+    data.update(results_dir="out/run-1+x=y@z", db_url="postgresql+psycopg://u:p%40ss@db:5432/c?sslmode=require&a=b")
+    assert load_config(write(tmp_path, data)).results_dir == "out/run-1+x=y@z"
+
+
+def test_a_config_override_goes_through_the_same_check(tmp_path):
+    """`snakemake --config results_dir='x$(touch pwned)'` reaches SweepPlan as the merged config dict."""
+    from convsweep.plan import SweepPlan
+
+    path = write(tmp_path, BASE)
+    config = {**yaml.safe_load(path.read_text()), "results_dir": "x$(touch pwned)"}
+    with pytest.raises(ConfigError) as info:
+        SweepPlan(copy.deepcopy(config), path)
+    assert str(info.value) == f'{path}: results_dir: {SHELL_PATH}, got "x$(touch pwned)"'
+    with pytest.raises(ConfigError, match="results_dir: expected a path"):
+        validate(copy.deepcopy(config), "overrides")
+
+
+DUPLICATED = """\
+experiments:
+  lenet86-baseline:
+    variants: [naive]
+    batches: [100]
+  lenet86-cache:
+    variants: [naive]
+    batches: [100]
+  lenet86-baseline:
+    variants: [reference]
+    batches: [1000]
+"""
+
+
+def test_a_duplicate_experiment_name_is_an_error_with_its_line(tmp_path):
+    path = write(tmp_path, DUPLICATED)
+    with pytest.raises(ConfigError, match=rf"^{path}:8: duplicate key 'lenet86-baseline'$"):
+        load_config(path)
+    # Snakemake's loader keeps the second; SweepPlan's validate reads the file again and refuses it.
+    with pytest.raises(ConfigError, match=rf"^{path}:8: duplicate key 'lenet86-baseline'$"):
+        validate(yaml.safe_load(DUPLICATED), str(path))
+
+
+def alias_bomb() -> str:
+    lines = ["experiments:", "  e1:", "    variants: [naive]", "    batches: [100]", "    params:",
+             '      a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for level in range(1, 9):
+        previous = "a" if level == 1 else f"l{level - 1}"
+        lines.append(f"      l{level}: &l{level} [" + ", ".join([f"*{previous}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_quickly_however_the_sweep_is_read(tmp_path):
+    import time
+
+    from convsweep.plan import SweepPlan
+
+    path = write(tmp_path, alias_bomb())
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=rf"^{path}:11: YAML aliases from here expand to more than 100,000 values$"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=rf"^{path}:11: YAML aliases"):  # as the Snakefile sees it
+        SweepPlan(yaml.safe_load(path.read_text()), path)
+    with pytest.raises(ConfigError, match=r"^x.yaml: experiments.e1.params.l4: more than 20,000 values"):
+        validate(yaml.safe_load(path.read_text()), "x.yaml")  # no file to read again: the dict is bounded
+    assert time.perf_counter() - start < 1
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda e: e.update(batches=[10**12]), "experiments.e1.batches[0]: expected at most 1,000,000, got 1000000000000"),
+    (lambda e: e.update(batches=list(range(1, 66))), "experiments.e1.batches: expected at most 64 items, got 65"),
+    (lambda e: e.update(streams=[65]), "experiments.e1.streams[0]: expected at most 64, got 65"),
+    (lambda e: e.update(chunk_images=[2_000_000]), "experiments.e1.chunk_images[0]"),
+    (lambda e: e.update(repeats=10**6), "experiments.e1.repeats"),
+    (lambda e: e.update(warmup=10**6), "experiments.e1.warmup: expected at most 1,000, got 1000000"),
+    (lambda e: e.update(stopping={"timeout_s": 10**6}), "experiments.e1.stopping.timeout_s: expected at most 3,600"),
+    (lambda e: e.update(variants=["naive"] * 1001), "experiments.e1.variants: expected at most 1,000 items, got 1,001"),
+    (lambda e: e.update(params={"naive": {"BLOCK": [64, 64]}}), "experiments.e1.params.naive.BLOCK"),
+    (lambda e: e.update(params={"naive": {"BLOCK": ["x" * 65]}}), "experiments.e1.params.naive.BLOCK"),
+    (lambda e: e.update(search={"strategy": "random", "max_settings": 10**6, "seed": 1}),
+     "experiments.e1.search.max_settings: expected at most 10,000, got 1000000"),
+])
+def test_sizes_are_bounded_by_the_schema(tmp_path, mutate, expected):
+    data = copy.deepcopy(BASE)
+    mutate(data["experiments"]["e1"])
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: {expected}"), str(info.value)
+
+
+def test_a_list_of_millions_of_batches_is_refused_quickly():
+    import time
+
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"]["batches"] = [100] * 6_500_000
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"^x.yaml: experiments.e1.batches: more than 20,000 values"):
+        validate(data, "x.yaml")
+    assert time.perf_counter() - start < 0.5
+
+
+def test_a_grid_of_too_many_settings_is_refused_before_it_is_enumerated(tmp_path, monkeypatch):
+    from convsweep import variants
+
+    monkeypatch.setattr(variants, "MAX_SETTINGS", 20)
+    data = copy.deepcopy(BASE)
+    blocks = [64, 128, 256, 512, 1024]
+    data["experiments"]["e1"]["params"] = {"naive": {"conv1": {"BLOCK": blocks}, "conv2": {"BLOCK": blocks}}}
+    with pytest.raises(ConfigError, match=r"experiments.e1.variants\[0\]: the grid holds 25 settings \(the product of "
+                                          r"its value lists\); a job measures at most 20$"):
+        expand_config(load_config(write(tmp_path, data)))
+
+
+def test_a_sweep_of_too_many_jobs_is_refused_before_it_is_expanded(tmp_path, monkeypatch):
+    from convsweep import config
+
+    monkeypatch.setattr(config, "MAX_JOBS", 5)
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"].update(batches=[1, 2, 3], streams=[1, 2])
+    axes = r"\(variants x batches x streams x host_memory x chunk_images x cache\)"
+    with pytest.raises(ConfigError, match=rf"experiments.e1: the sweep's axes {axes} multiply to more than 5 jobs; split"):
+        expand_config(load_config(write(tmp_path, data)))
+
+
+@pytest.mark.parametrize("dataset, expected", [
+    ("mnist", "experiments.e1.dataset: unknown dataset 'mnist'; expected one of mnist5k, random, "
+              "or IDX files as {name, images, labels}"),
+    ({"name": "fashion", "images": "nope-images.gz", "labels": "nope-labels.gz"},
+     "experiments.e1.dataset: images: no such file 'nope-images.gz'"),
+])
+def test_an_unknown_dataset_is_refused_while_the_sweep_is_planned(tmp_path, dataset, expected):
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"]["dataset"] = dataset
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as info:
+        expand_config(load_config(path))
+    assert str(info.value) == f"{path}: {expected}"
+
+
+def test_weights_that_do_not_fit_the_network_are_refused_while_the_sweep_is_planned(tmp_path):
+    from convsweep.config import ROOT
+
+    weights = ROOT / "data" / "lenet86-weights.npz"
+    lenet = (ROOT / "networks" / "lenet86.yaml").read_text()
+    (tmp_path / "net.yaml").write_text(lenet.replace("../data/lenet86-weights.npz", str(weights))
+                                       .replace("out_channels: 4, kernel: 7", "out_channels: 4, kernel: 5"))
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"]["network"] = "net.yaml"
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as info:
+        expand_config(load_config(path))
+    assert str(info.value) == (f"{path}: experiments.e1.network: {weights}: conv1.weight: expected shape (4, 1, 5, 5), "
+                               "got (4, 1, 7, 7)")
+
+
+def test_a_batch_no_gpu_can_hold_is_refused_while_the_sweep_is_planned(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"].update(network="networks/conv256.yaml", dataset="random", batches=[4, 10000])
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as info:
+        expand_config(load_config(path))
+    assert str(info.value) == (f"{path}: experiments.e1.batches: batch 10,000 at 1 stream(s) needs at least 1,303 GB "
+                               "of GPU memory for conv256.yaml (input, layer outputs, weights); the largest GPU here "
+                               "has 141 GB")
+    # LeNet-86 at a million images: whole-batch buffers at one stream do not fit; four streams' chunks do.
+    data["experiments"]["e1"].update(network="networks/lenet86.yaml", dataset="mnist5k", batches=[1_000_000])
+    with pytest.raises(ConfigError, match="batch 1,000,000 at 1 stream"):
+        expand_config(load_config(write(tmp_path, data)))
+    data["experiments"]["e1"].update(streams=[4], variants=["naive", "reference"])
+    assert len(expand_config(load_config(write(tmp_path, data)))) == 2
+
+
+def test_device_bytes_counts_the_chunks_the_runner_cuts():
+    """Each stream holds a lane of layer outputs for the largest chunk runner.pass_chunks cuts."""
+    import math
+
+    from convsweep.config import device_bytes
+    from convsweep.network import load_network
+    from convsweep.paths import ROOT
+    from convsweep.runner import pass_chunks
+
+    net = load_network(ROOT / "networks" / "lenet86.yaml")
+    steps = net.steps({"conv1": (), "conv2": ()})
+    outputs = sum(math.prod(step.last.out_shape) for step in steps if step.layer.kind.owns_output)
+    for batch, streams, chunk in [(10000, 1, None), (10000, 4, None), (10, 8, None), (1000, 2, 300), (100, 1, 500)]:
+        biggest = max(hi - lo for lo, hi in pass_chunks(batch, streams, chunk))
+        lanes = device_bytes(net, steps, batch, streams, chunk) - device_bytes(net, [], batch, streams, chunk)
+        assert lanes == 4 * streams * biggest * outputs
+
+
+def test_profiler_auto_is_the_default_and_reaches_the_specs(tmp_path):
+    job = expand_config(load_config(write(tmp_path, BASE)))[0]
+    assert job.profiler == "auto" and job.runs()[0].to_dict()["profiler"] == "auto"
+    data = copy.deepcopy(BASE)
+    data["experiments"]["e1"]["profiler"] = "nsys"
+    assert expand_config(load_config(write(tmp_path, data)))[0].profiler == "nsys"

@@ -217,3 +217,16 @@ def test_batch_indices_rejects_empty():
         batch_indices(10, 0)
     with pytest.raises(DataError, match="empty"):
         batch_indices(0, 10)
+
+
+def test_check_dataset_knows_the_names_and_looks_for_the_files(tiny_set):
+    from convsweep.data import check_dataset
+
+    check_dataset("mnist5k")
+    check_dataset("random")
+    images, labels = tiny_set[:2]
+    check_dataset({"name": "tiny", "images": str(images), "labels": str(labels)})
+    with pytest.raises(ConfigError, match=r"^unknown dataset 'fashion'; expected one of mnist5k, random, or IDX files"):
+        check_dataset("fashion")
+    with pytest.raises(ConfigError, match=r"^labels: no such file '.*nope\.idx'$"):
+        check_dataset({"name": "tiny", "images": str(images), "labels": str(labels.parent / "nope.idx")})

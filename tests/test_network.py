@@ -67,8 +67,9 @@ CONV = {"name": "c", "type": "conv2d", "out_channels": 2, "kernel": 3}
 @pytest.mark.parametrize(
     "layers, top, message",
     [
-        ([{**CONV, "kernel": "seven"}], {}, r"layers\[0\]\.kernel: expected a positive integer, got 'seven'"),
-        ([{**CONV, "kernel": 0}], {}, r"layers\[0\]\.kernel: expected a positive integer, got 0"),
+        ([{**CONV, "kernel": "seven"}], {}, r"layers\[0\]\.kernel: expected a positive integer of at most 65,536, "
+                                           r"got 'seven'"),
+        ([{**CONV, "kernel": 0}], {}, r"layers\[0\]\.kernel: expected a positive integer of at most 65,536, got 0"),
         ([{**CONV, "kernel": 13}], {}, r"layers\[0\]\.kernel: expected at most the input size 12x12, got 13"),
         (
             [CONV, {"name": "p", "type": "maxpool2d", "size": 2, "stride": -1}],
@@ -82,7 +83,7 @@ CONV = {"name": "c", "type": "conv2d", "out_channels": 2, "kernel": 3}
         ([CONV, {"name": "c", "type": "relu"}], {}, r"layers\[1\]\.name: expected a unique name, got duplicate 'c'"),
         ([CONV, {"name": "d", "type": "dense", "out_features": 3}], {}, r"layers\[1\]: dense expected a flat input"),
         ([{"name": "p", "type": "maxpool2d", "size": 20}], {}, r"layers\[0\]\.size: expected at most"),
-        ([], {}, r"layers: expected a non-empty list"),
+        ([], {}, r"layers: expected a list of 1 to 256 layers"),
         ([CONV], {"dtype": "int8"}, r"dtype: expected one of"),
         ([CONV], {"dtype": "float16"}, r"dtype: expected one of float32, float64"),  # no kernel stores fp16 tensors
         ([CONV], {"colour": "red"}, r"colour: unknown key"),
@@ -101,7 +102,7 @@ def test_network_yaml_missing_and_malformed(tmp_path):
         load_network(tmp_path / "absent.yaml")
     path = tmp_path / "broken.yaml"
     path.write_text("name: x\nlayers: [\n")
-    with pytest.raises(ConfigError, match=r"broken\.yaml: line \d+: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"broken\.yaml:\d+: not valid YAML"):
         load_network(path)
 
 
@@ -278,3 +279,56 @@ def test_a_fused_network_shape_names_its_later_layers_and_swallows_them():
     with pytest.raises(ShapeError, match="runs in a network, not on a lone layer"):
         pooled = lenet.conv_shape(lenet.layer("conv1"), 5, (lenet.layer("relu1"), lenet.layer("pool1")))
         get_variant("fp16_fused_network").check_shape(pooled, {"BLOCKS": 132})
+
+
+def test_sizes_in_a_network_file_are_bounded(tmp_path):
+    path = write_network(tmp_path, [{**CONV, "out_channels": 10**9}])
+    with pytest.raises(ConfigError, match=r"layers\[0\]\.out_channels: expected a positive integer of at most 65,536, "
+                                          r"got 1000000000$"):
+        load_network(path)
+    path.write_text("name: t\ninput: [1, 12, 12]\nlayers:\n  - {name: c, type: relu}\nname: u\n")
+    with pytest.raises(ConfigError, match=r"net\.yaml:5: duplicate key 'name'$"):
+        load_network(path)
+
+
+def write_weights(tmp_path, network: Network, **changes) -> Path:
+    arrays = {**random_weights(network), **changes}
+    np.savez(tmp_path / "w.npz", **{k: v for k, v in arrays.items() if v is not None})
+    return tmp_path / "w.npz"
+
+
+def test_check_weights_compares_the_file_with_the_layers_from_the_headers(tmp_path, lenet):
+    from convsweep.network import check_weights
+
+    check_weights(lenet)  # the committed weights fit
+    net = load_network(write_network(tmp_path, [CONV], weights="w.npz"))
+    path = write_weights(tmp_path, net)
+    check_weights(net)
+    write_weights(tmp_path, net, **{"c.weight": np.zeros((2, 1, 5, 5), np.float32)})
+    with pytest.raises(DataError, match=r"w\.npz: c\.weight: expected shape \(2, 1, 3, 3\), got \(2, 1, 5, 5\)$"):
+        check_weights(net)  # a changed file is read again
+    write_weights(tmp_path, net, **{"c.bias": None})
+    with pytest.raises(DataError, match=r"w\.npz: c\.bias: missing; expected shape \(2,\)$"):
+        check_weights(net)
+    write_weights(tmp_path, net, **{"d.weight": np.zeros(3, np.float32)})
+    with pytest.raises(DataError, match=r"w\.npz: d\.weight: unexpected array; t expects c\.weight, c\.bias$"):
+        check_weights(net)
+    write_weights(tmp_path, net, **{"c.bias": np.zeros(2, np.int32)})
+    with pytest.raises(DataError, match=r"w\.npz: c\.bias: expected floating-point values, got int32$"):
+        check_weights(net)
+    path.write_bytes(b"not a zip")
+    with pytest.raises(DataError, match=r"w\.npz: not a readable \.npz file"):
+        check_weights(net)
+    path.unlink()
+    with pytest.raises(DataError, match=r"w\.npz: no such file \(weights of .*net\.yaml\)$"):
+        check_weights(net)
+
+
+def test_check_weights_reads_headers_only(tmp_path, monkeypatch):
+    """The planner checks every sweep's weights: it must not load their arrays (np.load)."""
+    from convsweep import network as network_mod
+
+    net = load_network(write_network(tmp_path, [CONV], weights="w.npz"))
+    write_weights(tmp_path, net)
+    monkeypatch.setattr(network_mod.np, "load", lambda *a, **k: pytest.fail("np.load called"))
+    network_mod.check_weights(net)

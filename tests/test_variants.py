@@ -64,7 +64,9 @@ LAUNCH = "launches: [{kernel: k, grid: [1], block: [1]}]"
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, colour: 1}}", "a: unknown key ('colour' was unexpected)"),
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, dtypes: [int8]}}", "a.dtypes[0]: expected one of ['float32', 'float64']"),
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, fuses: [maxpool]}}", 'a.fuses[0]: expected "relu", got "maxpool"'),
-    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, compile_time: [B]}}", "a.compile_time[0]: 'B' does not match"),
+    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, compile_time: [B]}}",
+     "a.compile_time[0]: expected a shape name (C, M, H, W, K, S, P, PS, "
+     "or a later layer's M2, K2, S2, P2, PS2, N1, ...), never B, got \"B\""),
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, params: {{T: [1, 2]}}}}", "a.params.T: expected object, got [1, 2]"),
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, params: {{T: {{default: 1}}}}}}", "a.params.T: 'values' is a required property"),
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, min_cc: '8.0'}}", "a.min_cc: expected number, got \"8.0\""),
@@ -72,7 +74,8 @@ LAUNCH = "launches: [{kernel: k, grid: [1], block: [1]}]"
     ("a: {precision: fp32, source: x.cu}", "a: 'launches' is a required property"),
     ("a: {precision: fp32, launches: []}", "a: 'source' is a required property"),
     ("a: {precision: fp32, source: x.cu, launches: []}", "a.launches: must not be empty"),
-    ("a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1, 1, 1, 1], block: [1]}]}", "a.launches[0].grid: [1, 1, 1, 1] is too long"),
+    ("a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1, 1, 1, 1], block: [1]}]}",
+     "a.launches[0].grid: expected at most 3 items, got 4"),
     ("a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1], block: [1], shared: 4}]}", "a.launches[0]: unknown key ('shared'"),
     ("a: {precision: fp32, source: x.cu, launches: [{grid: [1], block: [1]}]}", "a.launches[0]: 'kernel' is a required property"),
     ("a: {cpu: true}", "a: 'precision' is a required property"),
@@ -165,3 +168,38 @@ def test_dtype_and_fusion_mismatches_are_refused():
         gemm.check_shape(double, gemm.defaults())
     with pytest.raises(ShapeError, match="needs no fused pool"):
         naive.check_shape(ConvShape(B=1, C=1, M=1, H=9, W=9, K=3, P=2, PS=2), naive.defaults())
+
+
+def test_a_huge_power_in_a_registry_expression_is_one_line(tmp_path):
+    import time
+
+    path = tmp_path / "variants.yaml"
+    (tmp_path / "x.cu").write_text("")
+    path.write_text(f"a: {{precision: fp32, source: x.cu, {LAUNCH}, params: {{T: {{default: 1, values: [1, 2]}}}}, "
+                    "restrictions: ['T < 9**9**9**9']}\n")
+    variant = load_registry(path)["a"]
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"^variants\.yaml: a\.restrictions: 'T < 9\*\*9\*\*9\*\*9' computes a number "
+                                          r"beyond 2\*\*63$"):
+        variant.param_combinations({"T": [1, 2]}, "p")
+    assert time.perf_counter() - start < 0.1
+
+
+def test_a_duplicate_key_in_the_registry_is_an_error_with_its_line(tmp_path):
+    path = tmp_path / "variants.yaml"
+    path.write_text("ref: {cpu: true, precision: fp32}\nnaive: {cpu: true, precision: fp32}\n"
+                    "ref: {cpu: true, precision: fp16}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:3: duplicate key 'ref'$"):
+        load_registry(path)
+
+
+def test_a_grid_of_ten_to_the_ten_settings_is_refused_before_it_is_enumerated():
+    import time
+
+    tunables = {f"T{i}": {"default": 0, "values": list(range(10))} for i in range(10)}
+    wide = Variant(name="wide", precision="fp32", description="", params=tunables)
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"^params\.wide: the grid holds 10,000,000,000 settings \(the product of its "
+                                          r"value lists\); a job measures at most 10,000$"):
+        wide.param_combinations({name: spec["values"] for name, spec in tunables.items()}, "params.wide")
+    assert time.perf_counter() - start < 0.1

@@ -1,0 +1,82 @@
+import time
+
+import pytest
+
+from convsweep.errors import ConfigError
+from convsweep.schema import MAX_VALUE_CHARS, _shown, check_size, validate
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "batches": {"type": "array", "maxItems": 64, "items": {"type": "integer", "maximum": 1000}},
+        "name": {"type": "string", "maxLength": 8},
+        "path": {"description": "a path without shell characters", "type": "string", "pattern": "^[a-z/]+$"},
+        "grid": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "integer"}}},
+    },
+}
+
+
+def bomb(levels: int = 9):
+    """Python's view of a YAML alias bomb: each level is nine references to the one before."""
+    value = ["lol"] * 9
+    for _ in range(levels - 1):
+        value = [value] * 9
+    return value
+
+
+def one_line(call) -> str:
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as info:
+        call()
+    assert time.perf_counter() - start < 0.5
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 300, message
+    return message
+
+
+def test_errors_say_what_was_expected_without_printing_the_value():
+    many = list(range(5000))
+    assert one_line(lambda: validate({"batches": many}, SCHEMA, "s.yaml")) == \
+        "s.yaml: batches: expected at most 64 items, got 5,000"
+    assert one_line(lambda: validate({"name": "x" * 5000}, SCHEMA, "s.yaml")) == \
+        "s.yaml: name: expected at most 8 characters, got 5,000"
+    assert one_line(lambda: validate({"batches": [10**12]}, SCHEMA, "s.yaml")) == \
+        "s.yaml: batches[0]: expected at most 1,000, got 1000000000000"
+    assert one_line(lambda: validate({"path": "r;touch pwned;"}, SCHEMA, "s.yaml")) == \
+        's.yaml: path: expected a path without shell characters, got "r;touch pwned;"'
+
+
+def test_a_value_shown_in_an_error_is_cut_short_without_expanding_it():
+    start = time.perf_counter()
+    shown = _shown(bomb())  # 9**9 strings if it were expanded
+    assert time.perf_counter() - start < 0.1
+    assert len(shown) == MAX_VALUE_CHARS and shown.endswith("...")
+    assert _shown("y" * 10**6) == '"' + "y" * (MAX_VALUE_CHARS - 4) + "..."
+
+
+def test_an_alias_bomb_is_refused_before_the_schema_walks_it():
+    message = one_line(lambda: validate({"grid": {"naive": bomb()}}, SCHEMA, "s.yaml", max_nodes=100_000))
+    assert message.startswith("s.yaml: grid.naive") and "more than 100,000 values" in message
+
+
+def test_a_list_of_millions_is_refused_at_the_bound():
+    message = one_line(lambda: validate({"batches": [1] * 6_500_000}, SCHEMA, "s.yaml", max_nodes=100_000))
+    assert message == "s.yaml: batches: more than 100,000 values (a list this long, or YAML aliases repeating one)"
+
+
+def test_check_size_refuses_long_strings_deep_nesting_and_cycles():
+    with pytest.raises(ConfigError, match=r"^s: name: a string of 50,000,000 characters; at most 10,000$"):
+        check_size({"name": "x" * 50_000_000}, "s")
+    deep: list = []
+    for _ in range(100):
+        deep = [deep]
+    with pytest.raises(ConfigError, match="nested more than 64 levels deep"):
+        check_size(deep, "s")
+    cycle: list = [1]
+    cycle.append(cycle)
+    with pytest.raises(ConfigError, match=r"^s: \[1\]: contains itself"):
+        check_size(cycle, "s")
+    shared = ["x"] * 10
+    check_size({"a": shared, "b": shared}, "s", max_nodes=25)  # 1 + 2 keys + 2 x 11
+    with pytest.raises(ConfigError, match="more than 24 values"):
+        check_size({"a": shared, "b": shared}, "s", max_nodes=24)
