@@ -1,11 +1,13 @@
 """Files written whole or not at all, and the canonical JSON that names specs, builds and environments."""
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import io
 import json
 import os
+import secrets
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +27,7 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     a file, two writers never share a temporary name, and a failed write leaves nothing behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
@@ -33,6 +35,26 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# O_EXCL: a name another writer holds is never opened; O_NOFOLLOW: nor a link planted under it.
+_TEMPORARY_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+                    | getattr(os, "O_BINARY", 0))
+
+
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """A new file `.name.<random>.tmp` beside `path`, open for writing: mkstemp's names and care, but
+    the mode of any file the user creates (0644 under umask 022), where mkstemp's is 0600."""
+    # Mode 0666 lets the kernel apply the umask (or the directory's default ACL) as it does for
+    # open(): no umask to read, which os.umask does racily for the whole process and /proc/self/status
+    # only on Linux, and no chmod afterwards that would override a default ACL.
+    for _ in range(tempfile.TMP_MAX):
+        name = os.path.join(path.parent, f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(name, _TEMPORARY_FLAGS, 0o666), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name beside {path}")
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:

@@ -2,8 +2,10 @@
 import hashlib
 import json
 import os
-import tempfile
+import secrets
+import stat
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -63,21 +65,15 @@ def test_two_concurrent_writers_use_different_temporaries(tmp_path, monkeypatch)
     """Both writers hold their temporary file at the same moment (a barrier before the rename),
     so a shared name would have one overwrite or delete the other's."""
     path = tmp_path / "r.json"
-    real_replace, real_mkstemp = os.replace, tempfile.mkstemp
+    real_replace = os.replace
     barrier = threading.Barrier(2, timeout=10)
-    made, renamed = [], []
-
-    def recording_mkstemp(*args, **kwargs):
-        fd, name = real_mkstemp(*args, **kwargs)
-        made.append(Path(name))
-        return fd, name
+    renamed = []
 
     def replace_together(src, dst):
         renamed.append((Path(src), Path(src).read_bytes()))
         barrier.wait()
         real_replace(src, dst)
 
-    monkeypatch.setattr(tempfile, "mkstemp", recording_mkstemp)
     monkeypatch.setattr(os, "replace", replace_together)
     payloads = [b"A" * 100_000, b"B" * 100_000]
     errors = []
@@ -94,11 +90,48 @@ def test_two_concurrent_writers_use_different_temporaries(tmp_path, monkeypatch)
     for t in threads:
         t.join(20)
     assert errors == [] and not any(t.is_alive() for t in threads)
-    assert len(made) == 2 and made[0] != made[1]
-    for name in made:
+    names = [name for name, _ in renamed]
+    assert len(names) == 2 and names[0] != names[1]
+    for name in names:
         assert name.parent == tmp_path and name.name.startswith(".r.json.") and name.name.endswith(".tmp")
     assert sorted(data for _, data in renamed) == payloads  # each temporary held its own writer's data whole
     assert path.read_bytes() in payloads and temporaries(tmp_path) == []
+
+
+@contextmanager
+def umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_files_get_the_mode_the_umask_gives_new_files(tmp_path, mask, mode):
+    """A result file, a summary, and a file written over (an older one made private) alike; the
+    directories made on the way keep the umask's default too."""
+    result, summary, older = tmp_path / "runs" / "j.json", tmp_path / "summary.md", tmp_path / "report.md"
+    older.write_text("old")
+    older.chmod(0o600)
+    with umask(mask):
+        write_json_atomic(result, {"format": 3})
+        write_atomic(summary, "# summary\n")
+        write_atomic(older, b"new")
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (result, summary, older)] == [mode] * 3
+    assert stat.S_IMODE(result.parent.stat().st_mode) == 0o777 & ~mask
+
+
+def test_a_planted_link_at_the_temporary_name_is_not_followed(tmp_path, monkeypatch):
+    """A name already taken (here a link to another file) is skipped for a fresh one, never opened."""
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    tokens = iter(["aaaa", "bbbb"])
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(tokens))
+    (tmp_path / ".r.json.aaaa.tmp").symlink_to(target)
+    write_atomic(tmp_path / "r.json", "new")
+    assert (tmp_path / "r.json").read_text() == "new" and target.read_text() == "keep"
+    assert (tmp_path / ".r.json.aaaa.tmp").is_symlink()
 
 
 def test_json_refuses_nan_and_writes_nothing(tmp_path):

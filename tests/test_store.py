@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -155,6 +157,91 @@ def test_default_url_is_env_then_db_results_sqlite(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVSWEEP_DB", f"sqlite:///{tmp_path / 'elsewhere.sqlite'}")
     assert resolve_url(None).database == str(tmp_path / "elsewhere.sqlite")
     assert resolve_url("postgresql://u@h/x").drivername == "postgresql+psycopg"
+
+
+@contextmanager
+def chmodded(path: Path, mode: int):
+    old = path.stat().st_mode
+    path.chmod(mode)
+    try:
+        yield
+    finally:
+        path.chmod(old)
+
+
+UNSTORED = "a sweep could not store its results"
+
+
+def test_a_read_only_sqlite_file_is_refused_before_any_job_and_queries_still_read_it(tmp_path, monkeypatch):
+    """Before, SQLite opened it read-only without a word and the sweep failed at its first ingest.
+    The check also holds for root (who may write anything: tests here run as root), since a
+    file without any write bit was marked read-only on purpose."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CONVSWEEP_DB", raising=False)
+    engine = open_store(None)
+    ingest_result(engine, make_result())
+    engine.dispose()
+    path = Path("db/results.sqlite")
+    before = path.read_bytes()
+    with chmodded(path, 0o444):
+        with pytest.raises(StoreUnavailable) as caught:
+            open_store(None)
+        assert str(caught.value) == f"db/results.sqlite: read-only (mode 0444): {UNSTORED}"
+        assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ["results.sqlite"]
+        assert run_query(None, "SELECT count(*) AS runs FROM run", "csv").split() == ["runs", "1"]
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_a_database_in_a_read_only_directory_names_the_directory(tmp_path, exists):
+    directory = tmp_path / "db"
+    path = directory / "results.sqlite"
+    directory.mkdir()
+    if exists:
+        open_store(f"sqlite:///{path}").dispose()
+    files = "results.sqlite-wal and -shm" if exists else "results.sqlite and its -wal and -shm"
+    with chmodded(directory, 0o555):
+        with pytest.raises(StoreUnavailable) as caught:
+            open_store(f"sqlite:///{path}")
+    assert str(caught.value) == (f"{directory}: directory read-only (mode 0555): SQLite creates {files} there, "
+                                 f"so {UNSTORED}")
+    assert path.exists() == exists
+
+
+@pytest.mark.parametrize("cause, message", [
+    ("access", "not writable by this user (mode 0644, owner {owner})"),
+    ("statvfs", "on a read-only file system"),
+])
+def test_a_database_this_user_cannot_write_is_refused(tmp_path, monkeypatch, cause, message):
+    """What a user who does not own the file, or a read-only mount, gets. Faked: as root here
+    os.access allows everything, and mounting needs privileges the tests do not have."""
+    import pwd
+    from types import SimpleNamespace
+
+    path = tmp_path / "results.sqlite"
+    open_store(f"sqlite:///{path}").dispose()
+    path.chmod(0o644)
+    if cause == "access":
+        monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != path)
+    else:
+        real = os.statvfs
+        read_only = SimpleNamespace(f_flag=os.ST_RDONLY)
+        monkeypatch.setattr(os, "statvfs", lambda p: read_only if Path(p) == path else real(p))
+    with pytest.raises(StoreUnavailable) as caught:
+        open_store(f"sqlite:///{path}")
+    owner = pwd.getpwuid(path.stat().st_uid).pw_name
+    assert str(caught.value) == f"{path}: {message.format(owner=owner)}: {UNSTORED}"
+
+
+def test_a_read_only_sqlite_connection_is_refused_by_a_write_that_changes_nothing(tmp_path):
+    """A mode=ro URI passes every file check (the file is writable) and opened without a word."""
+    path = tmp_path / "results.sqlite"
+    open_store(f"sqlite:///{path}").dispose()
+    before = path.read_bytes()
+    url = f"sqlite:///file:{path}?mode=ro&uri=true"
+    with pytest.raises(StoreUnavailable) as caught:
+        open_store(url)
+    assert str(caught.value) == f"{url}: cannot write (attempt to write a readonly database): {UNSTORED}"
+    assert path.read_bytes() == before
 
 
 def test_ingest_stores_everything(engine):
@@ -605,10 +692,10 @@ def test_a_job_file_whose_measurements_are_partly_stored_adds_only_the_rest(engi
 
 @pytest.mark.parametrize("index, section, key, value, message", [
     (3, None, "status", "great", "measurements[3].status: expected one of ['ok', 'incorrect', 'failed'], got \"great\""),
-    (1, "spec", "batch", 0, "measurements[1].spec.batch: 0 is less than the minimum of 1"),
+    (1, "spec", "batch", 0, "measurements[1].spec.batch: expected at least 1, got 0"),
     (2, "timings", "op_time_ms", {"conv1": "fast"},
      "measurements[2].timings.op_time_ms.conv1: expected ['number', 'null'], got \"fast\""),
-    (0, "grid", "index", -1, "measurements[0].grid.index: -1 is less than the minimum of 0"),
+    (0, "grid", "index", -1, "measurements[0].grid.index: expected at least 0, got -1"),
     (3, None, "grid", None, "measurements[3]: 'grid' is a required property"),
     (1, None, "measurement_id", None, "measurements[1]: 'measurement_id' is a required property"),
     (2, None, "started_at", "yesterday", "measurements[2].started_at: expected an ISO 8601 time, got 'yesterday'"),

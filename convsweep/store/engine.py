@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -133,7 +134,8 @@ def open_store(url: str | None = None) -> Engine:
     """Connect to the result database and bring its schema up to date (Alembic, head).
 
     Each way a database can be unusable is one StoreUnavailable line: the server is unreachable,
-    the file is not an SQLite database, or the schema is newer than this convsweep knows.
+    the file is not an SQLite database or cannot be written, or the schema is newer than this
+    convsweep knows.
     """
     sa_url = resolve_url(url)
     path = sqlite_path(sa_url)
@@ -142,6 +144,7 @@ def open_store(url: str | None = None) -> Engine:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreUnavailable(f"cannot create {path.parent} for the database: {exc.strerror}") from None
+        _refuse_unwritable(path)
     engine = make_engine(sa_url)
     try:
         connection = _writer(engine).connect()
@@ -154,6 +157,8 @@ def open_store(url: str | None = None) -> Engine:
     try:
         with connection:
             _migrate(connection, sa_url)
+            if sa_url.get_backend_name() == "sqlite":
+                _refuse_read_only_connection(connection, str(path or show_url(sa_url)))
     except StoreError:
         engine.dispose()
         raise
@@ -161,6 +166,55 @@ def open_store(url: str | None = None) -> Engine:
         engine.dispose()
         raise StoreUnavailable(f"cannot migrate database {show_url(sa_url)}: {one_line(exc, sa_url)}") from None
     return engine
+
+
+_UNSTORED = "a sweep could not store its results"
+
+
+def _refuse_unwritable(path: Path) -> None:
+    """StoreUnavailable unless the SQLite file (if there) and its directory can be written: SQLite
+    opens a file it may not write read-only without a word, and creates its -wal and -shm files
+    beside it, so either would fail only when the first job's results are stored."""
+    if path.exists() and (why := _why_unwritable(path)):
+        raise StoreUnavailable(f"{path}: {why}: {_UNSTORED}")
+    if why := _why_unwritable(path.parent):
+        files = f"{path.name}-wal and -shm" if path.exists() else f"{path.name} and its -wal and -shm"
+        raise StoreUnavailable(f"{path.parent}: directory {why}: SQLite creates {files} there, so {_UNSTORED}")
+
+
+def _why_unwritable(path: Path) -> str | None:
+    """Why this user cannot write `path` (a file, or files into a directory), or None."""
+    status = path.stat()
+    mode = stat.S_IMODE(status.st_mode)
+    if hasattr(os, "statvfs") and os.statvfs(path).f_flag & os.ST_RDONLY:
+        return "on a read-only file system"
+    # Without any write bit it was marked read-only on purpose: refused even for root, whom
+    # os.access lets write anything (sweeps in containers often run as root).
+    if not mode & 0o222:
+        return f"read-only (mode {mode:04o})"
+    if not os.access(path, os.W_OK | (os.X_OK if stat.S_ISDIR(status.st_mode) else 0)):
+        return f"not writable by this user (mode {mode:04o}, owner {_user_name(status.st_uid)})"
+    return None
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def _refuse_read_only_connection(connection: Connection, name: str) -> None:
+    """Write nothing in a transaction that is rolled back: SQLite refuses it on a connection it
+    opened read-only (a mode=ro URI, or a file that the checks before could not tell)."""
+    try:
+        with connection.begin() as transaction:
+            connection.exec_driver_sql("UPDATE alembic_version SET version_num = version_num")
+            transaction.rollback()
+    except DBAPIError as exc:
+        raise StoreUnavailable(f"{name}: cannot write ({one_line(exc)}): {_UNSTORED}") from None
 
 
 def migrate(engine: Engine, revision: str = "head", *, downgrade: bool = False) -> None:

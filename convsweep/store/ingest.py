@@ -4,7 +4,6 @@ measurement (formats 1 and 2) or one per tunable setting of its job (format 3); 
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from convsweep.stats import relative_spread
 
 from .engine import _writer, one_line, storing
 from .models import Base, Build, Environment, KernelStat, LayerTime, Memcpy, Phase, Run, Sample, Sweep
+from .strict_json import check_values, read_json
 
 
 @dataclass
@@ -60,7 +60,9 @@ def build_key(build: dict[str, Any]) -> str:
 
 
 def check_result(result: Any, source: str) -> None:
-    """Raise StoreError naming the file and key when a result does not match the result schema."""
+    """Raise StoreError naming the file and key when a result does not match the result schema or
+    holds a number no column can (NaN and infinities, which JSON Schema cannot see)."""
+    check_values(result, source)
     try:
         validate(result, "result", source, fill_defaults=False)
     except ConfigError as exc:
@@ -138,6 +140,7 @@ def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | Non
     if isinstance(result, dict) and result.get("format") == PROFILE_FORMAT:  # an Nsight Compute profile job's file
         from .profiles import ingest_profile
 
+        check_values(result, result_path or f"profile {result.get('job_id', '?')}")
         return ingest_profile(engine, result, result_path)
     source = result_path or f"result {result.get('job_id', '?') if isinstance(result, dict) else '?'}"
     check_result(result, source)
@@ -332,20 +335,16 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
     return run
 
 
-def read_result(path: str | Path) -> dict[str, Any]:
-    """One result file, parsed; unreadable or non-JSON files raise StoreError naming the file."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreError(f"{path}: not valid JSON: {exc}") from None
+def read_result(path: str | Path) -> Any:
+    """One result file, parsed strictly (strict_json.read_json); a file that cannot be read, is not
+    JSON, or holds a number no column can, raises StoreError naming the file and the key."""
+    return read_json(path)
 
 
 def ingest_files(engine: Engine, paths: Iterable[str | Path]) -> IngestReport:
     """Ingest result files one transaction each, counting measurements. A file that cannot be read
-    or stored becomes one line of the report's errors and the others go on; a lost database
-    connection stops it all. Many files show a progress bar (convsweep.progress)."""
+    or stored becomes one line of the report's errors and the others go on; only a database that
+    cannot be used at all (StoreUnavailable) stops it. Many files show a progress bar (convsweep.progress)."""
     report = IngestReport()
     paths = list(paths)
     for path in progress(paths, desc="ingest", unit="file", enabled=len(paths) > 1):
@@ -355,4 +354,9 @@ def ingest_files(engine: Engine, paths: Iterable[str | Path]) -> IngestReport:
             raise
         except StoreError as exc:
             report.errors.append(str(exc))
+        except Exception as exc:
+            # Whatever one file runs into (a string no driver can encode, an int SQLite cannot bind, a
+            # bug), the rest are stored; its session's `with` has already rolled its transaction back.
+            detail = " ".join(str(exc).split())
+            report.errors.append(f"{path}: cannot ingest: {type(exc).__name__}" + (f": {detail}" if detail else ""))
     return report
