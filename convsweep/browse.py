@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,9 @@ from convsweep.query import list_queries
 from convsweep.store import resolve_url, show_url, sqlite_path
 
 INSTALL_HINT = "pip install -e '.[browse]'"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How long Datasette gets to shut down when asked before it is killed.
+STOP_GRACE_S = 10.0
 
 
 def database_file(db_url: str | None) -> Path:
@@ -68,7 +72,8 @@ def browse_command(path: Path, metadata_path: Path, port: int = 8001, host: str 
 
 
 def serve(db_url: str | None = None, port: int = 8001, host: str = "127.0.0.1") -> int:
-    """Serve the database in Datasette until it is stopped (Ctrl-C); returns Datasette's exit status."""
+    """Serve the database in Datasette until it or this process is stopped (Ctrl-C, SIGTERM, SIGHUP), which stops
+    Datasette too; returns Datasette's exit status, 0 when stopped."""
     path = database_file(db_url)
     if importlib.util.find_spec("datasette") is None:
         raise ConvsweepError(f"browsing needs Datasette: {INSTALL_HINT}")
@@ -76,7 +81,38 @@ def serve(db_url: str | None = None, port: int = 8001, host: str = "127.0.0.1") 
         metadata_path = Path(tmp) / "metadata.json"
         metadata_path.write_text(json.dumps(metadata(path), indent=2), encoding="utf-8")
         print(f"browsing {path} read-only at http://{host}:{port}/{path.stem} (Ctrl-C stops)", file=sys.stderr)
-        try:
-            return subprocess.run(browse_command(path, metadata_path, port, host)).returncode
-        except KeyboardInterrupt:
-            return 0
+        return run_until_stopped(browse_command(path, metadata_path, port, host))
+
+
+def run_until_stopped(command: list[str]) -> int:
+    """Run `command` until it exits or this process gets a stop signal, then stop it too: a signal sent to this
+    process alone (`kill PID`, a service manager) would otherwise leave the server running without its parent."""
+    previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    for number in STOP_SIGNALS[1:]:
+        signal.signal(number, signal.default_int_handler)  # SIGTERM and SIGHUP end the wait as Ctrl-C does
+    process = None
+    try:
+        process = subprocess.Popen(command)
+        return process.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for number in STOP_SIGNALS:  # a second Ctrl-C must not cut the shutdown short and orphan the server
+            signal.signal(number, signal.SIG_IGN)
+        if process is not None:
+            _stop(process)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Ask the process to shut down (Datasette's server closes its connections on SIGTERM), then kill it if it
+    has not within STOP_GRACE_S."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -28,13 +28,15 @@ from tabulate import tabulate
 from .config import tunables_text
 from .errors import ConvsweepError, StoreError
 from .fileio import json_column
-from .query import fetch
+from .query import fetch_dicts
 from .stats import SLOWER, compare_samples
 from .store import resolve_url, show_url
 
 _RUN_COLUMNS = ("id, experiment, profiler, network, dataset, variants, params, variant, batch, streams, host_memory, "
                 "chunk_images, cache, git_commit")
 _KINDS = ("sweep", "commit", "experiment", "results", "runs")
+_SELECTION_FORMS = "sweep:N, commit:SHA, experiment:NAME, results:DIR or runs:LO-HI (or the bare value)"
+METRICS = ("op_time", "forward_ms")  # and each conv layer's name
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class Selection:
     @classmethod
     def parse(cls, text: str) -> "Selection":
         kind, sep, value = text.partition(":")
+        if not text.strip() or (sep and kind in _KINDS and not value.strip()):  # `commit:` would select every run
+            raise ConvsweepError(f"empty selection{f' {text!r}' if text.strip() else ''}: expected {_SELECTION_FORMS}")
         if sep and kind in _KINDS:
             return cls(kind, value)
         if text.isdigit():
@@ -84,10 +88,9 @@ def _integer(text: str, what: str) -> int:
 
 def _newest_ok_runs(db: str | None, selection: Selection) -> list[dict]:
     condition, params = selection.condition("sel")
-    columns, rows = fetch(db, f"SELECT {_RUN_COLUMNS} FROM run WHERE status = 'ok' AND {condition} ORDER BY id", params)
+    _, runs = fetch_dicts(db, f"SELECT {_RUN_COLUMNS} FROM run WHERE status = 'ok' AND {condition} ORDER BY id", params)
     newest: dict[tuple, dict] = {}
-    for row in rows:
-        run = dict(zip(columns, row))
+    for run in runs:
         run["variants"], run["params"] = json_column(run["variants"]), json_column(run["params"]) or {}
         newest[(_cell(run), json.dumps(run["params"], sort_keys=True))] = run  # later ids win
     return list(newest.values())
@@ -101,34 +104,50 @@ def _cell(run: dict) -> tuple:
             run["chunk_images"], run["cache"])
 
 
-def _samples(db: str | None, run_ids: list[int], metric: str) -> dict[int, list[float]]:
-    """run id -> one value of `metric` per timed pass: op_time (the conv layers' op times added
-    up: the job's "Op Time"), forward_ms (the whole pass), or a conv layer's name (its op time)."""
+def _samples(db: str | None, run_ids: list[int]) -> dict[str, dict[int, list[float]]]:
+    """metric -> run id -> one value per timed pass, for every metric the runs have: op_time (the conv layers' op
+    times added up: the job's "Op Time"), forward_ms (the whole pass), and each conv layer's name (its op time)."""
     if not run_ids:
         return {}
-    if metric == "forward_ms":
-        test, params = "metric = 'forward_ms' AND layer IS NULL", {}
-    elif metric == "op_time":
-        test, params = "metric = 'op_time_ms'", {}
-    else:
-        test, params = "metric = 'op_time_ms' AND layer = :layer", {"layer": metric}
-    params.update({f"r{i}": run_id for i, run_id in enumerate(run_ids)})
+    params = {f"r{i}": run_id for i, run_id in enumerate(run_ids)}
     ids = ", ".join(f":r{i}" for i in range(len(run_ids)))
-    _, rows = fetch(db, f"SELECT run_id, repeat, value FROM sample WHERE {test} AND run_id IN ({ids}) "
-                        "ORDER BY run_id, repeat", params)
-    per_pass: dict[int, dict[int, float]] = {}
-    for run_id, repeat, value in rows:
-        passes = per_pass.setdefault(run_id, {})
-        passes[repeat] = passes.get(repeat, 0.0) + float(value)
-    return {run_id: list(passes.values()) for run_id, passes in per_pass.items()}
+    _, rows = fetch_dicts(db, "SELECT run_id, metric, layer, repeat, value FROM sample "
+                              "WHERE (metric = 'op_time_ms' OR (metric = 'forward_ms' AND layer IS NULL)) "
+                              f"AND run_id IN ({ids}) ORDER BY run_id, repeat", params)
+    per_pass: dict[str, dict[int, dict[int, float]]] = {}
+    for row in rows:
+        run_id, repeat, value = row["run_id"], row["repeat"], float(row["value"])
+        if row["metric"] == "forward_ms":
+            per_pass.setdefault("forward_ms", {}).setdefault(run_id, {})[repeat] = value
+            continue
+        per_pass.setdefault(row["layer"], {}).setdefault(run_id, {})[repeat] = value
+        op_time = per_pass.setdefault("op_time", {}).setdefault(run_id, {})
+        op_time[repeat] = op_time.get(repeat, 0.0) + value
+    return {metric: {run_id: list(passes.values()) for run_id, passes in runs.items()}
+            for metric, runs in per_pass.items()}
 
 
-def _side(db: str | None, selection: Selection, metric: str, where: str) -> tuple[list[dict], dict[int, list[float]]]:
-    """One side's newest ok runs and their samples, both read from `db`."""
+def _side(db: str | None, selection: Selection, where: str) -> tuple[list[dict], dict[str, dict[int, list[float]]]]:
+    """One side's newest ok runs and their samples by metric, both read from `db`."""
     runs = _newest_ok_runs(db, selection)
     if not runs:
         raise ConvsweepError(f"compare: {selection} selects no ok run in {where}")
-    return runs, _samples(db, [run["id"] for run in runs], metric)
+    return runs, _samples(db, [run["id"] for run in runs])
+
+
+def _selection(text: str, side: str) -> Selection:
+    try:
+        return Selection.parse(text)
+    except ConvsweepError as e:
+        raise ConvsweepError(f"compare: {side}: {e}") from None
+
+
+def _check_metric(metric: str, *samples: dict[str, dict[int, list[float]]]) -> None:
+    """A metric the runs were measured with: op_time, forward_ms, or a conv layer either side has."""
+    layers = sorted({name for by_metric in samples for name in by_metric} - set(METRICS))
+    if metric not in METRICS and metric not in layers:
+        choices = ", ".join(METRICS + tuple(layers))
+        raise ConvsweepError(f"compare: unknown --metric {metric!r}: expected one of {choices}")
 
 
 def _pairs(runs_a: list[dict], runs_b: list[dict]) -> tuple[list[tuple[dict, dict]], int, int]:
@@ -154,26 +173,33 @@ def _pairs(runs_a: list[dict], runs_b: list[dict]) -> tuple[list[tuple[dict, dic
 
 def compare(db: str | None, a: str, b: str, metric: str = "op_time", threshold: float = 0.05,
             db_b: str | None = None, cpu: bool = False) -> dict:
-    """The comparison of selections `a` and `b` as data: one row per matched job, and totals. B is
-    read from `db_b` when given, else from `db` like A; `cpu` keeps the CPU-timed jobs."""
+    """The comparison of selections `a` and `b` as data: one row per matched job, and totals; an error when no job is
+    compared. B is read from `db_b` when given, else from `db` like A; `cpu` keeps the CPU-timed jobs."""
     if threshold <= 0:
         raise ConvsweepError(f"compare: --threshold must be above 0, got {threshold}")
-    sel_a, sel_b = Selection.parse(a), Selection.parse(b)
-    runs_a, samples_a = _side(db, sel_a, metric, "the database")
+    sel_a, sel_b = _selection(a, "A"), _selection(b, "B")
+    runs_a, samples_a = _side(db, sel_a, "the database")
     if db_b is None:
-        runs_b, samples_b = _side(db, sel_b, metric, "the database")
+        runs_b, samples_b = _side(db, sel_b, "the database")
     else:
         try:
-            runs_b, samples_b = _side(db_b, sel_b, metric, "B's database")
+            runs_b, samples_b = _side(db_b, sel_b, "B's database")
         except StoreError as e:  # the same line A's side gives, said to be B's
             raise StoreError(f"compare: B's database: {e}") from e
+    _check_metric(metric, samples_a, samples_b)
     pairs, only_a, only_b = _pairs(runs_a, runs_b)
+    if not pairs:  # a CI gate must not pass on nothing
+        raise ConvsweepError(f"compare: no job of A is in B: nothing compared ({only_a} only in A, {only_b} only in B)")
     on_cpu = [pair for pair in pairs if pair[1]["profiler"] == "cpu"]
     if not cpu:
         pairs = [pair for pair in pairs if pair[1]["profiler"] != "cpu"]
+        if not pairs:
+            raise ConvsweepError(f"compare: every job of A in B is timed on the CPU ({len(on_cpu)}): nothing compared "
+                                 "(--cpu compares them)")
+    values_a, values_b = samples_a.get(metric, {}), samples_b.get(metric, {})
     rows = []
     for run_a, run_b in pairs:  # run ids are per database: A's and B's may be the same numbers
-        change = compare_samples(samples_a.get(run_a["id"], []), samples_b.get(run_b["id"], []), threshold)
+        change = compare_samples(values_a.get(run_a["id"], []), values_b.get(run_b["id"], []), threshold)
         setting_a, setting_b = tunables_text(run_a["params"]), tunables_text(run_b["params"])
         rows.append({
             "experiment": run_b["experiment"], "variant": run_b["variant"], "batch": run_b["batch"],
@@ -209,7 +235,7 @@ def render(result: dict, fmt: str = "table") -> str:
     table = tabulate(rows, headers=["experiment", "variant", "batch", "streams", "host memory", "cache", "setting",
                                     f"B vs A ({result['metric']})", "95% interval", "verdict", "samples A/B",
                                     "runs"], tablefmt="github")
-    totals = ", ".join(f"{n} {v}" for v, n in result["verdicts"].items()) or "no job in both"
+    totals = ", ".join(f"{n} {v}" for v, n in result["verdicts"].items())
     unmatched = "".join(f"; {n} job{'s' * (n != 1)} only in {side}"
                         for side, n in (("A", result["only_a"]), ("B", result["only_b"])) if n)
     if result["cpu_left_out"]:

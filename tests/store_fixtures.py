@@ -6,6 +6,7 @@ one measurement (format 2, `make_result`) or a job measuring several settings (f
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError
 
 from convsweep.store import Base
 
@@ -244,3 +246,29 @@ def write_results(directory: Path, results: list[dict[str, Any]]) -> list[Path]:
         path.write_text(json.dumps(result), encoding="utf-8")
         paths.append(path)
     return paths
+
+
+READER = "convsweep_test_reader"
+
+
+def as_reader(url: str) -> str:
+    """The URL of the same PostgreSQL database for a plain role that may read every table, which convsweep query
+    wants (it refuses a superuser); a SQLite URL as it is. The role is made on first use."""
+    sa_url = make_url(url)
+    if sa_url.get_backend_name() != "postgresql":
+        return url
+    _make_reader(url)
+    return sa_url.set(username=READER, password=READER).render_as_string(hide_password=False)
+
+
+@functools.cache
+def _make_reader(admin_url: str) -> None:
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        if connection.exec_driver_sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{READER}'").first() is None:
+            try:
+                connection.exec_driver_sql(f"CREATE ROLE {READER} LOGIN PASSWORD '{READER}'")
+            except DBAPIError:  # made meanwhile by another test process
+                pass
+        connection.exec_driver_sql(f"GRANT pg_read_all_data TO {READER}")
+    admin.dispose()

@@ -6,8 +6,11 @@ import hashlib
 import html
 import importlib.util
 import json
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -18,7 +21,7 @@ import pytest
 
 from convsweep import browse
 from convsweep.errors import ConvsweepError, StoreError
-from convsweep.paths import QUERIES_DIR
+from convsweep.paths import QUERIES_DIR, ROOT
 from convsweep.query import fetch, list_queries
 from convsweep.store import ingest_result, open_store
 from store_fixtures import every_layer, make_job_file, make_result, standard_results
@@ -151,7 +154,7 @@ def test_every_canned_query_answers_as_convsweep_query_does(served, results_db, 
     status, body = get(f"{served}/results/{name}.json?_shape=arrays")
     assert status == 200, body[:500]
     answer = json.loads(body)
-    columns, rows = fetch(f"sqlite:///{results_db}", name)
+    columns, rows, _ = fetch(f"sqlite:///{results_db}", name)
     assert answer["columns"] == columns
     assert answer["rows"] == json.loads(json.dumps([list(row) for row in rows]))
     status, page = get(f"{served}/results/{name}")
@@ -179,3 +182,74 @@ def test_datasette_refuses_to_write(served, results_db):
     assert status >= 400
     assert get(f"{served}/results/runs.json?_shape=arrays")[0] == 200
     assert hashlib.sha256(results_db.read_bytes()).hexdigest() == before
+
+
+# -- stopping browse stops Datasette -------------------------------------------------------------
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux's /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            after_name = stat.read_text().rsplit(")", 1)[1].split()  # state, parent, ...
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(after_name[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on the port now (as servers do, past the connections closing there)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_to_browse_stops_datasette_too(results_db, stop):
+    """`kill PID` reaches convsweep browse alone, not the Datasette it started: that one must not run on."""
+    if importlib.util.find_spec("datasette") is None:
+        pytest.skip(NO_DATASETTE)
+    if not Path("/proc/self/stat").is_file():
+        pytest.skip("finding the Datasette process needs Linux's /proc")
+    port = free_port()
+    browsing = subprocess.Popen([sys.executable, "-m", "convsweep", "browse", "--db", f"sqlite:///{results_db}",
+                                 "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    servers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if browsing.poll() is not None:
+                pytest.fail(f"browse exited {browsing.returncode}: {browsing.stderr.read().decode()}")
+            try:
+                if get(f"http://127.0.0.1:{port}/-/versions.json")[0] == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        servers = children_of(browsing.pid)
+        assert len(servers) == 1 and running(servers[0])
+        browsing.send_signal(stop)
+        assert browsing.wait(timeout=30) == 0
+        assert not running(servers[0])
+        assert port_is_free(port)
+    finally:
+        for pid in [browsing.pid, *servers]:  # what the old code left behind
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        browsing.wait()

@@ -151,3 +151,58 @@ def test_a_missing_database_for_b_is_one_line_naming_it(tmp_path, capsys):
                      "--db-b", f"sqlite:///{missing}"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"convsweep: compare: B's database: no database at {missing}: run a sweep first"]
+
+
+def two_commits(url: str, jobs_a: list[dict], jobs_b: list[dict]) -> None:
+    engine = open_store(url)
+    for result in jobs_a + jobs_b:
+        ingest_result(engine, result)
+    engine.dispose()
+
+
+def test_no_job_in_both_is_an_error_not_a_pass(db_url, capsys):
+    """A CI gate comparing two selections that share no job must fail, not pass on nothing."""
+    a, b = "a" * 40, "b" * 40
+    two_commits(db_url, [stored("naive", a, noisy(40.0, 5, 0.003, 1))],
+                [stored("tiled", b, noisy(20.0, 5, 0.003, 2)), stored("im2col", b, noisy(30.0, 5, 0.003, 3))])
+    message = "compare: no job of A is in B: nothing compared (1 only in A, 2 only in B)"
+    with pytest.raises(ConvsweepError) as caught:
+        compare(db_url, a[:7], b[:7])
+    assert str(caught.value) == message
+    assert cli_main(["compare", a[:7], b[:7], "--db", db_url]) == 2
+    assert capsys.readouterr().err == f"convsweep: {message}\n"
+
+
+def test_only_cpu_timed_jobs_in_both_is_an_error_that_names_cpu(db_url):
+    a, b = "a" * 40, "b" * 40
+    two_commits(db_url, [stored("reference", a, noisy(400.0, 5, 0.003, 1), profiler="cpu")],
+                [stored("reference", b, noisy(400.0, 5, 0.003, 2), profiler="cpu")])
+    with pytest.raises(ConvsweepError, match=r"^compare: every job of A in B is timed on the CPU \(1\): nothing "
+                                             r"compared \(--cpu compares them\)$"):
+        compare(db_url, a[:7], b[:7])
+    assert [row["variant"] for row in compare(db_url, a[:7], b[:7], cpu=True)["rows"]] == ["reference"]
+
+
+def test_an_unknown_metric_lists_the_ones_there_are(db_url, capsys):
+    a, b = "a" * 40, "b" * 40
+    two_commits(db_url, [stored("naive", a, noisy(40.0, 5, 0.003, 1))], [stored("naive", b, noisy(40.0, 5, 0.003, 2))])
+    message = "compare: unknown --metric 'nosuch': expected one of op_time, forward_ms, conv1, conv2"
+    with pytest.raises(ConvsweepError) as caught:
+        compare(db_url, a[:7], b[:7], metric="nosuch")
+    assert str(caught.value) == message
+    assert cli_main(["compare", a[:7], b[:7], "--db", db_url, "--metric", "op_time_ms"]) == 2
+    assert "unknown --metric 'op_time_ms': expected one of op_time, forward_ms, conv1, conv2" in capsys.readouterr().err
+    assert compare(db_url, a[:7], b[:7], metric="conv1")["rows"][0]["samples_a"] == 5
+
+
+@pytest.mark.parametrize("a, b, message", [
+    ("", "", "compare: A: empty selection: expected sweep:N, commit:SHA, experiment:NAME, results:DIR or runs:LO-HI "
+             "(or the bare value)"),
+    ("aaaaaaa", "  ", "compare: B: empty selection: expected sweep:N, "),
+    ("aaaaaaa", "commit:", "compare: B: empty selection 'commit:': expected sweep:N, "),  # else every run
+])
+def test_an_empty_selection_is_one_line_saying_what_is_expected(db_url, a, b, message):
+    two_commits(db_url, [stored("naive", "a" * 40, noisy(40.0, 5, 0.003, 1))], [])
+    with pytest.raises(ConvsweepError) as caught:
+        compare(db_url, a, b)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)

@@ -9,13 +9,11 @@ import re
 import time
 
 import pytest
-from sqlalchemy import create_engine
-from sqlalchemy.engine import make_url
 
 from convsweep.errors import StoreError
 from convsweep.query import QUERIES_DIR, list_queries, render, run_query
 from convsweep.store import ingest_result, open_store
-from store_fixtures import every_layer, layer_floors, make_job_file, make_result, row_counts, standard_results
+from store_fixtures import as_reader, every_layer, layer_floors, make_job_file, make_result, row_counts, standard_results
 
 WRITES = [
     "UPDATE run SET status = 'ok'",
@@ -38,7 +36,7 @@ def loaded_url(db_url):
 
 
 def rows_of(url, sql_or_name, params=None):
-    return json.loads(run_query(url, sql_or_name, fmt="json", params=params))
+    return json.loads(run_query(as_reader(url), sql_or_name, fmt="json", params=params))
 
 
 def as_json(value):
@@ -87,7 +85,7 @@ def test_summary_is_the_seeds_table_of_ok_runs(loaded_url):
 
 
 def test_summary_table_pastes_into_markdown(loaded_url):
-    table = run_query(loaded_url, "summary")
+    table = run_query(as_reader(loaded_url), "summary")
     lines = table.splitlines()
     assert lines[0].startswith("| variant ") and lines[0].endswith("|")
     assert set(lines[1]) <= set("|-: ")
@@ -163,10 +161,10 @@ def test_tuning_shortens_long_errors_and_shows_tunables_as_json(db_url):
     engine.dispose()
     (row, _) = rows_of(db_url, "tuning")
     assert row["error"] == "compile failed: " + "x" * 61 + "..." and len(row["error"]) == 80
-    table = run_query(db_url, "tuning").splitlines()
+    table = run_query(as_reader(db_url), "tuning").splitlines()
     cells = [cell.strip() for cell in table[2].strip("|").split("|")]
     assert cells[4] == '{"BLOCK": 64, "UNROLL": 2}'  # on both backends, as JSON
-    assert '{""BLOCK"": 64, ""UNROLL"": 2}' in run_query(db_url, "tuning", fmt="csv")
+    assert '{""BLOCK"": 64, ""UNROLL"": 2}' in run_query(as_reader(db_url), "tuning", fmt="csv")
 
 
 def test_best_picks_the_fastest_ok_setting_of_a_job(tuned_url):
@@ -278,7 +276,7 @@ def test_throughput_without_a_time_is_null_not_a_division_error(db_url):
 
 @pytest.mark.parametrize("name", [name for name, _ in list_queries()])
 def test_every_named_query_runs(loaded_url, name):
-    assert run_query(loaded_url, name, fmt="csv").splitlines()[0]
+    assert run_query(as_reader(loaded_url), name, fmt="csv").splitlines()[0]
 
 
 def test_list_queries_describes_each_file():
@@ -293,7 +291,7 @@ def test_list_queries_describes_each_file():
 def test_writes_are_refused_and_data_stays(loaded_url, sql):
     before = rows_of(loaded_url, "runs")
     with pytest.raises(StoreError, match=r"^read-only connection: ") as caught:
-        run_query(loaded_url, sql)
+        run_query(as_reader(loaded_url), sql)
     assert "\n" not in str(caught.value)
     assert rows_of(loaded_url, "runs") == before
     engine = open_store(loaded_url)
@@ -307,18 +305,18 @@ def test_writes_are_refused_and_data_stays(loaded_url, sql):
 ])
 def test_several_statements_in_one_string_cannot_write(loaded_url, sql):
     with pytest.raises(StoreError):
-        run_query(loaded_url, sql)
+        run_query(as_reader(loaded_url), sql)
     assert {r["status"] for r in rows_of(loaded_url, "runs")} == {"ok", "incorrect", "failed"}
 
 
 def test_formats(loaded_url):
     sql = "SELECT variant, batch, op_time_1_ms FROM run_summary WHERE status = 'ok' ORDER BY variant, batch"
-    parsed = list(csv.DictReader(io.StringIO(run_query(loaded_url, sql, fmt="csv"))))
+    parsed = list(csv.DictReader(io.StringIO(run_query(as_reader(loaded_url), sql, fmt="csv"))))
     assert parsed[0] == {"variant": "naive", "batch": "100", "op_time_1_ms": "0.082"}
     as_json = rows_of(loaded_url, sql)
     assert as_json[0] == {"variant": "naive", "batch": 100, "op_time_1_ms": 0.082}
     with pytest.raises(StoreError, match="unknown output format 'xml'"):
-        run_query(loaded_url, sql, fmt="xml")
+        run_query(as_reader(loaded_url), sql, fmt="xml")
 
 
 def test_sql_file_path(loaded_url, tmp_path):
@@ -335,13 +333,13 @@ def test_parameters_bind(loaded_url):
 
 def test_sql_errors_are_one_line(loaded_url):
     with pytest.raises(StoreError, match=r"^query failed: ") as caught:
-        run_query(loaded_url, "SELECT no_such_column FROM run")
+        run_query(as_reader(loaded_url), "SELECT no_such_column FROM run")
     assert "\n" not in str(caught.value)
 
 
 def test_unknown_query_name_lists_the_known_ones(loaded_url):
     with pytest.raises(StoreError, match=r"no query named 'sumary' .*known: .*summary"):
-        run_query(loaded_url, "sumary")
+        run_query(as_reader(loaded_url), "sumary")
 
 
 def test_missing_sqlite_database(tmp_path):
@@ -438,30 +436,19 @@ def test_sqlite_vacuum_into_writes_no_file(sqlite_url, tmp_path):
 def test_postgresql_copy_to_a_file_is_refused(pg_url, tmp_path):
     target = tmp_path / "leak.csv"
     with pytest.raises(StoreError, match=r"^read-only connection: .*got COPY"):
-        run_query(pg_url, f"COPY (SELECT * FROM run) TO '{target}'")
+        run_query(as_reader(pg_url), f"COPY (SELECT * FROM run) TO '{target}'")
     assert not target.exists()
 
 
 def test_postgresql_server_files_are_out_of_reach(pg_url, tmp_path):
     with pytest.raises(StoreError, match=r"^read-only connection: permission denied for function pg_read_file"):
-        run_query(pg_url, "SELECT pg_read_file('/etc/hostname')")
+        run_query(as_reader(pg_url), "SELECT pg_read_file('/etc/hostname')")
     target = tmp_path / "exported.bin"
     with pytest.raises(StoreError, match=r"^read-only connection: permission denied for function lo_export"):
-        run_query(pg_url, f"SELECT lo_export(1, '{target}')")
+        run_query(as_reader(pg_url), f"SELECT lo_export(1, '{target}')")
     assert not target.exists()
     with pytest.raises(StoreError, match=r"^read-only connection: .*got DO"):
-        run_query(pg_url, "DO $$ BEGIN PERFORM pg_read_file('/etc/hostname'); END $$")
-
-
-def test_postgresql_superuser_queries_run_as_pg_read_all_data(pg_url):
-    engine = create_engine(pg_url)
-    with engine.connect() as connection:
-        superuser = connection.exec_driver_sql(
-            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").scalar()
-    engine.dispose()
-    who = rows_of(pg_url, "SELECT current_user AS who")[0]["who"]
-    assert who == ("pg_read_all_data" if superuser else make_url(pg_url).username)
-    assert rows_of(pg_url, "SELECT COUNT(*) AS runs FROM run") == [{"runs": 1}]
+        run_query(as_reader(pg_url), "DO $$ BEGIN PERFORM pg_read_file('/etc/hostname'); END $$")
 
 
 def test_sqlite_authorizer_names_what_it_refused(sqlite_url):

@@ -53,6 +53,7 @@ from convsweep.store.engine import _writer
 from convsweep.store.ingest import _run_row
 from store_fixtures import (
     as_format_1,
+    as_reader,
     every_layer,
     make_job_file,
     make_result,
@@ -950,7 +951,7 @@ def report_text(db_url: str, tmp_path: Path) -> str:
 
 def seeds_table(db_url: str) -> str:
     """The summary query's medians as run_summary has shown them since 0003 (0006 added their spreads)."""
-    return run_query(db_url, "SELECT variant, batch, streams, op_time_1_ms, op_time_2_ms, forward_ms, total_s, accuracy "
+    return run_query(as_reader(db_url), "SELECT variant, batch, streams, op_time_1_ms, op_time_2_ms, forward_ms, total_s, accuracy "
                              "FROM run_summary WHERE status = 'ok' "
                              "ORDER BY experiment, variant, batch, streams, host_memory, run_id")
 
@@ -978,7 +979,7 @@ def test_migrating_a_0003_database_moves_op_times_into_layer_time_and_back(db_ur
         # The same op time 1 and 2 for every measurement, now computed from layer_time
         assert op_times_by_run(engine, "run_op_time") == columns
         assert op_times_by_run(engine, "run_summary") == summary
-        history = json.loads(run_query(db_url, "history", fmt="json"))
+        history = json.loads(run_query(as_reader(db_url), "history", fmt="json"))
         assert {r["run_id"]: (r["op time 1 (ms)"], r["op time 2 (ms)"]) for r in history} == columns
         assert seeds_table(db_url) == seeds and "op time 1 ±%" in report_text(db_url, tmp_path)
         migrated = layer_rows(engine)
@@ -1048,7 +1049,7 @@ def test_migrating_a_0004_database_gives_each_layer_its_tunables_and_back(db_url
             # Only the layer rows without tunables are SQL NULL
             assert connection.exec_driver_sql("SELECT COUNT(*) FROM layer_time WHERE params IS NULL").scalar() == 3
         assert seeds_table(db_url) == summary
-        tuning = json.loads(run_query(db_url, "tuning", fmt="json"))
+        tuning = json.loads(run_query(as_reader(db_url), "tuning", fmt="json"))
         assert len(tuning) == row_counts(engine)["layer_time"]
         # Format 3 files ingest beside the migrated runs
         assert ingest_result(engine, make_job_file(tuning_results(batch=5000)), None).added == 3
@@ -1061,7 +1062,7 @@ def test_migrating_a_0004_database_gives_each_layer_its_tunables_and_back(db_url
             assert "job_key" not in connection.exec_driver_sql("SELECT * FROM latest_run WHERE 1 = 0").keys()
             assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_0003_COLUMNS
         assert row_counts(engine)["run"] == before["run"] + 3
-        assert json.loads(run_query(db_url, "SELECT COUNT(*) AS n FROM run_summary", fmt="json")) == [{"n": len(results) + 3}]
+        assert json.loads(run_query(as_reader(db_url), "SELECT COUNT(*) AS n FROM run_summary", fmt="json")) == [{"n": len(results) + 3}]
 
         # Upgrading again gives every layer its tunables back; the downgrade lost job_key and grid
         migrate(engine, "head")
@@ -1103,7 +1104,7 @@ def expected_spreads(results: list[dict[str, Any]]) -> dict[tuple[str, str | Non
 def test_migrating_a_0005_database_backfills_each_spread_from_the_samples_and_back(db_url):
     results = standard_results() + tuning_results(batch=1000)
     before = stored_the_old_way(db_url, "0005", results)
-    medians, history = seeds_table(db_url), run_query(db_url, "history", fmt="json")
+    medians, history = seeds_table(db_url), run_query(as_reader(db_url), "history", fmt="json")
 
     engine = open_store(db_url)
     try:
@@ -1119,8 +1120,8 @@ def test_migrating_a_0005_database_backfills_each_spread_from_the_samples_and_ba
             assert_latest_run_shows_every_run_column(connection)
             assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
         # The medians and the history read as before; the summary shows each spread beside its median
-        assert seeds_table(db_url) == medians and run_query(db_url, "history", fmt="json") == history
-        naive_100 = json.loads(run_query(db_url, "summary", fmt="json"))[0]
+        assert seeds_table(db_url) == medians and run_query(as_reader(db_url), "history", fmt="json") == history
+        naive_100 = json.loads(run_query(as_reader(db_url), "summary", fmt="json"))[0]
         assert (naive_100["variant"], naive_100["batch"]) == ("naive", 100)
         assert [naive_100[f"{name} ±%"] for name in ("op time 1", "op time 2", "forward")] == ["1.2", "0.5", "2.3"]
         # Runs ingested at 0006 get their spreads from ingest
@@ -1140,7 +1141,7 @@ def test_migrating_a_0005_database_backfills_each_spread_from_the_samples_and_ba
             assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_0003_COLUMNS
         # The samples stay (nine per timed setting, none for the failed one); history reads 0005's run_op_time
         assert row_counts(engine)["sample"] == before["sample"] + 2 * 9
-        assert len(json.loads(run_query(db_url, "history", fmt="json"))) == len(results) + 3
+        assert len(json.loads(run_query(as_reader(db_url), "history", fmt="json"))) == len(results) + 3
 
         # Upgrading again computes every spread from the samples the downgrade kept
         migrate(engine, "head")
@@ -1185,8 +1186,8 @@ def test_cache_clocks_energy_and_throttled_samples_are_stored(engine, db_url):
         assert {(repeat, throttled) for run_id, repeat, throttled in flags if run_id == cold.id} == \
             {(0, False), (1, False), (2, False), (3, True), (4, True)}
         assert {throttled for run_id, _, throttled in flags if run_id == warm.id} == {None}
-    assert sorted(row["cache"] for row in json.loads(run_query(db_url, "summary", fmt="json"))) == ["cold", "warm"]
-    energy = json.loads(run_query(db_url, "energy", fmt="json"))
+    assert sorted(row["cache"] for row in json.loads(run_query(as_reader(db_url), "summary", fmt="json"))) == ["cold", "warm"]
+    energy = json.loads(run_query(as_reader(db_url), "energy", fmt="json"))
     cold_row = next(row for row in energy if row["cache"] == "cold")
     flops = sum(f["flops"] for f in make_result("naive", 100)["floors"].values())
     assert cold_row["J/pass"] == 2.5 and cold_row["throttled"] == 2 and cold_row["reasons"] == "sw_power_cap"
@@ -1199,7 +1200,7 @@ def test_query_cache_pairs_the_cold_and_warm_runs_of_a_job(db_url, engine):
     cold = with_cache(make_result("naive", 100, op_time_ms=(0.12, 0.38)), "cold")
     ingest_result(engine, make_job_file([cold]), None)
     ingest_result(engine, make_job_file([make_result("tiled", 100)]), None)  # warm only: no pair
-    rows = json.loads(run_query(db_url, "cache", fmt="json"))
+    rows = json.loads(run_query(as_reader(db_url), "cache", fmt="json"))
     assert [(r["variant"], r["layer"]) for r in rows] == [("naive", "conv1"), ("naive", "conv2")]
     assert [r["cold / warm"] for r in rows] == pytest.approx([0.12 / 0.08, 0.38 / 0.19])
 
