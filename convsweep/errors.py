@@ -1,6 +1,9 @@
 """One exception family, so the CLI and the jobs can print one clear line for any of them."""
 
+import errno
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class ConvsweepError(Exception):
@@ -28,7 +31,29 @@ class ShapeError(ConvsweepError):
 
 
 class DeviceError(ConvsweepError):
-    """No usable GPU, or a CUDA call failed."""
+    """A CUDA call failed on a GPU that opened (a launch, a copy, a module): the setting's failure.
+    A GPU that cannot be opened at all is the machine's (MachineError)."""
+
+
+class MachineError(ConvsweepError):
+    """The machine cannot run this job (no GPU or driver, a tool the job asks for, no room to write its
+    files): not a result about the code, so nothing is stored and the job fails until the machine is fixed."""
+
+
+# What a write meets when the disk, not the code, is at fault: full, over quota, mounted read-only.
+OUT_OF_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+@contextmanager
+def writing(path) -> Iterator[None]:
+    """Around a write of `path`: a full, over-quota or read-only disk becomes a one-line MachineError
+    naming the path; any other OSError stays as it is."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in OUT_OF_DISK:
+            raise MachineError(f"cannot write {path}: {e.strerror}") from None
+        raise
 
 
 class StoreError(ConvsweepError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DeviceError
+from .errors import DeviceError, MachineError
 
 HOST_MEMORY_KINDS = ("pageable", "pinned", "registered")
 
@@ -40,6 +40,31 @@ def gpu_available() -> tuple[bool, str]:
         return True, dev.name
     except Exception as e:  # no driver, no device, or a broken install
         return False, f"no usable CUDA device ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+
+
+def no_gpu(why: str) -> MachineError:
+    """The machine has no GPU to run on: convsweep's words first, the underlying error's first line after."""
+    first = why.splitlines()[0] if why else "no reason given"
+    return MachineError(f"no NVIDIA GPU or driver on this machine ({first})")
+
+
+def count_devices(driver=None) -> int:
+    """How many CUDA devices the driver sees; MachineError (no_gpu) when the driver library cannot be
+    loaded, cuInit fails or it sees none. `driver`: cuda.bindings' driver module, or a test's stand-in."""
+    try:
+        if driver is None:
+            from cuda.bindings import driver
+        (err,) = driver.cuInit(0)
+        count = 0
+        if err == driver.CUresult.CUDA_SUCCESS:
+            err, count = driver.cuDeviceGetCount()
+    except Exception as e:  # no libcuda: cuda-pathfinder's DynamicLibNotFoundError, raised at the first call
+        raise no_gpu(str(e) or type(e).__name__) from None
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise no_gpu(f"cuInit: {getattr(err, 'name', err)}")
+    if count == 0:
+        raise no_gpu("the driver sees no device")
+    return count
 
 
 @dataclass
@@ -72,13 +97,17 @@ class DeviceArray:
 
 class Gpu:
     def __init__(self, device_id: int = 0):
+        """Open CUDA device `device_id` (a context made current on this thread). Failing to is always the
+        machine's failure (MachineError), never a kernel's: nothing of a job has run on the GPU yet."""
+        count_devices()
         try:
             from cuda.core import Device
 
             self.device = Device(device_id)
             self.device.set_current()
-        except Exception as e:
-            raise DeviceError(f"cannot open CUDA device {device_id}: {e}") from None
+        except Exception as e:  # an ordinal past the devices, a GPU busy in exclusive mode, no memory for a context
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise MachineError(f"cannot open CUDA device {device_id} ({first})") from None
         self._owned: list = []  # buffers, streams, events: closed in reverse order
         self._registered: list[int] = []
         self._modules: dict = {}

@@ -5,12 +5,17 @@ the batch loads once, the GPU opens once, builds compile in parallel, each setti
 NVTX range "setting <i>") or, under nsys, in a child process inside one `nsys profile`, whose
 kernel and copy records then replace each setting's event timings.
 
-Whatever happens, one result file is written, atomically: the job and one measurement per
-setting (format 3, docs/result-format.md). A setting that fails to compile or launch, or gives
-a wrong answer, is a measurement too (status failed or incorrect) and the others go on. Each
-finished setting is also kept in `<job>.partial/` until the file is written, so a job that was
-interrupted measures, when run again, only the settings it has no result for, unless the code
-or inputs it measures have changed since.
+One result file is written, atomically: the job and one measurement per setting (format 3,
+docs/result-format.md). A setting that fails to compile or launch, or gives a wrong answer, is a
+measurement too (status failed or incorrect) and the others go on. Each finished setting is also
+kept in `<job>.partial/` until the file is written, so a job that was interrupted measures, when
+run again, only the settings it has no result for, unless the code or inputs it measures have
+changed since.
+
+A job the machine cannot run is no result: no GPU or driver where a setting needs one, `profiler:
+nsys` without nsys, a disk that cannot take its files. `run_job` then raises MachineError and writes
+no result file (the finished settings stay in `<job>.partial/`), so `convsweep run-job` prints one
+line and exits non-zero, and the sweep shows a failed job instead of a table of failed runs.
 
 A job process's fixed costs are most of a small job, so `nsys profile` is started before this
 process has loaded numpy, the network or the provenance, and the imports here are light (measure.py,
@@ -28,16 +33,17 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import nsys as nsys_mod
 from .compile import LAYERS_SOURCE, source_hash
 from .config import JobSpec, RunSpec, Settings
-from .errors import ConvsweepError, ShapeError
+from .errors import ConvsweepError, MachineError, ShapeError, writing
 from .fileio import canonical_hash, remove_stale_temporaries, write_json_atomic
 from .numbers import finite
 from .paths import relative_to_root, resolve_network_path
@@ -92,7 +98,6 @@ class JobContext:
     variants: dict[str, Variant]
     provenance: dict
     keep_logits: bool = False  # leave each setting's output array in its measurement (never in files)
-    compile_errors: dict[int, str] = field(default_factory=dict)  # found when the GPU could not be opened
 
     @classmethod
     def open(cls, spec: JobSpec) -> "JobContext":
@@ -157,7 +162,9 @@ class ResumeStore:
         return found
 
     def put(self, measurement: dict) -> None:
-        write_json_atomic(self.dir / f"{measurement['run_key']}.json", {"resume_key": self.key, "measurement": measurement})
+        path = self.dir / f"{measurement['run_key']}.json"
+        with writing(path):
+            write_json_atomic(path, {"resume_key": self.key, "measurement": measurement})
 
     def clear(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -173,19 +180,48 @@ def resume_key(ctx: JobContext) -> str:
 
 
 # -- the job ------------------------------------------------------------------------------------
+PROFILERS = ("nsys", "auto", "events")  # what a spec may ask for (the experiments schema's enum)
+NSYS_MISSING_NOTE = "nsys not found: timed with CUDA events"
+
+
 def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None, backend: Backend | None = None) -> dict:
     """Measure the job's settings and write its result file; returns what it wrote. A setting's
-    failure is stored, never raised; a spec whose settings cannot be worked out raises ConvsweepError.
+    failure is stored, never raised; a spec whose settings cannot be worked out raises ConvsweepError,
+    and a machine that cannot run the job raises MachineError, with no result file at `out_path`.
 
     `process_age` is how long the process had run before this call (cli.process_age()): the
     phase process_start, counted into the job's total_s. `backend` None is the real GPU (tests
-    hand in a fake one).
+    hand in a fake one). `spec.profiler`: nsys (required), auto (nsys where it is found, else
+    events, noted in each measurement) or events.
     """
     out_path = Path(out_path)
+    with no_result_on_machine_error(out_path):
+        return _run_job(spec, out_path, process_age, backend)
+
+
+@contextmanager
+def no_result_on_machine_error(out_path: Path) -> Iterator[None]:
+    """Around a job that writes `out_path`: on MachineError no file is left there. The workflow takes
+    the file as the job's outcome, and one from an earlier run would pass this one off as measured."""
+    try:
+        yield
+    except MachineError:
+        try:
+            out_path.unlink(missing_ok=True)
+        except OSError:  # a read-only disk refuses even this; it took no new file either
+            pass
+        raise
+
+
+def _run_job(spec: JobSpec, out_path: Path, process_age: float | None, backend: Backend | None) -> dict:
     started, started_at = time.perf_counter(), utc_now()
     remove_stale_temporaries(out_path)
+    if spec.profiler not in PROFILERS:
+        raise ConvsweepError(f"profiler: expected one of {', '.join(PROFILERS)}, got {spec.profiler!r}")
     on_gpu = not all(get_variant(name).is_cpu for name in spec.variants.values())
-    nsys_path = nsys_mod.find_nsys() if spec.profiler == "nsys" and on_gpu else None
+    nsys_path = nsys_mod.find_nsys() if spec.profiler in ("nsys", "auto") and on_gpu else None
+    if spec.profiler == "nsys" and on_gpu and nsys_path is None:
+        raise MachineError("profiler: nsys asked for but nsys is not on PATH or $NSYS")
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsys") as pool:
         child = None
         if nsys_path and not ResumeStore.has_partial(out_path):  # nothing to resume: start every setting now
@@ -213,9 +249,9 @@ def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None, bac
             from .runner import Backend
 
             shared = measure_settings(ctx, todo, backend or Backend(), keep)
-            if spec.profiler == "nsys":
+            if spec.profiler == "auto" and on_gpu:
                 for m in fresh:
-                    m["profiler_note"] = "nsys not found: timed with CUDA events"
+                    m["profiler_note"] = NSYS_MISSING_NOTE
     shared = {"process_start": process_age, **shared} if process_age is not None else shared
     wall = (process_age or 0.0) + time.perf_counter() - started
     _share_job_time(fresh, shared, wall)
@@ -225,7 +261,8 @@ def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None, bac
                                                 "resumed": len(ctx.runs) - len(todo)},
               "started_at": started_at, "total_s": wall, "phases_s": {k: finite(v) for k, v in shared.items()},
               "files": files, "measurements": [by_key[run.run_key] for run in ctx.runs]}
-    write_json_atomic(out_path, result)
+    with writing(out_path):
+        write_json_atomic(out_path, result)
     resume.clear()
     return result
 
@@ -280,11 +317,17 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
                         keep: Callable[[dict], None]) -> tuple[dict, dict]:
     """Wait for the child, then give each setting the kernel and copy records of its NVTX range. A
     setting the child never finished (it crashed) is stored as failed; nsys failing fails every
-    setting with its message."""
+    setting with its message; the child's machine failing (its `machine` line) is raised as the job's,
+    after what it did finish is kept."""
     spec = ctx.spec
     sqlite_path, problem, wall, lines = child.wait()
     inner_shared = next((line["shared"] for line in lines if "shared" in line), {})
     measured = {m["grid"]["index"]: m for line in lines if (m := line.get("measurement"))}
+    machine = next((line["machine"] for line in lines if "machine" in line), None)
+    if machine is not None:
+        for m in measured.values():  # settings known without the machine (compile errors): kept to resume
+            keep(m)
+        raise MachineError(machine)
     summaries = {}
     t = time.perf_counter()
     if sqlite_path is not None:
@@ -343,8 +386,9 @@ def read_progress(path: Path) -> list[dict]:
 
 
 def measure_to_file(spec: JobSpec, todo: list[int] | None, out_path: Path) -> None:
-    """The child half of a job under nsys: measure settings `todo` (None: all), appending each
-    finished one to `out_path` (one JSON line, flushed) and last the phases the settings shared."""
+    """The child half of a job under nsys (or ncu): measure settings `todo` (None: all), appending each
+    finished one to `out_path` (one JSON line, flushed) and last the phases the settings shared. A
+    machine that cannot run them is told to the parent as a line {"machine": message}, then raised."""
     from .measure import measure_settings
     from .runner import Backend
 
@@ -355,5 +399,9 @@ def measure_to_file(spec: JobSpec, todo: list[int] | None, out_path: Path) -> No
             out.flush()
 
         indices = list(range(len(ctx.runs))) if todo is None else todo
-        shared = measure_settings(ctx, indices, Backend(), lambda m: write({"measurement": m}))
+        try:
+            shared = measure_settings(ctx, indices, Backend(), lambda m: write({"measurement": m}))
+        except MachineError as e:
+            write({"machine": str(e)})
+            raise
         write({"shared": shared})

@@ -6,6 +6,12 @@ opens the GPU once while the settings' builds compile on the CPU cores (through 
 then measures the settings one after another, each inside NVTX range "setting <i>" with buffers
 of its own: warm-up, timed repeats, check against float64. job.py decides where this runs (this
 process, or a child under nsys) and what becomes of the measurements.
+
+Where the line between a result and the machine lies: a GPU that cannot be opened (no driver, no
+device) raises MachineError, and so does a disk that cannot take a finished setting (on_measured's
+write); both leave the job without a result. Once the GPU is open, whatever fails is the setting's
+result (failed, with the message), even a GPU that falls off the bus mid-job: CUDA reports it as it
+reports a kernel's illegal access, and the two cannot be told apart here.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import numpy as np
 from .checks import check_logits
 from .compile import LAYERS_SOURCE, BuildRequest
 from .config import JobSpec, RunSpec, tunables_text
-from .errors import CompileError, ConvsweepError, failure_message
+from .errors import CompileError, ConvsweepError, MachineError, failure_message
 from .gpulock import bind_free_gpu, gpu_lock, holds_lock_of
 from .inputs import load_batch
 from .job import JobContext
@@ -71,7 +77,8 @@ def _complete(record: dict, measured: dict, ctx: JobContext) -> None:
 @dataclass
 class GpuSession:
     """The GPU side every setting of a job shares: device, streams, the batch's host and device
-    buffers, the NVML monitor, the chunking of a pass, and the backend that builds networks."""
+    buffers, the NVML monitor, the chunking of a pass, and the backend that builds networks (and
+    whose clock times the passes on the host)."""
 
     gpu: object
     streams: list
@@ -87,7 +94,8 @@ def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backen
                      on_measured: Callable[[dict], None] = lambda m: None) -> dict:
     """Measure settings `todo` (indices into ctx.runs) in this process; each finished measurement
     goes to `on_measured` as it is made. Returns the seconds of the phases they shared. A failure
-    before any setting could run (data, device) is every remaining setting's failure."""
+    before any setting could run (data, a spec it cannot run) is every remaining setting's failure; the
+    machine's (MachineError: no GPU, no disk) is raised, with what was measured already handed on."""
     shared: dict[str, float] = {}
     done: set[int] = set()
 
@@ -111,12 +119,14 @@ def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backen
             _measure_gpu_settings(ctx, todo, backend, shared, finish)
         else:
             raise ConvsweepError("a job cannot mix the CPU 'reference' variant with GPU variants")
+    except MachineError:
+        raise
     except Exception as e:  # the job's own failure: every setting not yet measured is stored with it
         message, env = failure_message(e), environment()
         for i in todo:
             if i not in done:
                 record = ctx.skeleton(i)
-                record.update(error=ctx.compile_errors.get(i, message), environment=env)
+                record.update(error=message, environment=env)
                 finish(record, 0.0)
     return shared
 
@@ -185,7 +195,7 @@ def _compile_errors(ctx: JobContext, todo: list[int], builds: dict) -> dict[int,
 
 
 def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, shared: dict, finish) -> None:
-    spec = ctx.spec
+    spec, clock = ctx.spec, backend.clock
     chunks = pass_chunks(spec.batch, spec.streams, spec.chunk_images)
     # The builds compile on the CPU cores (for NVML's idea of the GPU's architecture: no CUDA context
     # is needed to know it; sm_90 where there is no GPU, so that a kernel that does not compile says
@@ -194,48 +204,57 @@ def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, sh
     requests = [r for i in todo for r in build_requests(ctx.batch.network, ctx.variants, ctx.runs[i])]
     holder = f"job {spec.job_id} ({spec.experiment})"
     with ExitStack() as stack:
-        t = time.perf_counter()
+        t = clock()
         builds = stack.enter_context(backend.compile_all(requests, arch)).wait()
         host_environment()  # read now (counted here): what a job does while it holds the GPU, others wait for
-        shared["compile"] = time.perf_counter() - t
+        shared["compile"] = clock() - t
         # The GPU's lock before this process opens a CUDA context: another process's context slows
         # the kernels being timed (on the lent H100, each context opened beside a timed job slowed
         # about nine of its passes, up to twice as long; a driver start or NVML read did not: see
         # docs/throughput.md). The lock is let go after the GPU is closed.
-        t = time.perf_counter()
+        t = clock()
         stack.enter_context(bind_free_gpu(holder))
-        shared["gpu_wait"] = time.perf_counter() - t
-        t = time.perf_counter()
+        shared["gpu_wait"] = clock() - t
+        t = clock()
         try:
             gpu = stack.enter_context(backend.gpu())
-        except Exception:
-            ctx.compile_errors = _compile_errors(ctx, todo, builds)
-            raise
+        except MachineError:
+            # A kernel that does not compile is a result on any machine (the builds ran on the CPU):
+            # those settings are stored; the job is the machine's failure only if any other remains.
+            failed = _compile_errors(ctx, todo, builds)
+            env = environment() if failed else None
+            for i, error in failed.items():
+                record = ctx.skeleton(i)
+                record.update(error=error, environment=env)
+                finish(record, 0.0)
+            if len(failed) < len(todo):
+                raise
+            return
         if not holds_lock_of(gpu.uuid):  # NVML could not say which GPU CUDA would open: lock the one it did
             stack.enter_context(gpu_lock(gpu.uuid, holder))
-        monitor = stack.enter_context(GpuMonitor(gpu.uuid, gpu.pci_bus_id))
+        monitor = stack.enter_context(backend.monitor(gpu.uuid, gpu.pci_bus_id))
         env = environment(gpu, monitor)  # NVML opened once: each opening is ~0.03 s of the lock's time
-        shared["context"] = time.perf_counter() - t
-        t = time.perf_counter()
+        shared["context"] = clock() - t
+        t = clock()
         streams = [gpu.stream() for _ in range(spec.streams)]
         buffers = pipeline_buffers(gpu, ctx.batch.network, ctx.batch.images, spec.host_memory, streams[0])
-        shared["allocate"] = time.perf_counter() - t
+        shared["allocate"] = clock() - t
         # Where NVML could not tell (GPUs of several kinds), each op compiles for this GPU itself.
         session = GpuSession(gpu, streams, buffers, monitor, chunks, backend, arch if spec.arch != "auto" else gpu.arch,
                              gpu.l2_flusher() if spec.cache == "cold" else None)
         settings = progress(todo, desc=f"job {spec.job_id}", unit="setting", enabled=len(todo) > 1)
         for n, i in enumerate(settings):
-            started, record = time.perf_counter(), ctx.skeleton(i)
+            started, record = clock(), ctx.skeleton(i)
             try:
                 with nvtx_range(f"setting {i}"), gpu.scope():
                     measured = _measure_gpu_setting(session, ctx, i)
-                t = time.perf_counter()
+                t = clock()
                 _complete(record, measured, ctx)
-                record["phases_s"]["check"] = time.perf_counter() - t
+                record["phases_s"]["check"] = clock() - t
             except Exception as e:  # this setting's failure (compile, launch, shape): the others go on
                 record.update(status="failed", error=failure_message(e))
             record["environment"] = env
-            finish(record, time.perf_counter() - started)
+            finish(record, clock() - started)
             # The job log's line; on a terminal, drawn above the bar rather than through it.
             settings.write(f"[{n + 1}/{len(todo)}] {_describe(record)}", file=sys.stdout)
             sys.stdout.flush()
@@ -244,15 +263,15 @@ def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, sh
 def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> dict:
     """One setting: its network (compiled builds loaded, weights, lanes), warm-up and timed passes."""
     gpu, streams, buffers, chunks = session.gpu, session.streams, session.buffers, session.chunks
-    run, network = ctx.runs[index], ctx.batch.network
+    run, network, clock = ctx.runs[index], ctx.batch.network, session.backend.clock
     conv_names = list(ctx.variants)  # the timed layers: a fused network's conv1 times the later convs too
     phases, samples = {}, []
-    t = time.perf_counter()
+    t = clock()
     plan = ConvPlan(ctx.variants, {layer: var.resolve_params(run.params.get(layer), f"params.{layer}")
                                    for layer, var in ctx.variants.items()}, session.arch)
     net = session.backend.network(gpu, network, ctx.batch.weights, plan, len(streams), max(hi - lo for lo, hi in chunks))
     poison_logits(gpu, buffers, streams[0])  # so a setting that writes nothing cannot pass with the last one's logits
-    phases["setup"] = time.perf_counter() - t
+    phases["setup"] = clock() - t
 
     monitor, slowed = session.monitor, GpuHealth()
 
@@ -281,34 +300,34 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, index: int) -> di
                 for name in conv_names:
                     add("op_time_ms", name, sum(e - b for b, e in marks[name]))
 
-    t = time.perf_counter()
+    t = clock()
     for w in range(run.warmup):
         forward(f"warmup {w}", None)
-    phases["warmup"] = time.perf_counter() - t
+    phases["warmup"] = clock() - t
     rule, stop = StoppingRule.of(run.repeats, run.stopping), None
     # NVML's energy query takes milliseconds; it is read per pass only where a power can come of it.
     energy = EnergyCounter()
     energy_mj = monitor.energy_mj if energy.can_tell(rule.max_samples_taken, run.energy_window_s) else lambda: None
     clocks = monitor.clocks()  # at the start of the timed part
-    energy.read(energy_mj())
-    t = time.perf_counter()
+    energy.read(energy_mj(), clock())
+    t = clock()
     while stop is None:
         repeat = len(rule.samples_ms)
         forward(f"repeat {repeat}", repeat)
-        energy.read(energy_mj())
-        stop = rule.reason(_last_forward(samples), time.perf_counter() - t)
-    phases["timed"] = time.perf_counter() - t
+        energy.read(energy_mj(), clock())
+        stop = rule.reason(_last_forward(samples), clock() - t)
+    phases["timed"] = clock() - t
     passes, clocks_after = len(rule.samples_ms), monitor.clocks()
     # A timed part shorter than the counter's steps can tell is followed by more passes of the same
     # kind, untimed (outside any "repeat" range), until the counter has stepped enough: the power
     # over those passes gives the energy of the timed ones. At most energy_window_s of them.
-    t, extra = time.perf_counter(), 0
-    while energy.counting and energy.watts(passes + extra) is None and time.perf_counter() - t < run.energy_window_s:
+    t, extra = clock(), 0
+    while energy.counting and energy.watts(passes + extra) is None and clock() - t < run.energy_window_s:
         forward(f"energy {extra}", None)
-        energy.read(energy_mj())
+        energy.read(energy_mj(), clock())
         extra += 1
     if extra:
-        phases["energy"] = time.perf_counter() - t
+        phases["energy"] = clock() - t
     return {"profiler": "events", "logits": np.array(buffers.logits_host, copy=True), "samples": samples,
             "builds": [b.record() for b in net.builds], "timings": _timings_from_samples(samples, conv_names),
             "clocks": clocks, "clocks_after": clocks_after, "energy": energy.record(phases["timed"], passes, extra),
@@ -353,9 +372,10 @@ class EnergyCounter:
     MIN_SPAN_PASSES = 10
     readings: list[tuple[float, int]] = field(default_factory=list)
 
-    def read(self, millijoules: int | None, now: float | None = None) -> None:
+    def read(self, millijoules: int | None, now: float) -> None:
+        """A reading of the counter taken at `now` (seconds on the job's clock); None: NVML has no counter."""
         if millijoules is not None:
-            self.readings.append((time.perf_counter() if now is None else now, millijoules))
+            self.readings.append((now, millijoules))
 
     @classmethod
     def can_tell(cls, max_passes: int, window_s: float) -> bool:

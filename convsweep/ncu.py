@@ -6,8 +6,12 @@ A profile job runs a job's settings once each (no warm-up, one pass) in a child 
 `ncu`, with the conv kernels of its variants selected by name and NVTX recorded, so each profiled
 launch is attributed to its setting and layer through the ranges the job pushes ("setting 2" >
 "repeat 0" > "chunk 0" > "conv1"). It never runs inside a timed job: ncu replays each kernel many
-times and would own the timings. Without ncu, or where it cannot profile (no permission for the
-GPU's counters), the job writes a `skipped` file with the reason and the sweep goes on.
+times and would own the timings.
+
+Where ncu cannot profile (no permission for the GPU's counters, ERR_NVGPUCTRPERM) the job writes a
+`skipped` file with the reason and the sweep goes on: that is a fact about this GPU's settings, worth
+storing beside its runs. Without ncu, or without a GPU, the machine lacks what the experiment asked
+for (`ncu: true`): MachineError, no file, and the job fails until the machine has it.
 """
 from __future__ import annotations
 
@@ -24,9 +28,10 @@ import uuid
 from pathlib import Path
 
 from .config import JobSpec
+from .errors import MachineError, writing
 from .fileio import write_json_atomic
 from .gpulock import bind_free_gpu
-from .job import read_progress, utc_now
+from .job import no_result_on_machine_error, read_progress, utc_now
 from .provenance import git_state
 from .variants import get_variant
 
@@ -72,7 +77,8 @@ BOUND_PCT = 60.0  # a unit this busy (% of its peak) is what bounds the kernel
 
 
 def find_ncu() -> str | None:
-    return os.environ.get("NCU") or shutil.which("ncu")
+    """$NCU, else `ncu` on PATH, where it is an executable file; None otherwise."""
+    return shutil.which(os.environ.get("NCU") or "ncu")
 
 
 # -- what a launch says -------------------------------------------------------------------------
@@ -223,52 +229,60 @@ def once_each(spec: JobSpec) -> JobSpec:
 
 def run_profile_job(spec: JobSpec, out_path: Path, log=None) -> dict:
     """Profile the conv kernels of every setting of the job once under ncu and write the profile
-    file (format ncu-1); status skipped, with the reason, when ncu is missing or cannot profile."""
+    file (format ncu-1); status skipped, with the reason, when ncu cannot profile. No ncu, no GPU or
+    no room for the file raise MachineError, with no file at `out_path`."""
+    out_path = Path(out_path)
+    with no_result_on_machine_error(out_path):
+        return _profile_job(spec, out_path, log or sys.stdout)
+
+
+def _profile_job(spec: JobSpec, out_path: Path, log) -> dict:
     from .network import load_network
     from .paths import resolve_network_path
 
-    log = log or sys.stdout
-    out_path = Path(out_path)
+    ncu = find_ncu()
+    if ncu is None:
+        raise MachineError("ncu: true asked for but ncu (Nsight Compute) is not on PATH or $NCU")
     started = time.perf_counter()
     runs = spec.runs()
     result = {"format": FORMAT, "profile_id": uuid.uuid4().hex, "job_id": spec.job_id, "job_key": spec.job_key,
               "job": spec.to_dict(), "sweep": spec.sweep, "git": git_state(), "status": "skipped", "reason": None,
-              "ncu": None, "environment": None, "started_at": utc_now(), "seconds": None, "files": {},
+              "ncu": _ncu_version(ncu), "environment": None, "started_at": utc_now(), "seconds": None, "files": {},
               "settings": [{"index": i, "run_key": run.run_key, "params": run.params} for i, run in enumerate(runs)],
               "profiles": []}
-    ncu = find_ncu()
-    if ncu is None:
-        result["reason"] = "ncu not found: install Nsight Compute or set $NCU"
-    else:
-        result["ncu"] = _ncu_version(ncu)
-        kernels = [name for v in dict.fromkeys(spec.variants.values()) for name in get_variant(v).kernel_names]
-        report_base = out_path.with_suffix("")
+    kernels = [name for v in dict.fromkeys(spec.variants.values()) for name in get_variant(v).kernel_names]
+    report_base = out_path.with_suffix("")
+    with writing(report_base.parent):
         report_base.parent.mkdir(parents=True, exist_ok=True)  # ncu writes there, before the profile file
-        with tempfile.TemporaryDirectory() as tmp, bind_free_gpu(f"profile {spec.job_id} ({spec.experiment})"):
-            spec_file = Path(tmp) / "job.json"
-            spec_file.write_text(json.dumps({"job": {**once_each(spec).to_dict(), "sweep": spec.sweep},
-                                             "settings": None}))
-            child = [sys.executable, "-m", "convsweep.cli", "measure", "--spec-file", str(spec_file),
-                     "--out", str(Path(tmp) / "measured.jsonl")]
-            problem = _run_ncu(profile_command(ncu, report_base, kernels, child), log)
-            report = report_base.with_suffix(".ncu-rep")
-            if problem is None and not report.is_file():
-                problem = "ncu wrote no report (did the job launch any conv kernel?)"
-            measured = [line["measurement"] for line in read_progress(Path(tmp) / "measured.jsonl")
-                        if "measurement" in line]
-        if problem is not None:
-            result["reason"] = problem
+    with tempfile.TemporaryDirectory() as tmp, bind_free_gpu(f"profile {spec.job_id} ({spec.experiment})"):
+        spec_file = Path(tmp) / "job.json"
+        spec_file.write_text(json.dumps({"job": {**once_each(spec).to_dict(), "sweep": spec.sweep},
+                                         "settings": None}))
+        child = [sys.executable, "-m", "convsweep.cli", "measure", "--spec-file", str(spec_file),
+                 "--out", str(Path(tmp) / "measured.jsonl")]
+        problem = _run_ncu(profile_command(ncu, report_base, kernels, child), log)
+        report = report_base.with_suffix(".ncu-rep")
+        if problem is None and not report.is_file():
+            problem = "ncu wrote no report (did the job launch any conv kernel?)"
+        lines = read_progress(Path(tmp) / "measured.jsonl")
+    machine = next((line["machine"] for line in lines if "machine" in line), None)
+    if machine is not None:  # the child could not open a GPU: ncu's own words would only say it saw no kernel
+        raise MachineError(machine)
+    measured = [line["measurement"] for line in lines if "measurement" in line]
+    if problem is not None:
+        result["reason"] = problem
+    else:
+        network = load_network(resolve_network_path(spec.network))
+        try:
+            profiles = read_report(report, {layer.name for layer in network.conv_layers})
+        except ImportError:
+            result["reason"] = "cannot read the report: no ncu_report module (pip install ncu-report)"
         else:
-            network = load_network(resolve_network_path(spec.network))
-            try:
-                profiles = read_report(report, {layer.name for layer in network.conv_layers})
-            except ImportError:
-                result["reason"] = "cannot read the report: no ncu_report module (pip install ncu-report)"
-            else:
-                result.update(status="ok", profiles=[p.record() for p in profiles], files={"ncu_report": str(report)},
-                              environment=next((m["environment"] for m in measured if m.get("environment")), None))
+            result.update(status="ok", profiles=[p.record() for p in profiles], files={"ncu_report": str(report)},
+                          environment=next((m["environment"] for m in measured if m.get("environment")), None))
     result["seconds"] = time.perf_counter() - started
-    write_json_atomic(out_path, result)
+    with writing(out_path):
+        write_json_atomic(out_path, result)
     return result
 
 

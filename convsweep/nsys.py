@@ -29,7 +29,9 @@ _CUPTI_COPY_KIND = {1: "H2D", 2: "D2H", 8: "D2D", 10: "P2P"}
 
 
 def find_nsys() -> str | None:
-    return os.environ.get("NSYS") or shutil.which("nsys")
+    """$NSYS, else `nsys` on PATH, where it is an executable file; None otherwise (a $NSYS naming nothing
+    is no nsys: a job would only find out when its profile could not start)."""
+    return shutil.which(os.environ.get("NSYS") or "nsys")
 
 
 def nsys_version(nsys: str) -> str | None:
@@ -49,7 +51,10 @@ def nsys_version(nsys: str) -> str | None:
         return None
     match = re.search(r"(\d+\.\d+[\w.\-]*)", out)
     version = match.group(1) if match else out.strip() or None
-    write_atomic(memo, version or "")
+    try:
+        write_atomic(memo, version or "")
+    except OSError:  # a full or read-only cache: the next job asks nsys again
+        pass
     return version
 
 

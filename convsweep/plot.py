@@ -229,8 +229,10 @@ def roofline_bytes(row: dict[str, Any]) -> tuple[int | None, str]:
 
 # -- captions ------------------------------------------------------------------------------------------
 def provenance(rows: Sequence[dict[str, Any]]) -> str:
-    """'Measured on GPU, dates, at commit(s)' for the runs a figure shows."""
-    gpus = sorted({r["gpu"] or ("the CPU" if r.get("profiler") == "cpu" else "an unnamed GPU") for r in rows})
+    """'Measured on GPU, dates, at commit(s)' for the runs a figure shows. Only a GPU that a run opened is
+    named (a run that failed before opening one stores none), and the CPU for the CPU reference's runs."""
+    gpus = sorted({r["gpu"] for r in rows if r["gpu"]} | {"the CPU" for r in rows if not r["gpu"] and
+                                                          r.get("profiler") == "cpu"})
     days = sorted({d for d in (_day(r["started_at"]) for r in rows) if d})
     commits = list(dict.fromkeys(str(r["git_commit"])[:10] for r in sorted(
         (r for r in rows if r["git_commit"]), key=lambda r: _day(r["started_at"]) or "")))  # oldest first
@@ -240,6 +242,8 @@ def provenance(rows: Sequence[dict[str, Any]]) -> str:
                                                    if len(commits) > COMMITS_SHOWN else "")
     at = "at an unrecorded commit" if not commits else f"at commit{'s' if len(commits) > 1 else ''} {shown}"
     dirty = " (with uncommitted changes)" if any(r["git_dirty"] for r in rows) else ""
+    if not gpus:
+        return f"No run opened a GPU (runs {when}, {at}{dirty})."
     return f"Measured on {' and '.join(gpus)} {when}, {at}{dirty}."
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from contextlib import AbstractContextManager
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from .errors import DeviceError, ShapeError
 from .gpu import CapturedGraph, DeviceArray, Gpu
 from .layers import LAYER_KINDS
 from .network import Network, Step
+from .provenance import GpuMonitor
 from .variants import ConvShape, Variant
 
 try:
@@ -238,14 +240,16 @@ class GpuNetwork:
 
 @dataclass(frozen=True)
 class Backend:
-    """What builds and runs kernels: the GPU, a conv layer's op, a whole network, and the parallel
-    compile of a job's builds. Jobs and the bench take one, so a test can hand them numpy stand-ins
-    instead of patching this module."""
+    """What builds, runs and watches kernels: the GPU, a conv layer's op, a whole network, the parallel
+    compile of a job's builds, NVML's monitor of the GPU and the host clock around its passes. Jobs and
+    the bench take one, so a test hands in stand-ins (numpy, a scripted counter, a steady clock)."""
 
     gpu: Callable[[], Gpu] = Gpu
     conv_op: Callable[..., ConvOp] = ConvOp
     network: Callable[..., GpuNetwork] = GpuNetwork
     compile_all: Callable[..., AbstractContextManager] = compile_all
+    monitor: Callable[..., GpuMonitor] = GpuMonitor  # (CUDA uuid, PCI bus id) -> a context manager
+    clock: Callable[[], float] = time.perf_counter  # seconds; what the stopping rule and the energy window read
 
 
 def pass_chunks(batch: int, streams: int, chunk_images: int | None = None) -> list[tuple[int, int]]:

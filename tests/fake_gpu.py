@@ -196,3 +196,15 @@ class FakeGpuNetwork:
 
 
 FAKE = Backend(gpu=FakeGpu, conv_op=FakeConvOp, network=FakeGpuNetwork, compile_all=no_compile)
+
+
+class SteadyClock:
+    """A host clock that advances `step_s` seconds each time it is read: passes that take the same
+    time however loaded the machine is (a Backend's clock)."""
+
+    def __init__(self, step_s: float):
+        self.now, self.step_s = 0.0, step_s
+
+    def __call__(self) -> float:
+        self.now += self.step_s
+        return self.now

@@ -43,6 +43,16 @@ def gpu():
         yield g
 
 
+def test_the_driver_counts_the_gpus_and_a_gpu_past_them_is_the_machines_failure():
+    from convsweep.errors import MachineError
+    from convsweep.gpu import Gpu, count_devices
+
+    count = count_devices()
+    assert count >= 1
+    with pytest.raises(MachineError, match=rf"^cannot open CUDA device {count} \(.+\)$"):
+        Gpu(count)
+
+
 def normwise_error(y, ref):
     return float(np.max(np.abs(y.astype(np.float64) - ref)) / np.max(np.abs(ref)))
 
@@ -204,6 +214,8 @@ def test_energy_is_known_when_the_timed_part_spans_the_counters_steps(tmp_path):
 @pytest.mark.parametrize("profiler", ["events", "nsys"])
 def test_a_short_timed_part_gets_its_energy_from_untimed_passes_after_it(profiler, tmp_path):
     """Five passes of batch 100 (about a millisecond each) are too short for the counter's steps."""
+    if profiler == "nsys" and find_nsys() is None:
+        pytest.skip("nsys is not installed")
     result = run_job(spec(profiler, batch=100, repeats=5), tmp_path / "r.json")
     assert result["status"] == "ok", result["error"]
     energy = result["energy"]

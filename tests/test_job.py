@@ -1,6 +1,11 @@
 """Jobs end to end on the CPU: the reference variant, grids of settings over a numpy GPU, failures
-that are stored, not lost, and interrupted jobs that resume."""
+that are stored, not lost, machines that cannot run a job, and interrupted jobs that resume."""
+import contextlib
+import dataclasses
+import errno
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -9,11 +14,11 @@ import pytest
 
 from convsweep import job as job_mod
 from convsweep.config import JobSpec, RunSpec
-from convsweep.errors import CompileError
-from convsweep.gpu import gpu_available
+from convsweep.errors import CompileError, ConvsweepError, MachineError, writing
+from convsweep.gpu import gpu_available, no_gpu
 from convsweep.job import run_job as run_one_job
 
-from fake_gpu import FAKE, FakeEvent, FakeGpuNetwork
+from fake_gpu import FAKE, FakeEvent, FakeGpuNetwork, SteadyClock
 
 SWEEP = {"experiment": "t", "config_hash": "h", "config_path": "x.yaml"}
 
@@ -76,11 +81,13 @@ def test_missing_dataset_is_a_stored_failure(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["measurements"][0]["status"] == "failed"
 
 
-@pytest.mark.skipif(gpu_available()[0], reason="checks the failure path of a machine without a GPU")
-def test_gpu_variant_without_gpu_is_a_stored_failure(tmp_path):
-    result = run_job(spec(variants={"conv1": "naive", "conv2": "naive"}, params={"conv1": {}, "conv2": {}}), tmp_path / "r.json")
-    assert result["status"] == "failed"
-    assert "CUDA device" in result["error"] and "\n" not in result["error"]
+@pytest.mark.skipif(gpu_available()[0], reason="checks a machine without a GPU")
+def test_a_gpu_job_on_a_machine_without_a_gpu_is_no_result(tmp_path):
+    out = tmp_path / "r.json"
+    with pytest.raises(MachineError, match=r"^no NVIDIA GPU or driver on this machine \(.+\)$") as caught:
+        run_one_job(spec(variants={"conv1": "naive", "conv2": "naive"}), out)
+    assert "\n" not in str(caught.value)
+    assert not out.exists() and not list(tmp_path.glob("r.partial/*"))
 
 
 def test_random_workloads_run_on_the_cpu_reference(tmp_path):
@@ -108,7 +115,7 @@ def test_each_run_is_a_new_measurement_with_its_provenance(tmp_path):
         assert first["git"]["commit"] == head.stdout.strip() and isinstance(first["git"]["dirty"], bool)
     assert first["clocks"] == {"sm_mhz": None, "memory_mhz": None}  # no GPU timed: null, never guessed
     assert first["sources"] == {}  # the CPU reference runs no kernel
-    gpu_job = run_job(spec(variants={"conv1": "naive", "conv2": "naive"}, batch=8), tmp_path / "g.json")
+    gpu_job = run_job(spec(variants={"conv1": "naive", "conv2": "naive"}, batch=8), tmp_path / "g.json", backend=FAKE)
     # Known before anything compiles, so even a run that failed says what code it tried
     assert gpu_job["sources"] == {"kernels/naive.cu": source_hash(KERNELS_DIR / "naive.cu"),
                                   "kernels/layers.cu": source_hash(KERNELS_DIR / "layers.cu")}
@@ -303,13 +310,13 @@ def fake_nsys(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(gpu_available()[0], reason="checks the nsys plumbing where the child cannot open a GPU")
 def test_under_nsys_a_fresh_job_starts_its_child_for_every_setting_at_once(tmp_path, fake_nsys):
+    """The child under nsys cannot open a GPU here: it tells its parent, whose job is the machine's
+    failure (no result file), not five failed settings."""
     out = tmp_path / "runs" / "grid.json"
-    result = run_one_job(grid_job(profiler="nsys"), out)
+    with pytest.raises(MachineError, match=r"^no NVIDIA GPU or driver on this machine \("):
+        run_one_job(grid_job(profiler="nsys"), out)
     assert json.loads((out.parent / "child-settings.json").read_text()) is None  # all: before the job read its grid
-    ms = result["measurements"]
-    assert len(ms) == 5 and all(m["status"] == "failed" and "CUDA device" in m["error"] for m in ms)
-    assert all(m["files"]["nsys_report"] == str(out.with_suffix(".nsys-rep")) for m in ms)
-    assert {"profile", "nsys_read"} <= set(result["phases_s"]) and result["settings"]["measured"] == 5
+    assert not out.exists() and not list(out.parent.glob("grid.partial/*"))
 
 
 @pytest.mark.skipif(gpu_available()[0], reason="checks the nsys plumbing where the child cannot open a GPU")
@@ -320,10 +327,10 @@ def test_under_nsys_a_resumed_job_asks_its_child_for_the_missing_settings_only(t
     kept = ctx.skeleton(0)
     kept["timings"]["total_s"] = 0.0
     job_mod.ResumeStore(out, job_mod.resume_key(ctx)).put(kept)
-    result = run_one_job(job, out)
+    with pytest.raises(MachineError):
+        run_one_job(job, out)
     assert json.loads((out.parent / "child-settings.json").read_text()) == [1, 2, 3, 4]
-    assert result["settings"] == {"valid": 5, "measured": 4, "resumed": 1}
-    assert result["measurements"][0]["measurement_id"] == kept["measurement_id"]
+    assert not out.exists() and len(list(out.parent.glob("grid.partial/*.json"))) == 1  # still there to resume
 
 
 # -- repeats auto: the stopping rule decides, and each measurement says why it stopped ------------
@@ -397,12 +404,10 @@ class SlowingMonitor:
         return self.energy
 
 
-def test_a_setting_records_its_clocks_slowdowns_and_energy(tmp_path, monkeypatch):
-    from convsweep import measure
-
-    monkeypatch.setattr(measure, "GpuMonitor", SlowingMonitor)
+def test_a_setting_records_its_clocks_slowdowns_and_energy(tmp_path):
     job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=20)
-    m = run_one_job(job, tmp_path / "r.json", backend=FAKE)["measurements"][0]
+    backend = dataclasses.replace(FAKE, monitor=SlowingMonitor)
+    m = run_one_job(job, tmp_path / "r.json", backend=backend)["measurements"][0]
     assert m["status"] == "ok"
     assert m["clocks"] == {"sm_mhz": 1980, "memory_mhz": 2619}
     assert m["clocks_after"] == {"sm_mhz": 1755, "memory_mhz": 2619}
@@ -422,22 +427,36 @@ class SteppingEveryEighthRead(SlowingMonitor):
 
 
 @pytest.mark.parametrize("window_s", [0.5, 0.0])
-def test_a_timed_part_too_short_for_the_counter_is_followed_by_untimed_passes(tmp_path, monkeypatch, window_s):
-    from convsweep import measure
-
-    monkeypatch.setattr(measure, "GpuMonitor", SteppingEveryEighthRead)
+def test_a_timed_part_too_short_for_the_counter_is_followed_by_untimed_passes(tmp_path, window_s):
+    """The host clock is a steady one handed in (every pass alike, however loaded the machine), so
+    how many untimed passes the counter needs is known exactly."""
     job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=3,
                    energy_window_s=window_s)
-    m = run_one_job(job, tmp_path / "r.json", backend=FAKE)["measurements"][0]
+    backend = dataclasses.replace(FAKE, monitor=SteppingEveryEighthRead, clock=SteadyClock(0.001))
+    m = run_one_job(job, tmp_path / "r.json", backend=backend)["measurements"][0]
     assert m["status"] == "ok" and m["stopping"]["samples"] == 3
     if window_s == 0:
         assert m["energy"] is None and "energy" not in m["phases_s"]
         return
     energy = m["energy"]
-    # Steps at the 8th and 16th reading at least: 16 readings after the first, 13 of them untimed passes
-    assert energy["passes"] == 3 and energy["extra_passes"] >= 13 and m["phases_s"]["energy"] > 0
+    # Readings 1-4 bracket the timed passes; the counter steps at the 8th, 16th and 24th. The 8th and
+    # 16th lie 8 passes apart, fewer than MIN_SPAN_PASSES: the power is known at the 24th, 20 passes on.
+    assert energy["passes"] == 3 and energy["extra_passes"] == 20
+    assert m["phases_s"]["energy"] == pytest.approx(20 * 0.002 + 0.001)  # two clock reads a pass, one to end
+    assert energy["watts"] == pytest.approx(2 * 20.0 / (16 * 2 * 0.001))  # 40 J over 16 passes of 2 ms
     assert energy["joules_per_pass"] == pytest.approx(energy["watts"] * m["phases_s"]["timed"] / 3)
     assert len([s for s in m["samples"] if s["metric"] == "forward_ms"]) == 3  # the untimed passes are no samples
+
+
+def test_the_energy_window_bounds_the_untimed_passes(tmp_path):
+    """A window that ends before the counter has stepped far enough: the passes stop, the power stays unknown."""
+    job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=3,
+                   energy_window_s=0.0105)
+    backend = dataclasses.replace(FAKE, monitor=SteppingEveryEighthRead, clock=SteadyClock(0.001))
+    m = run_one_job(job, tmp_path / "r.json", backend=backend)["measurements"][0]
+    assert m["status"] == "ok" and m["energy"] is None
+    # Five passes (two reads each) began inside the 10.5 ms; the check that ended it and the phase's read add 2 ms.
+    assert m["phases_s"]["energy"] == pytest.approx(0.012)
 
 
 def test_energy_is_the_power_between_the_counters_steps_or_not_known():
@@ -561,3 +580,169 @@ def test_a_job_opens_nvml_once_for_its_gpu(tmp_path, monkeypatch):
     job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64, 128]}}], repeats=2, warmup=0)
     ms = run_one_job(job, tmp_path / "job.json", backend=GRID)["measurements"]
     assert [m["status"] for m in ms] == ["ok", "ok"] and len(opened) == 1
+
+
+# -- the machine, not the code: no result, one line, the job fails ---------------------------------
+def no_gpu_here():
+    raise no_gpu("cuInit: CUDA_ERROR_NO_DEVICE")
+
+
+NO_GPU = dataclasses.replace(FAKE, gpu=no_gpu_here)
+
+
+class CompiledBuilds:
+    def __init__(self, builds):
+        self.builds = builds
+
+    def wait(self):
+        return self.builds
+
+
+@contextlib.contextmanager
+def block_1024_does_not_compile(requests, arch):
+    """compile_all's answer where naive with BLOCK=1024 fails NVRTC (the fake ops need no other build)."""
+    yield CompiledBuilds({r: CompileError("kernels/naive.cu:12: error: BLOCK too large (variant 'naive', NVRTC)")
+                          for r in requests if dict(r.macros).get("BLOCK") == 1024})
+
+
+def test_a_machine_without_a_gpu_fails_the_job_and_leaves_no_result(tmp_path):
+    out = tmp_path / "grid.json"
+    out.write_text("{}")  # an earlier run's file would pass this run off as measured
+    with pytest.raises(MachineError) as caught:
+        run_one_job(grid_job(), out, backend=NO_GPU)
+    assert str(caught.value) == "no NVIDIA GPU or driver on this machine (cuInit: CUDA_ERROR_NO_DEVICE)"
+    assert not out.exists() and not list(tmp_path.glob("grid.partial/*.json"))
+
+
+def test_a_kernel_that_does_not_compile_is_a_result_even_where_no_gpu_opens(tmp_path):
+    """The builds run on the CPU: a compile error is the kernel's result on any machine. It is kept to
+    resume while the other settings wait for a GPU; a job of such settings only needs none at all."""
+    out = tmp_path / "grid.json"
+    backend = dataclasses.replace(NO_GPU, compile_all=block_1024_does_not_compile)
+    with pytest.raises(MachineError):
+        run_one_job(grid_job(), out, backend=backend)
+    kept = [json.loads(p.read_text())["measurement"] for p in (tmp_path / "grid.partial").glob("*.json")]
+    assert [(m["spec"]["params"]["conv1"]["BLOCK"], m["status"]) for m in kept] == [(1024, "failed")]
+    assert kept[0]["error"].startswith("kernels/naive.cu:12: error: BLOCK too large") and not out.exists()
+
+    result = run_one_job(grid_job(), out, backend=GRID)  # a machine with a GPU: the other four
+    assert result["settings"] == {"valid": 5, "measured": 4, "resumed": 1} and GridNetwork.built == [64, 128, 256, 512]
+
+    alone = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [1024]}}])
+    ms = run_one_job(alone, tmp_path / "alone.json", backend=backend)["measurements"]
+    assert [m["status"] for m in ms] == ["failed"] and "BLOCK too large" in ms[0]["error"]
+
+
+@pytest.fixture
+def no_nsys(monkeypatch):
+    """A machine without nsys: none on PATH, and a $NSYS naming nothing."""
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    monkeypatch.setenv("PATH", os.pathsep.join(d for d in path if d and not os.path.exists(os.path.join(d, "nsys"))))
+    monkeypatch.setenv("NSYS", "/nonexistent/nsys")
+
+
+def test_profiler_nsys_requires_nsys_where_a_gpu_is_timed(tmp_path, no_nsys):
+    out = tmp_path / "grid.json"
+    with pytest.raises(MachineError, match=r"^profiler: nsys asked for but nsys is not on PATH or \$NSYS$"):
+        run_one_job(grid_job(profiler="nsys"), out, backend=FAKE)
+    assert not out.exists() and not (tmp_path / "grid.partial").exists()  # refused before anything ran
+
+
+def test_profiler_auto_times_with_events_where_nsys_is_missing_and_says_so(tmp_path, no_nsys):
+    ms = run_one_job(grid_job(profiler="auto"), tmp_path / "grid.json", backend=FAKE)["measurements"]
+    assert {(m["status"], m["profiler"], m["profiler_note"]) for m in ms} == \
+        {("ok", "events", "nsys not found: timed with CUDA events")}
+
+
+def test_a_cpu_job_needs_neither_nsys_nor_a_gpu(tmp_path, no_nsys):
+    m = run_job(spec(profiler="nsys"), tmp_path / "r.json", backend=NO_GPU)
+    assert m["status"] == "ok" and m["profiler"] == "cpu" and "profiler_note" not in m
+
+
+def test_an_unknown_profiler_is_the_specs_error_not_the_machines(tmp_path):
+    with pytest.raises(ConvsweepError, match=r"^profiler: expected one of nsys, auto, events, got 'nsight'$") as caught:
+        run_one_job(grid_job(profiler="nsight"), tmp_path / "grid.json", backend=FAKE)
+    assert not isinstance(caught.value, MachineError)
+
+
+def run_job_command(job: JobSpec, out) -> subprocess.CompletedProcess:
+    """`convsweep run-job` as the workflow runs it."""
+    return subprocess.run([sys.executable, "-m", "convsweep.cli", "run-job", "--spec",
+                           json.dumps({**job.to_dict(), "sweep": job.sweep}), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_run_job_on_a_machine_that_cannot_run_it_prints_one_line_exits_non_zero_and_writes_nothing(tmp_path, no_nsys):
+    """The workflow's contract: exit status non-zero, one line `convsweep: <why>` on stderr, no file."""
+    out = tmp_path / "grid.json"
+    done = run_job_command(grid_job(profiler="nsys"), out)
+    assert done.returncode == 2
+    assert done.stderr == "convsweep: profiler: nsys asked for but nsys is not on PATH or $NSYS\n"
+    assert not out.exists()
+
+
+@pytest.mark.skipif(gpu_available()[0], reason="checks a machine without a GPU")
+def test_run_job_without_a_gpu_prints_convsweeps_own_line(tmp_path):
+    out = tmp_path / "grid.json"
+    done = run_job_command(grid_job(), out)
+    assert done.returncode == 2 and not out.exists()
+    assert re.fullmatch(r"convsweep: no NVIDIA GPU or driver on this machine \(.+\)\n", done.stderr), done.stderr
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS])
+def test_a_full_or_read_only_disk_is_the_machines_failure_naming_the_file(tmp_path, code):
+    with pytest.raises(MachineError, match=rf"^cannot write {re.escape(str(tmp_path))}/r\.json: {os.strerror(code)}$"):
+        with writing(tmp_path / "r.json"):
+            raise OSError(code, os.strerror(code))
+    with pytest.raises(PermissionError):  # not the disk's state: stays what it is
+        with writing(tmp_path / "r.json"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs of its own, to fill (mounting one needs root: skipped elsewhere)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True,
+                                 text=True)
+    except OSError as e:
+        pytest.skip(f"cannot mount a tmpfs to fill: {e}")
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill: {mounted.stderr.strip()}")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def fill(path) -> None:
+    """Write `path` until the disk has no room left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, bytes(65536))
+    except OSError as e:
+        assert e.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+def test_a_full_disk_stops_the_job_with_one_line_and_keeps_the_settings_it_finished(small_disk):
+    out = small_disk / "grid.json"
+
+    class FillsTheDisk(GridNetwork):
+        def __init__(self, gpu, network, weights, plan, lanes, capacity):
+            if plan.params["conv1"]["BLOCK"] == 256:
+                fill(small_disk / "filler")
+            super().__init__(gpu, network, weights, plan, lanes, capacity)
+
+    with pytest.raises(MachineError, match=rf"^cannot write {re.escape(str(small_disk))}/grid\.partial/\w+\.json: "
+                                           r"No space left on device$"):
+        run_one_job(grid_job(), out, backend=dataclasses.replace(GRID, network=FillsTheDisk))
+    assert not out.exists() and not list(small_disk.rglob(".*.tmp"))  # no half-written file
+    assert len(list((small_disk / "grid.partial").glob("*.json"))) == 2  # 64 and 128, to resume
+
+    (small_disk / "filler").unlink()
+    GridNetwork.built = []
+    result = run_one_job(grid_job(), out, backend=GRID)
+    assert result["settings"] == {"valid": 5, "measured": 3, "resumed": 2} and GridNetwork.built == [256, 512, 1024]

@@ -1,6 +1,6 @@
 """Nsight Compute profile jobs on the CPU: what a launch's metrics say (the 'why' line), reading a
-report through a stand-in for ncu_report, the job with no ncu and with a stand-in ncu, and the
-store on both backends. The real ncu runs in the gpu-marked tests."""
+report through a stand-in for ncu_report, the job with no ncu and with a stand-in ncu (and child),
+and the store on both backends. The real ncu runs in the gpu-marked tests."""
 import json
 import os
 import stat
@@ -10,11 +10,12 @@ import pytest
 
 from convsweep import ncu as ncu_mod
 from convsweep.config import JobSpec
+from convsweep.errors import MachineError
 from convsweep.ncu import LaunchProfile, launch_metrics, profile_command, read_report, run_profile_job
 from convsweep.query import run_query
 from convsweep.store import ingest_files, ingest_result, open_store
 
-from store_fixtures import row_counts
+from store_fixtures import as_reader, row_counts
 
 SWEEP = {"experiment": "t", "config_hash": "h" * 64, "config_path": "x.yaml"}
 
@@ -170,24 +171,22 @@ def test_the_ncu_command_profiles_the_conv_kernels_only_with_nvtx(tmp_path):
     assert command[command.index("--export") + 1] == str(tmp_path / "job")
 
 
-def test_without_ncu_the_job_is_skipped_with_the_reason_and_stores_nothing(monkeypatch, tmp_path):
-    monkeypatch.delenv("NCU", raising=False)
-    monkeypatch.setenv("PATH", str(tmp_path))  # no ncu here
+def test_without_ncu_the_profile_job_fails_as_the_machines_and_writes_nothing(monkeypatch, tmp_path):
+    """`ncu: true` asks for a tool the machine lacks: no result, the job fails until ncu is there."""
+    monkeypatch.setenv("NCU", str(tmp_path / "nowhere" / "ncu"))  # a $NCU naming nothing is no ncu
+    monkeypatch.setenv("PATH", str(tmp_path))  # and none on PATH
     out = tmp_path / "ncu" / "job.json"
-    result = run_profile_job(job(), out)
-    assert result["status"] == "skipped" and result["reason"].startswith("ncu not found")
-    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
-    assert [s["params"]["conv1"]["BLOCK"] for s in result["settings"]] == [64, 128]
-    engine = open_store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    report = ingest_files(engine, [out])
-    assert report.added == 0 and not report.errors and "ncu not found" in report.skipped[0]
-    assert row_counts(engine)["run"] == 0
-    engine.dispose()
+    out.parent.mkdir()
+    out.write_text("{}")  # an earlier run's file
+    with pytest.raises(MachineError, match=r"^ncu: true asked for but ncu \(Nsight Compute\) is not on PATH or \$NCU$"):
+        run_profile_job(job(), out)
+    assert not out.exists()
 
 
 FAKE_NCU = """#!{python}
-# Stands in for ncu: runs the profiled command as it is, then writes the report file ncu would.
-import subprocess, sys
+# Stands in for ncu and the child it profiles: keeps the child's spec, writes the lines the child would
+# have written, and the report file ncu would.
+import json, shutil, sys
 args = sys.argv[1:]
 if args == ["--version"]:
     print("NVIDIA (R) Nsight Compute Command Line Profiler\\nVersion 2099.1.0 (build 1)")
@@ -195,16 +194,20 @@ if args == ["--version"]:
 export = args[args.index("--export") + 1]
 child = args[args.index("--force-overwrite") + 3:]
 print("==PROF== Connected to process", flush=True)
-code = subprocess.run(child).returncode
+shutil.copy(child[child.index("--spec-file") + 1], export + ".child-spec.json")
+with open(child[child.index("--out") + 1], "a") as out:
+    out.write({child_lines!r})
+print({message!r}, flush=True)
 open(export + ".ncu-rep", "w").write("report")
 sys.exit({exit_code})
 """
 
 
-def fake_ncu(tmp_path, monkeypatch, exit_code=0):
+def fake_ncu(tmp_path, monkeypatch, exit_code=0, child_lines="", message=""):
     path = tmp_path / "bin" / "ncu"
     path.parent.mkdir()
-    path.write_text(FAKE_NCU.format(python=sys.executable, exit_code=exit_code))
+    path.write_text(FAKE_NCU.format(python=sys.executable, exit_code=exit_code, child_lines=child_lines,
+                                    message=message))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("NCU", str(path))
 
@@ -216,6 +219,9 @@ def test_a_profile_job_runs_the_settings_once_under_ncu_and_stores_each_launch(m
     spec = job()
     result = run_profile_job(spec, out)
     assert result["status"] == "ok", result["reason"]
+    child = json.loads(out.with_suffix(".child-spec.json").read_text())  # every setting once, timed by events
+    assert child["settings"] is None
+    assert (child["job"]["repeats"], child["job"]["warmup"], child["job"]["profiler"]) == (1, 0, "events")
     assert result["ncu"] == "2099.1.0" and result["files"]["ncu_report"] == str(out.with_suffix(".ncu-rep"))
     assert len(result["profiles"]) == 4 and result["profiles"][1]["bound"] == "memory-bound: DRAM 91% of peak"
     assert [s["run_key"] for s in result["settings"]] == [run.run_key for run in spec.runs()]
@@ -227,7 +233,7 @@ def test_a_profile_job_runs_the_settings_once_under_ncu_and_stores_each_launch(m
         assert row_counts(engine)["run"] == 0
     finally:
         engine.dispose()
-    why = json.loads(run_query(db_url, "why", fmt="json"))
+    why = json.loads(run_query(as_reader(db_url), "why", fmt="json"))
     assert [(r["layer"], r["kernel"], json.loads(r["tunables"]) if isinstance(r["tunables"], str) else r["tunables"])
             for r in why] == [("conv1", "conv_forward", {"BLOCK": 64}), ("conv2", "conv_forward", {"BLOCK": 64}),
                               ("conv2", "conv_forward", {"BLOCK": 128})]
@@ -245,8 +251,8 @@ def test_a_profile_job_runs_the_settings_once_under_ncu_and_stores_each_launch(m
         assert ingest_result(engine, again, str(out)).added == 4
     finally:
         engine.dispose()
-    assert len(json.loads(run_query(db_url, "SELECT id FROM kernel_profile", fmt="json"))) == 8
-    newest = json.loads(run_query(db_url, "why", fmt="json"))
+    assert len(json.loads(run_query(as_reader(db_url), "SELECT id FROM kernel_profile", fmt="json"))) == 8
+    newest = json.loads(run_query(as_reader(db_url), "why", fmt="json"))
     assert len(newest) == 3 and newest[1]["ncu time (ms)"] == pytest.approx(2 * 0.191)
 
 
@@ -254,6 +260,33 @@ def test_ncu_failing_skips_the_profile_with_its_words(monkeypatch, tmp_path):
     fake_ncu(tmp_path, monkeypatch, exit_code=1)
     result = run_profile_job(job(), tmp_path / "ncu" / "job.json")
     assert result["status"] == "skipped" and result["reason"].startswith("ncu exited with 1")
+
+
+def test_a_gpu_whose_counters_may_not_be_read_is_a_skipped_profile_stored_with_the_reason(monkeypatch, tmp_path):
+    """Unlike a missing ncu, this is a fact about this GPU's settings: a file says so, ingest passes it on."""
+    fake_ncu(tmp_path, monkeypatch, exit_code=1, message="==ERROR== ERR_NVGPUCTRPERM - The user does not have "
+                                                         "permission to access NVIDIA GPU Performance Counters")
+    out = tmp_path / "ncu" / "job.json"
+    result = run_profile_job(job(), out)
+    assert result["status"] == "skipped" and "ERR_NVGPUCTRPERM" in result["reason"]
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert [s["params"]["conv1"]["BLOCK"] for s in result["settings"]] == [64, 128]
+    engine = open_store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    report = ingest_files(engine, [out])
+    assert report.added == 0 and not report.errors and "ERR_NVGPUCTRPERM" in report.skipped[0]
+    assert row_counts(engine)["run"] == 0
+    engine.dispose()
+
+
+def test_a_child_that_cannot_open_a_gpu_fails_the_profile_job_as_the_machines(monkeypatch, tmp_path):
+    """ncu by itself would only say it saw no kernel; the child says why, and the job fails with its line."""
+    fake_ncu(tmp_path, monkeypatch, child_lines=json.dumps({"machine": "no NVIDIA GPU or driver on this machine "
+                                                                       "(cuInit: CUDA_ERROR_NO_DEVICE)"}) + "\n")
+    out = tmp_path / "ncu" / "job.json"
+    with pytest.raises(MachineError) as caught:
+        run_profile_job(job(), out)
+    assert str(caught.value) == "no NVIDIA GPU or driver on this machine (cuInit: CUDA_ERROR_NO_DEVICE)"
+    assert not out.exists()
 
 
 def test_the_profile_schema_names_a_bad_key(tmp_path):

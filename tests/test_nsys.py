@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from convsweep.nsys import read_activities, summarize
+from convsweep.nsys import find_nsys, nsys_version, read_activities, summarize
 
 TID = 77
 
@@ -151,3 +151,36 @@ def test_a_cold_pass_leaves_its_l2_flushes_out_of_its_times(tmp_path):
     assert s["forward_ms"] == pytest.approx((63_550 - 60_000) / 1e6)  # the span, less the two flushes
     assert [x["value"] for x in s["samples"] if x["metric"] == "l2_flush_ms"] == [pytest.approx(60_000 / 1e6)]
     assert {m["kind"] for m in s["memcpys"]} == {"H2D", "D2H"}  # a flush is not a copy
+
+
+def executable(path, text="#!/bin/sh\necho 'NVIDIA Nsight Systems version 2099.1.1'\n"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_nsys_is_found_only_where_it_can_run(tmp_path, monkeypatch):
+    """$NSYS wins over PATH; a $NSYS naming nothing (or a file that cannot run) is no nsys: a job asking
+    for it fails at once instead of when its profile cannot start."""
+    on_path = executable(tmp_path / "bin" / "nsys")
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    monkeypatch.delenv("NSYS", raising=False)
+    assert find_nsys() == str(on_path)
+    own = executable(tmp_path / "opt" / "nsys")
+    monkeypatch.setenv("NSYS", str(own))
+    assert find_nsys() == str(own)
+    monkeypatch.setenv("NSYS", str(tmp_path / "nowhere" / "nsys"))
+    assert find_nsys() is None
+    (tmp_path / "plain").write_text("not a program")
+    monkeypatch.setenv("NSYS", str(tmp_path / "plain"))
+    assert find_nsys() is None
+
+
+def test_nsys_version_is_read_where_the_cache_cannot_keep_it(tmp_path, monkeypatch):
+    """The remembered version is a cache: a cache folder that cannot be written (here a file stands
+    where it would be) costs the next job a question to nsys, not the job."""
+    nsys = executable(tmp_path / "bin" / "nsys")
+    (tmp_path / "cache").write_text("a file, not a folder")
+    monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path / "cache"))
+    assert nsys_version(str(nsys)) == "2099.1.1"

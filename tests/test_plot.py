@@ -432,6 +432,18 @@ def test_a_caption_names_the_cpu_for_cpu_runs_and_never_an_unnamed_gpu():
     assert provenance(rows) == ("Measured on NVIDIA H100 80GB HBM3 and the CPU on 2026-11-23, at commit abc1234567.")
 
 
+def test_a_caption_names_no_gpu_that_a_run_did_not_open():
+    """A run that failed before it opened a GPU stores none: it is left out, and alone it says so."""
+    from convsweep.plot import provenance
+
+    failed = {"gpu": None, "profiler": None, "started_at": "2026-11-23T09:00:00+00:00", "git_commit": "abc1234567",
+              "git_dirty": False}
+    measured = {**failed, "gpu": "NVIDIA H100 80GB HBM3", "profiler": "events"}
+    assert provenance([failed, measured]) == "Measured on NVIDIA H100 80GB HBM3 on 2026-11-23, at commit abc1234567."
+    assert provenance([failed, {**failed, "git_dirty": True}]) == \
+        "No run opened a GPU (runs on 2026-11-23, at commit abc1234567 (with uncommitted changes))."
+
+
 def test_roofline_takes_nsight_computes_dram_bytes_where_a_setting_was_profiled(tmp_path):
     from convsweep.plot import layer_rows, roofline_figure
 

@@ -236,3 +236,42 @@ def test_the_command_writes_what_it_is_asked_and_keeps_summary_md(tmp_path, caps
     assert main(["report", "--experiment", EXPERIMENT, "--db", url]) == 2
     assert capsys.readouterr().err.strip() == \
         "convsweep: report: nothing to write: give --out, --markdown, --html, --tables or --draw"
+
+
+NO_GPU_ERROR = ("cannot open CUDA device 0: \"cuda\" is an NVIDIA driver library and can only be found via system "
+                "search. Ensure the NVIDIA display driver is installed.")
+
+
+def failed_without_a_gpu(variant: str, batch: int, experiment: str = EXPERIMENT) -> dict:
+    """A run stored by a sweep from before a machine without a GPU failed the job: no GPU, cuda-python's words."""
+    return make_result(variant, batch, status="failed", experiment=experiment, error=NO_GPU_ERROR,
+                       environment={**make_result()["environment"], "gpu": None, "gpu_uuid": None})
+
+
+def test_identical_failures_are_told_once_with_how_many_and_where(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    fill(url, [failed_without_a_gpu(variant, batch) for variant in ("slow", "slower") for batch in (10, 20, 30)])
+    report.write(url, EXPERIMENT, markdown=tmp_path / "report.md", summary=tmp_path / "summary.md")
+    parts = sections((tmp_path / "report.md").read_text())
+    assert [line for line in parts["`slow`"].splitlines() if line.startswith("- ")] == \
+        [f"- 3 runs (batch 10, 20 and 30): failed: {NO_GPU_ERROR}"]
+    assert "(BLOCK=256): failed: compile failed" in parts["`grid`"]  # a failure of its own keeps its one line
+
+    failed = (tmp_path / "summary.md").read_text().split("## Failed or incorrect")[1]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in failed.splitlines() if line.startswith("| ")]
+    assert rows == [["runs", "status", "error"],
+                    ["grid (BLOCK=256), batch 1000", "failed", "compile failed: tiled.cu(12): error: identifier TILE "
+                                                               "undefined"],
+                    ["6 runs (slow and slower; batch 10, 20 and 30)", "failed", NO_GPU_ERROR]]
+
+
+def test_a_report_never_names_a_gpu_that_no_run_opened(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    fill(url, [failed_without_a_gpu("naive", batch, experiment="cpu-only-box") for batch in (100, 1000)])
+    report.write(url, "cpu-only-box", markdown=tmp_path / "report.md")
+    text = (tmp_path / "report.md").read_text()
+    assert text.split("\n\n")[1].startswith("No run opened a GPU (runs on 2026-11-22, at commit abc1230000). 2 runs")
+    assert "unnamed" not in text
+    report.write(url, EXPERIMENT, markdown=tmp_path / "mixed.md")  # the failed runs opened none: left out
+    assert (tmp_path / "mixed.md").read_text().split("\n\n")[1].startswith(
+        "Measured on NVIDIA H100 80GB HBM3 and the CPU on 2026-11-22")

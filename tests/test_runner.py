@@ -1,9 +1,10 @@
-"""The runner's checks that need no GPU."""
+"""The runner's and the GPU runtime's checks that need no GPU."""
 from types import SimpleNamespace
 
 import pytest
 
-from convsweep.errors import DeviceError
+from convsweep.errors import DeviceError, MachineError
+from convsweep.gpu import count_devices, gpu_available
 from convsweep.runner import ConvOp, pass_chunks
 from convsweep.variants import ConvShape, get_variant
 
@@ -24,3 +25,45 @@ def test_pass_chunks_cover_the_batch_once():
             assert max(hi - lo for lo, hi in chunks) == min(size, batch)
     assert pass_chunks(10000, 1) == [(0, 10000)]  # one stream: one chunk, nothing to overlap
     assert len(pass_chunks(10000, 4)) == 16  # four chunks per stream by default
+
+
+class FakeDriver:
+    """cuda.bindings' driver as the calls count_devices makes see it: cuInit's and cuDeviceGetCount's answers."""
+
+    from cuda.bindings.driver import CUresult
+
+    def __init__(self, init, count=1):
+        self.init, self.count = init, count
+
+    def cuInit(self, flags):
+        if isinstance(self.init, Exception):
+            raise self.init
+        return (self.init,)
+
+    def cuDeviceGetCount(self):
+        return self.CUresult.CUDA_SUCCESS, self.count
+
+
+@pytest.mark.parametrize("driver, why", [
+    (FakeDriver(RuntimeError('"cuda" is an NVIDIA driver library and can only be found via system search.\nmore')),
+     '"cuda" is an NVIDIA driver library and can only be found via system search.'),
+    (FakeDriver(FakeDriver.CUresult.CUDA_ERROR_NO_DEVICE), "cuInit: CUDA_ERROR_NO_DEVICE"),
+    (FakeDriver(FakeDriver.CUresult.CUDA_ERROR_STUB_LIBRARY), "cuInit: CUDA_ERROR_STUB_LIBRARY"),
+    (FakeDriver(FakeDriver.CUresult.CUDA_SUCCESS, count=0), "the driver sees no device"),
+])
+def test_no_driver_or_device_is_the_machines_failure_in_convsweeps_words(driver, why):
+    with pytest.raises(MachineError) as caught:
+        count_devices(driver)
+    assert str(caught.value) == f"no NVIDIA GPU or driver on this machine ({why})"
+
+
+def test_a_driver_that_sees_devices_counts_them():
+    assert count_devices(FakeDriver(FakeDriver.CUresult.CUDA_SUCCESS, count=2)) == 2
+
+
+@pytest.mark.skipif(gpu_available()[0], reason="checks a machine without a GPU")
+def test_opening_the_gpu_where_there_is_none_is_a_machine_error():
+    from convsweep.gpu import Gpu
+
+    with pytest.raises(MachineError, match=r"^no NVIDIA GPU or driver on this machine \(.+\)$"):
+        Gpu()
