@@ -6,7 +6,7 @@ import sys
 from snakemake.utils import min_version, validate
 
 sys.path.insert(0, workflow.basedir)  # plan with this checkout's convsweep, whatever is installed
-from convsweep.plan import SweepPlan, release_scheduler_timer, skip_final_collection
+from convsweep.plan import SweepPlan
 
 min_version("8.0")
 
@@ -17,11 +17,9 @@ if not workflow.overwrite_configfiles:
     configfile: "experiments.yaml"
 
 
-# convsweep's check first: it reports a bad key as one line (file: key.path: what was expected);
+# convsweep's check first: it stops at a bad key with one line (file: key.path: what was expected);
 # Snakemake's validate then applies the same schema and defaults.
-plan = SweepPlan(
-    config, workflow.configfiles[-1] if workflow.configfiles else "experiments.yaml", checkout=workflow.basedir
-)
+plan = SweepPlan.for_snakefile(config, workflow.configfiles, checkout=workflow.basedir)
 validate(config, "workflow/schemas/experiments.schema.yaml")
 RESULTS = plan.results_dir
 # Every rule's `convsweep` is this checkout's (a shell function: see SweepPlan.shell_prefix).
@@ -33,21 +31,21 @@ wildcard_constraints:
     job=r"[A-Za-z0-9][A-Za-z0-9_.+=-]*",
 
 
-# A database that cannot take the results stops the sweep before any job runs.
+# A database that cannot take the results stops the sweep before any job runs; then each job's spec
+# is written to the file its command names.
 onstart:
     plan.check_store()
+    plan.write_specs()
 
 
-# Snakemake's job-rate limiter would keep a finished run alive for up to a second more, and the
-# interpreter's last garbage collection a third of a second.
+# Whatever happened, the terminal ends with what the sweep stored and what did not finish, and why
+# (convsweep.outcome); the results of the jobs that finished are stored even when others failed.
 onsuccess:
-    release_scheduler_timer()
-    skip_final_collection()
+    plan.finish()
 
 
 onerror:
-    release_scheduler_timer()
-    skip_final_collection()
+    plan.finish()
 
 
 include: "workflow/rules/infer.smk"
@@ -56,8 +54,9 @@ include: "workflow/rules/store.smk"
 include: "workflow/rules/report.smk"
 
 
+# Each experiment's ingest record, summary and report, and any result file missing since it was
+# ingested (SweepPlan.targets says why).
 rule all:
     input:
-        expand(f"{RESULTS}/{{experiment}}/summary.md", experiment=plan.experiments),
-        expand(f"{RESULTS}/{{experiment}}/report.md", experiment=plan.experiments),
+        plan.targets(),
     default_target: True

@@ -1,13 +1,15 @@
 """`convsweep`: the command line the Snakemake rules (and people) call.
 
-Every error a user can cause prints one line, `convsweep: <what>`, and exits 2; a traceback
-only with --verbose.
+Every error a user can cause, and a file the system would not read or write (a full disk), prints one
+line, `convsweep: <what>`, and exits 2; a traceback only with --verbose. A reader that goes away
+(`| head`) ends a command quietly.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
+import math
 import os
 import sys
 import time
@@ -42,14 +44,15 @@ def process_age() -> float | None:
         return None
 
 
-def _parse_params(items: list[str]) -> dict:
+def _parse_params(items: list[str], typed: bool = True) -> dict:
+    """NAME=VALUE options as a dict; `typed`: a value that is JSON (a number, say) is parsed, else kept as text."""
     params = {}
     for item in items or []:
         name, sep, value = item.partition("=")
-        if not sep:
+        if not sep or not name:
             raise ConvsweepError(f"--param {item}: expected NAME=VALUE")
         try:
-            params[name] = json.loads(value)
+            params[name] = json.loads(value) if typed else value
         except json.JSONDecodeError:
             params[name] = value
     return params
@@ -78,7 +81,7 @@ def cmd_jobs(args) -> None:
     for job in expand_config(load_config(args.config)):
         settings = job.settings()
         if args.json:
-            print(json.dumps({**job.to_dict(), "job_id": job.job_id, "settings": settings.chosen}))
+            print(json.dumps({**job.to_dict(), "sweep": job.sweep, "job_id": job.job_id, "settings": settings.chosen}))
         else:
             print(f"{job.experiment}\t{job.job_id}\t{len(settings.chosen)} of {settings.valid} settings")
 
@@ -94,13 +97,21 @@ def _read_spec(args) -> dict:
     return data
 
 
+# What `convsweep jobs --json` adds to a spec: a job works both out from the rest, so they are checked or left out.
+SPEC_EXTRAS = ("job_id", "settings")
+
+
 def _job_spec(data: dict):
     from .config import JobSpec
 
     try:
-        return JobSpec.from_dict(data)
+        job = JobSpec.from_dict({k: v for k, v in data.items() if k not in SPEC_EXTRAS})
     except TypeError as e:
         raise ConvsweepError(f"--spec: not a job spec ({e})") from None
+    if data.get("job_id", job.job_id) != job.job_id:
+        raise ConvsweepError(f"--spec: job_id {data['job_id']!r} is not its spec's ({job.job_id}): "
+                             "was the spec edited?")
+    return job
 
 
 def cmd_run_job(args) -> None:
@@ -218,11 +229,12 @@ def cmd_ingest(args) -> None:
     from .fileio import write_json_atomic
     from .store import ingest_files, open_store
 
+    files = _result_files(args.results)
     engine = open_store(args.db)
     t = time.perf_counter()
-    report = ingest_files(engine, [Path(p) for p in args.results])
+    report = ingest_files(engine, files)
     summary = {"added": report.added, "unchanged": report.unchanged, "failed": len(report.errors),
-               "files": len(args.results), "seconds": round(time.perf_counter() - t, 3)}
+               "files": len(files), "seconds": round(time.perf_counter() - t, 3)}
     for error in report.errors:
         print(f"convsweep: {error}", file=sys.stderr)
     for skipped in report.skipped:
@@ -235,6 +247,14 @@ def cmd_ingest(args) -> None:
         write_json_atomic(Path(args.report), summary)
 
 
+def _result_files(paths: list[str]) -> list[Path]:
+    """The files named, and in each folder named the *.json files directly in it, by name."""
+    files = []
+    for path in map(Path, paths):
+        files += sorted(path.glob("*.json")) if path.is_dir() else [path]
+    return files
+
+
 def cmd_query(args) -> None:
     from .query import list_queries, run_query
 
@@ -242,8 +262,9 @@ def cmd_query(args) -> None:
         for name, description in list_queries():
             print(f"{name:12s} {description}")
         return
-    params = dict(p.split("=", 1) for p in args.param or [])
-    print(run_query(args.db, args.query, fmt=args.format, params=params or None))
+    params = _parse_params(args.param, typed=False)  # bound as text: the SQL casts what it compares
+    print(run_query(args.db, args.query, fmt=args.format, params=params or None, timeout_s=args.timeout,
+                    max_rows=args.max_rows))
 
 
 def cmd_compare(args) -> None:
@@ -317,6 +338,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return value
+
+
 DB_HELP = f"SQLAlchemy URL of the result store (default: $CONVSWEEP_DB or {DEFAULT_DB_URL})"
 
 
@@ -341,8 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  ("measure", cmd_measure, None)):
         p = sub.add_parser(name, **({"help": helptext} if helptext else {}))
         src = p.add_mutually_exclusive_group(required=True)
-        src.add_argument("--spec", help="the job spec as JSON (`convsweep jobs --json` prints them)")
-        src.add_argument("--spec-file", help="a file holding the job spec")
+        src.add_argument("--spec", help="the job spec as JSON: a line of `convsweep jobs --json`")
+        src.add_argument("--spec-file", help="a file holding the job spec (a sweep writes one per job in "
+                                             "<results>/<experiment>/specs/)")
         p.add_argument("--out", required=True, help="the result JSON to write")
         p.set_defaults(func=func)
 
@@ -364,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("ingest", help="store result JSONs in the database (idempotent)")
-    p.add_argument("results", nargs="*", help="result JSON files written by run-job")
+    p.add_argument("results", nargs="*", help="result JSON files written by run-job or profile-job, or folders of "
+                                              "them (each *.json file directly in it)")
     p.add_argument("--db", help=DB_HELP)
     p.add_argument("--report", metavar="FILE", help="write the counts (added, already stored, failed) as JSON")
     p.set_defaults(func=cmd_ingest)
@@ -376,6 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Markdown table, CSV or JSON rows (default: %(default)s)")
     p.add_argument("--param", action="append", metavar="NAME=VALUE", help="bind :NAME in the SQL")
     p.add_argument("--list", action="store_true", help="list the named queries")
+    # The defaults are convsweep.query's DEFAULT_TIMEOUT_S and DEFAULT_MAX_ROWS (a test ties them), written
+    # out so that building the parser does not import the database layer for every command.
+    p.add_argument("--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
+                   help="stop the query when it runs longer (default: %(default)s)")
+    p.add_argument("--max-rows", type=_positive_int, default=10_000, metavar="N",
+                   help="show at most N rows, and say so when there were more (default: %(default)s)")
     p.set_defaults(func=cmd_query)
 
     p = sub.add_parser("bench", help="time the best variants beside cuDNN, the memory floor and the targets",
@@ -469,6 +508,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def os_error_line(e: OSError) -> str:
+    """An OSError in the CLI's words: what went wrong and on which file, e.g. `No space left on device
+    (results/e/runs/x.json)`."""
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    return (e.strerror or str(e)) + (f" ({where})" if where else "")
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit does not fail on it a second
+    time (the recipe of Python's signal documentation for a closed pipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -478,10 +532,31 @@ def main(argv: list[str] | None = None) -> int:
         if args.checkout:
             check_same_checkout(args.checkout)
         args.func(args)
+        try:  # inside the handlers: a full disk or a closed pipe on stdout shows here, not at exit
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            e.filename = e.filename or "standard output"  # a failed write names no file
+            raise
     except ConvsweepError as e:
         if args.verbose:
             raise
         print(f"convsweep: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (`convsweep query summary | head`): stop quietly, as `cat` does, with the
+        # status a shell gives a process that SIGPIPE ended (128 + 13).
+        _quiet_stdout()
+        return 141
+    except OSError as e:
+        if args.verbose:
+            raise
+        try:
+            sys.stdout.flush()
+        except OSError:  # stdout cannot take what it holds either: drop it, not fail again at exit
+            _quiet_stdout()
+        print(f"convsweep: {os_error_line(e)}", file=sys.stderr)
         return 2
     return 0
 

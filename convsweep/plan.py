@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shlex
 import sys
 import threading
@@ -38,6 +39,15 @@ def skip_final_collection() -> None:
     gc.freeze()
 
 
+def _shown(path: Path) -> str:
+    """A file as a rule names it: relative to the working directory when inside it (a sweep run from
+    its checkout prints `kernels/naive.cu`, not the whole path), else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 class SweepPlan:
     def __init__(self, config: dict, config_path: str | Path = "experiments.yaml", checkout: str | Path | None = None):
         if checkout is not None:  # the Snakefile's own directory: plan with its convsweep, or not at all
@@ -48,6 +58,16 @@ class SweepPlan:
         self.jobs: list[JobSpec] = expand_config(self.config)
         self._networks: dict[str, object] = {}
         self.bench: str | None = self._bench_file()  # checked now, with the rest of the config
+
+    @classmethod
+    def for_snakefile(cls, config: dict, configfiles: list, checkout: str | Path) -> "SweepPlan":
+        """The plan the Snakefile runs. A config or checkout it cannot use stops Snakemake with one line:
+        SystemExit, whose message Snakemake prints alone, where an exception would also get the lines of
+        the Snakefile and convsweep it came through."""
+        try:
+            return cls(config, configfiles[-1] if configfiles else "experiments.yaml", checkout=checkout)
+        except ConvsweepError as e:
+            raise SystemExit(f"convsweep: {e}") from None
 
     @staticmethod
     def shell_prefix(deployment_methods=()) -> str:
@@ -93,9 +113,10 @@ class SweepPlan:
             raise ConvsweepError(f"{self.config.path}: bench: {str(e).removeprefix(f'--bench {resolved}: ')}") from None
         return str(resolved)
 
-    def report_options(self) -> str:
-        """The report command's extra options: the bench file's ceilings for the roofline, if any."""
-        return f"--bench {shlex.quote(self.bench)}" if self.bench else ""
+    def report_options(self) -> list[str]:
+        """The report command's extra arguments (the rule quotes each): the bench file's ceilings for
+        the roofline, if any."""
+        return ["--bench", self.bench] if self.bench else []
 
     @property
     def experiments(self) -> list[str]:
@@ -105,18 +126,81 @@ class SweepPlan:
         return self._by_id[(experiment, job_id)]
 
     def run_files(self, experiment: str) -> list[str]:
-        return [f"{self.results_dir}/{experiment}/runs/{j.job_id}.json" for j in self.jobs if j.experiment == experiment]
+        return [self.run_file(experiment, job_id) for job_id in self._job_ids(experiment)]
+
+    def run_file(self, experiment: str, job_id: str) -> str:
+        return f"{self.results_dir}/{experiment}/runs/{job_id}.json"
 
     def profile_files(self, experiment: str) -> list[str]:
         """The Nsight Compute profile of each GPU job of an experiment with `ncu: true` (none otherwise)."""
+        return [self.profile_file(experiment, job_id) for job_id in self._profiled_job_ids(experiment)]
+
+    def profile_file(self, experiment: str, job_id: str) -> str:
+        return f"{self.results_dir}/{experiment}/ncu/{job_id}.json"
+
+    def _job_ids(self, experiment: str) -> list[str]:
+        return [j.job_id for j in self.jobs if j.experiment == experiment]
+
+    def _profiled_job_ids(self, experiment: str) -> list[str]:
         if not self.config.experiments[experiment]["ncu"]:
             return []
-        return [f"{self.results_dir}/{experiment}/ncu/{j.job_id}.json" for j in self.jobs
-                if j.experiment == experiment and self.gpus(experiment, j.job_id)]
+        return [job_id for job_id in self._job_ids(experiment) if self.gpus(experiment, job_id)]
 
-    def spec_json(self, experiment: str, job_id: str) -> str:
+    def result_folders(self, experiment: str) -> list[str]:
+        """What ingest_results reads: the experiment's runs/ folder, and ncu/ when it profiles. Folders
+        rather than the files, so the command stays one line however many jobs there are."""
+        return [f"{self.results_dir}/{experiment}/runs"] + (
+            [f"{self.results_dir}/{experiment}/ncu"] if self._profiled_job_ids(experiment) else [])
+
+    def ingested_file(self, experiment: str) -> str:
+        return f"{self.results_dir}/{experiment}/ingested.json"
+
+    def report_files(self, experiment: str) -> list[str]:
+        return [f"{self.results_dir}/{experiment}/summary.md", f"{self.results_dir}/{experiment}/report.md"]
+
+    def targets(self) -> list[str]:
+        """rule all's inputs: each experiment's ingest record, summary and report, and the result files
+        missing from an experiment that was ingested before. Snakemake remakes a missing file only when
+        a target needs it, never while the outputs made from it are up to date, so a deleted result would
+        otherwise never be measured again, nor a failed ingest retried. Only the missing results are
+        named (a fresh sweep has none ingested), so the `all` job that Snakemake prints stays short."""
+        targets = []
+        for experiment in self.experiments:
+            ingested = self.ingested_file(experiment)
+            if os.path.exists(ingested):
+                targets += [f for f in self.run_files(experiment) + self.profile_files(experiment)
+                            if not os.path.exists(f)]
+            targets += [ingested, *self.report_files(experiment)]
+        return targets
+
+    def spec_file(self, experiment: str, job_id: str) -> str:
+        """The job's spec, which its command names (write_specs writes it before any job runs)."""
+        return f"{self.results_dir}/{experiment}/specs/{job_id}.json"
+
+    def spec(self, experiment: str, job_id: str) -> dict:
+        """The job spec a job command reads: `convsweep jobs --json`'s line less the settings, with the sweep."""
         job = self.job(experiment, job_id)
-        return json.dumps({**job.to_dict(), "sweep": job.sweep}, sort_keys=True)
+        return {**job.to_dict(), "sweep": job.sweep, "job_id": job.job_id}
+
+    def write_specs(self) -> None:
+        """Write every job's spec to its spec_file, so that a job's command is a short line naming a file
+        instead of a kilobyte of JSON. Called from onstart: before any job runs, never in a dry run. A
+        file already holding the same spec is left alone; one that cannot be written stops Snakemake
+        with one line."""
+        from .fileio import write_json_atomic
+
+        for job in self.jobs:
+            path = Path(self.spec_file(job.experiment, job.job_id))
+            spec = self.spec(job.experiment, job.job_id)
+            try:
+                if json.loads(path.read_text()) == spec:
+                    continue
+            except (OSError, ValueError):
+                pass  # absent or unreadable: written below
+            try:
+                write_json_atomic(path, spec)
+            except OSError as e:
+                raise SystemExit(f"convsweep: cannot write the job spec {path}: {e.strerror or e}") from None
 
     def _network(self, job: JobSpec):
         """The job's network, read once per file: Snakemake asks for every job's inputs while it plans."""
@@ -132,15 +216,15 @@ class SweepPlan:
         include). Editing any of them re-measures exactly the jobs that use it."""
         job = self.job(experiment, job_id)
         network = self._network(job)
-        files = [str(network.path)]
+        files = [network.path]
         if network.weights_path is not None:
-            files.append(str(network.weights_path))
+            files.append(network.weights_path)
         variants = [get_variant(name) for name in dict.fromkeys(job.variants.values())]
         for source in [v.source for v in variants if not v.is_cpu]:
-            files += [str(p) for p in kernel_sources(source)]
+            files += kernel_sources(source)
         if not all(v.is_cpu for v in variants):
-            files += [str(p) for p in kernel_sources(LAYERS_SOURCE)]
-        return list(dict.fromkeys(files))
+            files += kernel_sources(LAYERS_SOURCE)
+        return list(dict.fromkeys(_shown(Path(f)) for f in files))
 
     def gpus(self, experiment: str, job_id: str) -> int:
         """GPUs the job asks its executor for (`resources: gpu`): none when every layer runs on a CPU
@@ -148,11 +232,41 @@ class SweepPlan:
         job = self.job(experiment, job_id)
         return 0 if all(get_variant(name).is_cpu for name in job.variants.values()) else 1
 
+    def threads(self, experiment: str, job_id: str, cores: int | None) -> int:
+        """run_job's threads: every core for a job timed on the CPU (the reference variant), so that it
+        runs alone (Snakemake caps a job's threads at --cores) and no other job slows its host timings;
+        one for a GPU job. One where no core count is given: on a cluster each job has a node's share."""
+        return cores if cores and not self.gpus(experiment, job_id) else 1
+
     def registry_entries(self, experiment: str, job_id: str) -> str:
         """The job's variants' registry entries, hashed (a rule parameter: editing an entry re-measures
         the jobs of that variant)."""
         job = self.job(experiment, job_id)
         return ",".join(f"{name}={get_variant(name).entry_hash}" for name in sorted(set(job.variants.values())))
+
+    def finish(self) -> None:
+        """onsuccess and onerror: let go of Snakemake's timer, store the results of the jobs that
+        finished where an experiment's ingest did not run, and print what the sweep left behind."""
+        from .outcome import finish_sweep
+
+        release_scheduler_timer()
+        finish_sweep(self.db_url, [self._experiment_files(e) for e in self.experiments])
+        skip_final_collection()
+
+    def _experiment_files(self, experiment: str):
+        """An experiment's jobs, results and logs as the rules name them, for convsweep.outcome."""
+        from .outcome import ExperimentFiles, JobFiles
+
+        logs = Path(self.results_dir, experiment, "logs")
+        return ExperimentFiles(
+            name=experiment,
+            jobs=[JobFiles(job_id, Path(self.run_file(experiment, job_id)), logs / f"{job_id}.log")
+                  for job_id in self._job_ids(experiment)]
+            + [JobFiles(job_id, Path(self.profile_file(experiment, job_id)), logs / f"ncu-{job_id}.log", profile=True)
+               for job_id in self._profiled_job_ids(experiment)],
+            ingested=Path(self.ingested_file(experiment)),
+            reports=[Path(f) for f in self.report_files(experiment)],
+            report_log=logs / "report.log")
 
     def check_store(self) -> None:
         """Before any job runs: the database must be usable (reachable, an SQLite file that is a

@@ -205,3 +205,90 @@ def test_a_sweep_stops_before_any_job_when_the_database_is_unusable(tmp_path):
     assert proc.returncode != 0
     assert "convsweep: db/results.sqlite is not an SQLite database (file is not a database)" in out, out[-2000:]
     assert not (tmp_path / "results" / "e" / "runs").exists()
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`convsweep ... | head`: the closed pipe ends the command with a shell's SIGPIPE status, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "convsweep.cli", "query", "--list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # before it writes: its first write meets a pipe nobody reads
+    assert proc.stderr.read() == ""
+    assert proc.wait(timeout=60) == 141
+
+
+def test_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from convsweep import cli, job
+
+    def full_disk(spec, out, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out))
+
+    monkeypatch.setattr(job, "run_job", full_disk)
+    spec = JobSpec.for_run(RunSpec(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
+                                   variants={"conv1": "reference", "conv2": "reference"},
+                                   params={"conv1": {}, "conv2": {}}, batch=8, streams=1, host_memory="pageable",
+                                   repeats=1, warmup=0, profiler="events"))
+    argv = ["run-job", "--spec", json.dumps(spec.to_dict()), "--out", str(tmp_path / "r.json")]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"convsweep: No space left on device ({tmp_path / 'r.json'})\n"
+    with pytest.raises(OSError):
+        cli.main(["--verbose", *argv])
+
+    with open("/dev/full", "w") as full:  # stdout on a full disk: the command's own writes fail
+        proc = subprocess.run([sys.executable, "-m", "convsweep.cli", "query", "--list"], stdout=full,
+                              stderr=subprocess.PIPE, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("convsweep: No space left on device"), proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_a_query_param_without_a_value_is_one_line():
+    line = one_error_line(convsweep("query", "summary", "--param", "foo"))
+    assert line == "convsweep: --param foo: expected NAME=VALUE"
+
+
+def test_query_passes_its_time_limit_and_row_cap(monkeypatch, capsys):
+    from convsweep import cli, query
+
+    asked = {}
+    monkeypatch.setattr(query, "run_query", lambda *args, **kwargs: asked.update(kwargs) or "table")
+    assert cli.main(["query", "summary", "--timeout", "2.5", "--max-rows", "7", "--param", "batch=100"]) == 0
+    assert (asked["timeout_s"], asked["max_rows"], asked["params"]) == (2.5, 7, {"batch": "100"})
+    assert cli.main(["query", "summary"]) == 0
+    assert (asked["timeout_s"], asked["max_rows"]) == (query.DEFAULT_TIMEOUT_S, query.DEFAULT_MAX_ROWS)
+    for bad in (["--timeout", "0"], ["--timeout", "nan"], ["--max-rows", "0"]):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args(["query", "summary", *bad])
+    assert "--timeout: expected a number of seconds above 0, got '0'" in capsys.readouterr().err
+
+
+def test_run_job_takes_a_line_of_jobs_json(tmp_path):
+    """As the --spec help says: a line of `convsweep jobs --json` (with its job_id, settings and sweep) is a spec."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("experiments:\n  t:\n    variants: [reference]\n    batches: [8, 16]\n    repeats: 1\n"
+                     "    warmup: 0\n    profiler: events\n")
+    line = convsweep("jobs", "--json", "--config", str(sweep)).stdout.splitlines()[0]
+    spec = json.loads(line)
+    assert {"job_id", "settings", "sweep"} <= set(spec)
+    proc = convsweep("run-job", "--spec", line, "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["job_id"] == spec["job_id"] and result["sweep"] == spec["sweep"]
+
+    edited = json.dumps({**spec, "batch": 32})
+    line = one_error_line(convsweep("run-job", "--spec", edited, "--out", str(tmp_path / "edited.json")))
+    assert f"job_id '{spec['job_id']}' is not its spec's (reference-b32-" in line
+    assert not (tmp_path / "edited.json").exists()
+
+
+def test_ingest_takes_folders_of_results(tmp_path):
+    from store_fixtures import make_result, write_results
+
+    write_results(tmp_path / "runs", [make_result("naive", 100), make_result("tiled", 100)])
+    (tmp_path / "runs" / "naive-b100.partial").mkdir()  # a job's resume folder: not a result
+    (tmp_path / "runs" / ".x.json.0a1b.tmp").write_text("{")  # a writer's temporary: not a result
+    db = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    proc = convsweep("ingest", "--db", db, "--report", str(tmp_path / "ingested.json"), str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "ingested.json").read_text())["files"] == 2
+    assert "2 added, 0 already stored" in proc.stdout

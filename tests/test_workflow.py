@@ -1,7 +1,7 @@
 """A real Snakemake sweep on the CPU (the reference variant), into SQLite and PostgreSQL.
 
-On a machine with a GPU the naive jobs run too; without one they are stored as failed runs,
-which is also what the sweep must do: record the failure and go on.
+A job the machine cannot run (no GPU: the naive jobs here, with every GPU hidden) fails and writes
+nothing: the sweep goes on, stores and tells what finished, and the next `snakemake` runs it again.
 """
 import json
 import os
@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, text
 
 from checkout_copy import copy_checkout
 from convsweep.errors import ConvsweepError
+from convsweep.outcome import REASON_CHARS
 from convsweep.paths import ROOT
 from convsweep.plan import SweepPlan, release_scheduler_timer
 
@@ -27,14 +28,14 @@ SNAKEMAKE = shutil.which("snakemake")
 pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
 
 
-def sweep_config(url: str) -> dict:
+def sweep_config(url: str, variants=("reference", "naive")) -> dict:
     return {
         "db_url": url,
         "results_dir": "results",
         "experiments": {
             "cpu-sweep": {
                 "network": "networks/lenet86.yaml",
-                "variants": ["reference", "naive"],
+                "variants": list(variants),
                 "batches": [16, 64],
                 "repeats": 2,
                 "warmup": 0,
@@ -49,6 +50,11 @@ def snakemake(workdir: Path, *extra: str, env=None) -> subprocess.CompletedProce
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
 
 
+def started(proc: subprocess.CompletedProcess, rule: str) -> int:
+    """How many jobs of `rule` Snakemake started (its job blocks; an error block also names the rule)."""
+    return len(re.findall(rf"^(?:local)?rule {rule}:$", proc.stderr, re.M))
+
+
 def runs(url: str) -> list:
     engine = create_engine(url)
     try:
@@ -58,57 +64,102 @@ def runs(url: str) -> list:
         engine.dispose()
 
 
-def check_sweep(tmp_path: Path, config_db_url: str, env=None):
+def check_sweep(tmp_path: Path, config_db_url: str, env: dict):
+    # No GPU to be seen, on any machine: the naive jobs cannot run, which the sweep must survive and tell.
+    env = {**env, "CUDA_VISIBLE_DEVICES": ""}
     (tmp_path / "experiments.yaml").write_text(yaml.safe_dump(sweep_config(config_db_url)))
-    url = (env or {}).get("CONVSWEEP_DB", config_db_url)
+    url = env.get("CONVSWEEP_DB", config_db_url)
+    exp_dir = tmp_path / "results" / "cpu-sweep"
     first = snakemake(tmp_path, env=env)
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.returncode != 0 and "Error in rule run_job" in first.stderr, first.stderr[-3000:]
     rows = runs(url)
-    assert len(rows) == 4
-    ref = [r for r in rows if r.variant == "reference"]
-    assert [r.status for r in ref] == ["ok", "ok"]
-    for r in rows:
-        if r.variant == "naive":
-            assert r.status == "ok" or "CUDA device" in r.error
-    summary = (tmp_path / "results" / "cpu-sweep" / "summary.md").read_text()
-    assert "| reference" in summary
+    assert [(r.variant, r.status) for r in rows] == [("reference", "ok"), ("reference", "ok")]
+    assert not list(exp_dir.glob("runs/naive-*.json")) and not (exp_dir / "summary.md").exists()
+    reason = [line for line in next(exp_dir.glob("logs/naive-b16-*.log")).read_text().splitlines()
+              if line.startswith("convsweep: ")][-1].removeprefix("convsweep: ")
+    table = first.stderr[first.stderr.index("convsweep: cpu-sweep: "):].splitlines()
+    assert table[0] == "convsweep: cpu-sweep: 2 of 4 jobs finished; settings stored: 2 ok, 0 failed, 0 incorrect"
+    shown = reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…"
+    assert table[3].split(None, 4) == ["2", "jobs", "did", "not", f"finish  {shown}"]
+
+    # The next `snakemake` runs the failed jobs again, and nothing else.
+    retried = snakemake(tmp_path, env=env)
+    assert retried.returncode != 0 and started(retried, "run_job") == 2, retried.stderr[-3000:]
+    assert len(runs(url)) == 2
+
+    # The GPU-less user's sweep: the reference variant alone. Its results were stored already.
+    (tmp_path / "experiments.yaml").write_text(yaml.safe_dump(sweep_config(config_db_url, ["reference"])))
+    done = snakemake(tmp_path, env=env)
+    assert done.returncode == 0 and started(done, "run_job") == 0, done.stderr[-3000:]
+    assert "| reference" in (exp_dir / "summary.md").read_text()
+    ingested = json.loads((exp_dir / "ingested.json").read_text())
+    assert (ingested["added"], ingested["unchanged"]) == (0, 2)
+    rows = runs(url)
 
     # As an interruption leaves it: one job's result never written, ingest and report never run.
     # The rerun measures only that job again: a new measurement, stored beside the first; the
-    # three others are not measured or stored again.
-    exp_dir = tmp_path / "results" / "cpu-sweep"
+    # other is not measured or stored again.
     for path in [*exp_dir.glob("runs/reference-b16-*.json"), exp_dir / "ingested.json", exp_dir / "summary.md"]:
         path.unlink()
     again = snakemake(tmp_path, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stderr.count("rule run_job:") == 1
+    assert started(again, "run_job") == 1
     ingested = json.loads((exp_dir / "ingested.json").read_text())
-    assert (ingested["added"], ingested["unchanged"]) == (1, 3)
+    assert (ingested["added"], ingested["unchanged"]) == (1, 1)
     after = runs(url)
-    assert len(after) == 5 and len({r.run_key for r in after}) == 4
-    assert sorted(r.run_key for r in after if r.run_key != ref[0].run_key) == \
-        sorted(r.run_key for r in rows if r.run_key != ref[0].run_key)
+    assert len(after) == 3 and len({r.run_key for r in after}) == 2
+    assert "convsweep: cpu-sweep: 2 of 2 jobs finished; settings stored: 2 ok, 0 failed, 0 incorrect; report: " \
+           f"results/cpu-sweep/report.md" in again.stderr
+
+    # A result deleted, and nothing else: measured again, stored and reported.
+    next(exp_dir.glob("runs/reference-b64-*.json")).unlink()
+    remeasured = snakemake(tmp_path, env=env)
+    assert remeasured.returncode == 0, remeasured.stderr[-3000:]
+    assert [started(remeasured, rule) for rule in ("run_job", "ingest_results", "make_report")] == [1, 1, 1]
+    assert len(runs(url)) == 4
 
     nothing = snakemake(tmp_path, env=env)
     assert "Nothing to be done" in nothing.stdout + nothing.stderr
 
 
+def test_a_failed_ingest_is_tried_again(tmp_path):
+    """A result that cannot be stored fails the ingest, which leaves no record behind: each `snakemake`
+    tries it again (the report made before does not hide it) until the result is good again."""
+    (tmp_path / "experiments.yaml").write_text(yaml.safe_dump(sweep_config("sqlite:///db/results.sqlite",
+                                                                           ["reference"])))
+    exp_dir = tmp_path / "results" / "cpu-sweep"
+    assert snakemake(tmp_path).returncode == 0
+    bad = next(exp_dir.glob("runs/reference-b16-*.json"))
+    bad.write_text('{"format": 3, "job_')
+    for _ in range(2):
+        failed = snakemake(tmp_path)
+        assert failed.returncode != 0 and "Error in rule ingest_results" in failed.stderr, failed.stderr[-3000:]
+        assert not (exp_dir / "ingested.json").exists()
+        assert re.search(r"\n  1 job +not stored +not valid JSON: ", failed.stderr), failed.stderr[-3000:]
+    bad.unlink()  # measured again, stored, reported
+    fixed = snakemake(tmp_path)
+    assert fixed.returncode == 0 and started(fixed, "run_job") == 1, fixed.stderr[-3000:]
+    assert (exp_dir / "ingested.json").is_file()
+    assert len(runs(f"sqlite:///{tmp_path / 'db' / 'results.sqlite'}")) == 3
+
+
 def test_cpu_sweep(tmp_path, db_url):
     """SQLite through db_url in the config; PostgreSQL through CONVSWEEP_DB, which wins over it."""
-    if db_url.startswith("sqlite"):
-        check_sweep(tmp_path, db_url)
-    else:
+    if not db_url.startswith("sqlite"):
         env = {**os.environ, "CONVSWEEP_DB": db_url}
         check_sweep(tmp_path, "sqlite:///unused.sqlite", env=env)
         assert not (tmp_path / "unused.sqlite").exists()
+        return  # `convsweep query` refuses the test server's superuser role (convsweep.query says why)
+    check_sweep(tmp_path, db_url, dict(os.environ))
     query = subprocess.run([sys.executable, "-m", "convsweep.cli", "query", "summary", "--db", db_url],
                            capture_output=True, text=True)
     assert query.returncode == 0 and "reference" in query.stdout, query.stderr
 
 
-def test_lint_is_clean():
-    out = subprocess.run([SNAKEMAKE, "--lint", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(ROOT)],
-                         capture_output=True, text=True, cwd=ROOT)
+def test_lint_is_clean(tmp_path):
+    shutil.copy(ROOT / "experiments.yaml", tmp_path)  # the default sweep, linted where it writes nothing of ROOT's
+    out = subprocess.run([SNAKEMAKE, "--lint", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(tmp_path)],
+                         capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Lints for" not in out.stdout + out.stderr, out.stdout + out.stderr
 
@@ -123,15 +174,17 @@ def test_bad_config_stops_the_workflow_with_one_line(tmp_path, experiment, expec
     (tmp_path / "experiments.yaml").write_text(yaml.safe_dump({"experiments": {"e": experiment}}))
     proc = snakemake(tmp_path, "--dry-run")
     assert proc.returncode != 0
-    assert f"experiments.yaml: {expected}" in proc.stdout + proc.stderr
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("Using workflow")]
+    assert len(said) == 1 and said[0].startswith(f"convsweep: experiments.yaml: {expected}"), said
     assert not (tmp_path / "results").exists()
 
 
 def test_a_configfile_replaces_the_default_sweep(tmp_path):
+    shutil.copy(ROOT / "experiments.yaml", tmp_path)
     other = tmp_path / "other.yaml"
     other.write_text(yaml.safe_dump({"experiments": {"only-this": {"variants": ["reference"], "batches": [8]}}}))
-    proc = subprocess.run([SNAKEMAKE, "--dry-run", "--configfile", str(other), "--cores", "1"],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run([SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--dry-run", "--configfile", str(other),
+                           "--cores", "1"], capture_output=True, text=True, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "only-this" in out and "lenet86-baseline" not in out
@@ -173,43 +226,55 @@ def history(workdir: Path) -> list[tuple]:
         engine.dispose()
 
 
-def test_plain_snakemake_uses_the_default_profile():
-    """From the repository root, as a user types it (no --cores: the profile gives them): the
+def test_plain_snakemake_uses_the_default_profile(tmp_path):
+    """From the root of a fresh clone, as a user types it (no --cores: the profile gives them): the
     workflow profile is read, so up to four GPU jobs run at once (each measuring under its GPU's
-    lock), failures do not stop the sweep, an interrupted one resumes, commands are printed."""
-    proc = subprocess.run([SNAKEMAKE, "-n"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    lock) and a job timed on the CPU alone; failures do not stop the sweep, an interrupted one
+    resumes. A copy of the checkout, so a sweep already run in this one changes nothing here."""
+    clone = copy_checkout(tmp_path / "clone")
+    proc = subprocess.run([SNAKEMAKE, "-n"], capture_output=True, text=True, cwd=clone, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "Using workflow specific profile profiles/default" in out
-    assert "Shell command: convsweep run-job " in out
     blocks = [block.split("\n\n", 1)[0] for block in out.split("rule run_job:")[1:]]
+    assert len(blocks) == 26, out[-3000:]  # every job of the default sweep: nothing of it was run here
     run_job = next(block for block in blocks if "job=reference-" not in block)  # a GPU job (the CPU ones ask gpu=0)
-    assert "gpu=1" in run_job and "gpu_jobs=1" in run_job
-    profile = yaml.safe_load((ROOT / "profiles" / "default" / "config.yaml").read_text())
+    assert "gpu=1" in run_job and "gpu_jobs=1" in run_job and "threads:" not in run_job
+    assert "threads: 4" in next(block for block in blocks if "job=reference-" in block)
+    assert "input: networks/lenet86.yaml, " in run_job  # the checkout's files, named as from where the user is
+    profile = yaml.safe_load((clone / "profiles" / "default" / "config.yaml").read_text())
     assert profile["keep-going"] is True and profile["rerun-incomplete"] is True
     assert profile["cores"] == 4 and profile["resources"] == ["gpu_jobs=4"]
-    assert not (ROOT / "workflow" / "profiles").exists()  # where Snakemake never looks
+    assert not (clone / "workflow" / "profiles").exists()  # where Snakemake never looks
+
+
+def add_broken_variants(checkout: Path, *names: str) -> None:
+    """Register variants whose kernels do not compile: on any machine their jobs finish (the job compiles
+    before it needs a GPU), each setting stored as failed with the compiler's line."""
+    registry = yaml.safe_load((checkout / "kernels" / "variants.yaml").read_text())
+    for name in names:
+        (checkout / "kernels" / f"{name}.cu").write_text('#include "common.cuh"\n'
+                                                         'extern "C" __global__ void conv_forward(CONV_ARGS) {\n'
+                                                         '  y[0] = undefined_name;\n}\n')
+        registry[name] = {**registry["naive"], "source": f"{name}.cu", "params": {},
+                          "description": f"{name}: one thread per output, and a syntax error"}
+    (checkout / "kernels" / "variants.yaml").write_text(yaml.safe_dump(registry))
 
 
 def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
     """A kernel with a syntax error is a result: its job stores the setting as failed with the
-    compiler's line (on any machine: the job compiles before it needs a GPU) and the others are
-    measured. A job that dies (killed, as the OOM killer would) fails only itself; the rest of the
-    sweep goes on (keep-going), and the next `snakemake` finishes it."""
+    compiler's line and the others are measured. A job that dies (killed, as the OOM killer would)
+    fails only itself; the rest of the sweep goes on (keep-going), and the next `snakemake` finishes it."""
     checkout = copy_checkout(tmp_path / "checkout")
-    (checkout / "kernels" / "broken.cu").write_text(
-        '#include "common.cuh"\nextern "C" __global__ void conv_forward(CONV_ARGS) {\n  y[0] = undefined_name;\n}\n')
-    registry = yaml.safe_load((checkout / "kernels" / "variants.yaml").read_text())
-    registry["broken"] = {**registry["naive"], "source": "broken.cu", "params": {}}
-    (checkout / "kernels" / "variants.yaml").write_text(yaml.safe_dump(registry))
+    add_broken_variants(checkout, "broken")
     work = tmp_path / "work"
     small_sweep(work, {"with-broken": {"variants": ["reference", "broken"]},
-                       "victim": {"variants": ["reference", "tiled_shared"], "batches": [16]},
+                       "victim": {"variants": ["reference"], "batches": [16, 32]},
                        "bystander": {"variants": ["reference"], "batches": [24]}})
     env = {**os.environ, "CONVSWEEP_CACHE": str(tmp_path / "cache")}  # compiles take real time
     cmd = [SNAKEMAKE, "--snakefile", str(checkout / "Snakefile"), "--directory", str(work), "--cores", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    killed = kill_when_running('"conv1": "tiled_shared"', proc)
+    killed = kill_when_running("specs/reference-b32-", proc)
     out = proc.communicate(timeout=900)[0]
     assert killed, out[-3000:]
     assert proc.returncode != 0 and "Error in rule run_job" in out, out[-3000:]
@@ -218,6 +283,8 @@ def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
     assert (work / "results" / "bystander" / "summary.md").is_file()
     assert not (work / "results" / "victim" / "summary.md").exists()
     assert len(list((work / "results" / "victim" / "runs").glob("reference-*.json"))) == 1  # ran regardless
+    assert "convsweep: victim: 1 of 2 jobs finished; settings stored: 1 ok, 0 failed, 0 incorrect" in out
+    assert "convsweep: with-broken: 2 of 2 jobs finished; settings stored: 1 ok, 1 failed, 0 incorrect" in out
     rows = {r.variant: r for r in history(work)}
     assert rows["broken"].status == "failed"
     assert rows["broken"].error.startswith("kernels/broken.cu:3: identifier \"undefined_name\" is undefined")
@@ -229,14 +296,15 @@ def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
 
 
 def kill_when_running(pattern: str, snakemake: subprocess.Popen) -> bool:
-    """SIGKILL the first process whose command line holds `pattern`, while `snakemake` runs."""
+    """SIGKILL the first convsweep process whose command line holds `pattern`, while `snakemake` runs (the
+    job's Python, not the shell around it, whose line defines the `convsweep` function)."""
     while snakemake.poll() is None:
         for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
             try:
                 args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if pattern in args and "-m convsweep" in args:
+            if pattern in args and "-m convsweep" in args and "convsweep()" not in args:
                 try:
                     os.kill(int(cmdline.parent.name), signal.SIGKILL)
                     return True
@@ -247,15 +315,17 @@ def kill_when_running(pattern: str, snakemake: subprocess.Popen) -> bool:
 
 
 def test_editing_a_kernel_re_measures_exactly_the_jobs_that_use_it(tmp_path):
+    """Two GPU variants whose kernels do not compile, so that their jobs finish on any machine."""
     checkout = copy_checkout(tmp_path / "checkout")
+    add_broken_variants(checkout, "broken_a", "broken_b")
     work = tmp_path / "work"
-    small_sweep(work, {"e": {"variants": ["reference", "naive", "restrict_unroll"]}})
+    small_sweep(work, {"e": {"variants": ["reference", "broken_a", "broken_b"]}})
     first = run_in(checkout, work)
     assert first.returncode == 0, first.stderr[-3000:]
     assert planned(run_in(checkout, work, "-n")) == {}
 
-    naive = checkout / "kernels" / "naive.cu"
-    naive.write_text(naive.read_text() + "// edited: one more line\n")
+    kernel = checkout / "kernels" / "broken_a.cu"
+    kernel.write_text(kernel.read_text() + "// edited: one more line\n")
     assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "ingest_results": 1, "make_report": 1, "all": 1}
     second = run_in(checkout, work)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -263,19 +333,19 @@ def test_editing_a_kernel_re_measures_exactly_the_jobs_that_use_it(tmp_path):
     measured = {}
     for row in rows:
         measured.setdefault(row.variant, []).append(row.source_hash)
-    assert len(measured["naive"]) == 2 and measured["naive"][0] != measured["naive"][1]
-    assert len(measured["restrict_unroll"]) == 1 and measured["reference"] == [None]
+    assert len(measured["broken_a"]) == 2 and measured["broken_a"][0] != measured["broken_a"][1]
+    assert len(measured["broken_b"]) == 1 and measured["reference"] == [None]
 
     # A registry entry is a parameter of its variant's jobs; its description is not
     registry = checkout / "kernels" / "variants.yaml"
     text_before = registry.read_text()
-    edited = text_before.replace("description: one thread per output element, operands from global memory",
-                                 "description: one thread per output, operands from global memory")
+    edited = text_before.replace("broken_b: one thread per output, and a syntax error",
+                                 "broken_b: one thread per output element, and a syntax error")
     assert edited != text_before
     registry.write_text(edited)
     assert planned(run_in(checkout, work, "-n")) == {}
     entries = yaml.safe_load(edited)
-    entries["restrict_unroll"]["constraints"] = [*entries["restrict_unroll"].get("constraints", []), "B >= 1"]
+    entries["broken_b"]["constraints"] = [*entries["broken_b"].get("constraints", []), "B >= 1"]
     registry.write_text(yaml.safe_dump(entries))
     assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "ingest_results": 1, "make_report": 1, "all": 1}
     registry.write_text(edited)
@@ -347,6 +417,19 @@ def test_the_rule_takes_its_gpu_resource_from_the_plan(tmp_path):
     assert asked == {"reference": "0", "naive": "1"}, out[-3000:]
     slots = dict(re.search(r"job=([a-z_]+)-b.*\bgpu_jobs=(\d+)", block, re.S).groups() for block in blocks)
     assert slots == asked, out[-3000:]
+
+
+def test_a_job_timed_on_the_cpu_runs_alone(tmp_path):
+    """The reference job asks for every core (Snakemake caps threads at --cores), so no other job shares the
+    host while it times; a GPU job asks for one. On a cluster (no --cores) each job asks for one."""
+    small_sweep(tmp_path, {"e": {"variants": ["reference", "naive"]}})
+    out = run_in(ROOT, tmp_path, "-n", "--cores", "3").stdout
+    blocks = [block.split("\n\n", 1)[0] for block in out.split("rule run_job:")[1:]]
+    threads = {re.search(r"job=([a-z_]+)-b", block).group(1): re.search(r"threads: (\d+)", block) for block in blocks}
+    assert threads["reference"] and threads["reference"].group(1) == "3", out[-3000:]
+    assert threads["naive"] is None, out[-3000:]  # one thread: Snakemake leaves the line out
+    plan = SweepPlan({"experiments": {"e": {"variants": ["reference"], "batches": [8]}}}, ROOT / "experiments.yaml")
+    assert plan.threads("e", plan.jobs[0].job_id, None) == 1
 
 
 def test_the_report_draws_the_ceilings_of_the_bench_file_the_sweep_names(tmp_path):

@@ -1,5 +1,8 @@
 # One job per cell of the matrix: it compiles its settings' kernels (in parallel, cached), measures
-# each setting and writes one result file; a setting that fails is a result, not a stop.
+# each setting and writes one result file; a setting that fails is a result, not a stop. A job that
+# cannot run on this machine (no GPU, no nsys, a full disk) writes nothing and fails: the next
+# `snakemake` runs it again.
+# Every placeholder is quoted (`:q`): the paths come from the config, and a shell never reads them as code.
 rule run_job:
     input:
         lambda w: plan.job_sources(w.experiment, w.job),
@@ -8,12 +11,14 @@ rule run_job:
     log:
         f"{RESULTS}/{{experiment}}/logs/{{job}}.log",
     params:
-        spec=lambda w: plan.spec_json(w.experiment, w.job),
+        spec=lambda w: plan.spec_file(w.experiment, w.job),  # written by onstart; the job id holds its hash
         registry=lambda w: plan.registry_entries(w.experiment, w.job),  # editing an entry re-measures
+    # A job timed on the CPU takes every core, so it runs alone: others would slow its host timings.
+    threads: lambda w: plan.threads(w.experiment, w.job, workflow.resource_settings.cores)
     resources:
         gpu=lambda w: plan.gpus(w.experiment, w.job),  # 0 for a job on CPU variants only
         gpu_jobs=lambda w: plan.gpus(w.experiment, w.job),  # counted against the profile's gpu_jobs
     conda:
         "../envs/convsweep.yaml"
     shell:
-        "convsweep run-job --spec {params.spec:q} --out {output} > {log} 2>&1"
+        "convsweep run-job --spec-file {params.spec:q} --out {output:q} > {log:q} 2>&1"

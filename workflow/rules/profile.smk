@@ -9,7 +9,7 @@ rule profile_kernels:
     log:
         f"{RESULTS}/{{experiment}}/logs/ncu-{{job}}.log",
     params:
-        spec=lambda w: plan.spec_json(w.experiment, w.job),
+        spec=lambda w: plan.spec_file(w.experiment, w.job),
         registry=lambda w: plan.registry_entries(w.experiment, w.job),
     resources:
         gpu=1,
@@ -17,4 +17,4 @@ rule profile_kernels:
     conda:
         "../envs/convsweep.yaml"
     shell:
-        "convsweep profile-job --spec {params.spec:q} --out {output} > {log} 2>&1"
+        "convsweep profile-job --spec-file {params.spec:q} --out {output:q} > {log:q} 2>&1"

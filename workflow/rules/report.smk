@@ -46,6 +46,6 @@ rule make_report:
     conda:
         "../envs/convsweep.yaml"
     shell:
-        "convsweep report --experiment {wildcards.experiment} --db {params.db:q} --out {output.summary:q} "
+        "convsweep report --experiment {wildcards.experiment:q} --db {params.db:q} --out {output.summary:q} "
         "--figures {output.figures:q} --draw --markdown {output.markdown:q} --html {output.page:q} "
-        "--tables {params.tables:q} {params.options} > {log} 2>&1"
+        "--tables {params.tables:q} {params.options:q} > {log:q} 2>&1"

@@ -1,3 +1,6 @@
+# Every result of an experiment into the database, one transaction per file (ingest is idempotent).
+# The command names the experiment's folders, not its files: one short line however many jobs. When a
+# job failed this rule does not run; the Snakefile's onerror stores the results that were written.
 rule ingest_results:
     input:
         lambda w: plan.run_files(w.experiment) + plan.profile_files(w.experiment),
@@ -7,7 +10,8 @@ rule ingest_results:
         f"{RESULTS}/{{experiment}}/logs/ingest.log",
     params:
         db=plan.db_url,
+        folders=lambda w: plan.result_folders(w.experiment),
     conda:
         "../envs/convsweep.yaml"
     shell:
-        "convsweep ingest --db {params.db:q} --report {output} {input:q} > {log} 2>&1"
+        "convsweep ingest --db {params.db:q} --report {output:q} {params.folders:q} > {log:q} 2>&1"

@@ -1,0 +1,134 @@
+"""The end of every `snakemake`: what each experiment stored, what did not finish, and why."""
+import io
+import json
+import os
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+from store_fixtures import make_result, write_results
+
+from convsweep.outcome import REASON_CHARS, ExperimentFiles, JobFiles, finish_sweep, last_reason
+from convsweep.store import ingest_files, open_store
+
+NO_GPU = "no NVIDIA GPU or driver on this machine (cuInit: CUDA_ERROR_NO_DEVICE)"
+
+
+def experiment_files(root: Path, finished: list[dict], unfinished: dict[str, str | None],
+                     profiles: dict[str, dict] | None = None) -> ExperimentFiles:
+    """Experiment `e` under root as the rules lay it out: a result file per finished job, and for each
+    unfinished job its log's text (None: no log)."""
+    runs, logs = root / "e" / "runs", root / "e" / "logs"
+    write_results(runs, finished)
+    logs.mkdir(parents=True, exist_ok=True)
+    for job_id, log in unfinished.items():
+        if log is not None:
+            (logs / f"{job_id}.log").write_text(log)
+    jobs = [JobFiles(job_id, runs / f"{job_id}.json", logs / f"{job_id}.log")
+            for job_id in [r["job_id"] for r in finished] + list(unfinished)]
+    for job_id, profile in (profiles or {}).items():
+        (root / "e" / "ncu").mkdir(parents=True, exist_ok=True)
+        (root / "e" / "ncu" / f"{job_id}.json").write_text(json.dumps(profile))
+        jobs.append(JobFiles(job_id, root / "e" / "ncu" / f"{job_id}.json", logs / f"ncu-{job_id}.log", profile=True))
+    return ExperimentFiles("e", jobs, root / "e" / "ingested.json",
+                           [root / "e" / "summary.md", root / "e" / "report.md"], logs / "report.log")
+
+
+def said(db_url: str, experiment: ExperimentFiles) -> str:
+    out = io.StringIO()
+    finish_sweep(db_url, [experiment], out=out)
+    return out.getvalue()
+
+
+def stored_statuses(db_url: str) -> list[str]:
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as c:
+            return sorted(c.execute(text("SELECT status FROM run")).scalars())
+    finally:
+        engine.dispose()
+
+
+def test_a_failed_job_leaves_the_others_stored_and_says_why(tmp_path, db_url):
+    """Ingest never ran (a job failed): the results that were written are stored at the end, counted by
+    status, and each reason is one row with its count, the failed jobs' from the last line of their logs."""
+    finished = [make_result("naive", 100, experiment="e"), make_result("broken", 100, status="failed", experiment="e"),
+                make_result("fp16", 100, status="incorrect", experiment="e")]
+    log = f"naive-b1000: 1 of 1 valid settings\nconvsweep: an earlier line\nwarming up\nconvsweep: {NO_GPU}\n"
+    experiment = experiment_files(tmp_path / "results", finished, {"naive-b1000-x": log, "naive-b10000-x": log,
+                                                                   "tiled-b100-x": None})
+    text_ = said(db_url, experiment)
+    lines = text_.splitlines()
+    assert lines[0] == "convsweep: e: 3 of 6 jobs finished; settings stored: 1 ok, 1 failed, 1 incorrect"
+    rows = [line.split(None, 3) for line in lines[3:7]]
+    assert rows == [["2", "jobs", "did", f"not finish  {NO_GPU}"],
+                    ["1", "job", "did", "not finish  not started"],
+                    ["1", "setting", "failed", "compile failed: tiled.cu(12): error: identifier TILE undefined"],
+                    ["1", "setting", "incorrect", "max_rel_err 0.5 exceeds tolerance 1e-05 (fp32)"]]
+    logs = tmp_path / "results" / "e" / "logs"
+    assert lines[7] == f"  more: {logs / 'naive-b1000-x.log'} (and 1 more in {logs}); `convsweep query failures`"
+    assert lines[8].startswith("  `snakemake` again retries what did not finish")
+    assert len(lines) == 9
+    assert stored_statuses(db_url) == ["failed", "incorrect", "ok"]
+
+    said(db_url, experiment)  # told again: stored once (ingest is idempotent)
+    assert stored_statuses(db_url) == ["failed", "incorrect", "ok"]
+
+
+def test_a_finished_sweep_is_one_line_and_is_not_stored_again(tmp_path):
+    db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    experiment = experiment_files(tmp_path / "results", [make_result("naive", 100, experiment="e")], {})
+    engine = open_store(db_url)
+    ingest_files(engine, [job.result for job in experiment.jobs])
+    engine.dispose()
+    for path in [experiment.ingested, *experiment.reports]:
+        path.write_text("made\n")
+    os.utime(experiment.jobs[0].result, (1, 1))  # older than the ingest record: ingest_results stored it
+
+    assert said(db_url, experiment) == ("convsweep: e: 1 of 1 jobs finished; settings stored: 1 ok, 0 failed, "
+                                        f"0 incorrect; report: {experiment.reports[-1]}\n")
+
+
+def test_a_result_that_cannot_be_stored_is_a_row_and_the_others_are_stored(tmp_path, db_url):
+    finished = [make_result("naive", 100, experiment="e"), make_result("tiled", 100, experiment="e")]
+    experiment = experiment_files(tmp_path / "results", finished, {})
+    experiment.jobs[1].result.write_text('{"format": 2, "job_')
+    lines = said(db_url, experiment).splitlines()
+    assert lines[0] == "convsweep: e: 2 of 2 jobs finished; settings stored: 1 ok, 0 failed, 0 incorrect"
+    assert lines[3].split(None, 4) == ["1", "job", "not", "stored", "not valid JSON: Unterminated string starting at: "
+                                                                    "line 1 column 15 (char 14)"]
+    assert lines[4] == f"  more: {experiment.jobs[1].result}"
+    assert stored_statuses(db_url) == ["ok"]
+
+
+def test_skipped_profiles_and_a_report_not_made_are_rows(tmp_path):
+    db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    skipped = {"format": "ncu-1", "status": "skipped", "reason": "ncu not found: install Nsight Compute or set $NCU"}
+    experiment = experiment_files(tmp_path / "results", [make_result("naive", 100, experiment="e")], {},
+                                  profiles={"naive-b100-p": skipped, "naive-b1000-p": skipped})
+    engine = open_store(db_url)
+    ingest_files(engine, [job.result for job in experiment.jobs])
+    engine.dispose()
+    experiment.ingested.write_text("{}")
+    experiment.report_log.write_text("drawing\nconvsweep: no runs of experiment 'e' in the database\n")
+    rows = [line.split(None, 2) for line in said(db_url, experiment).splitlines()[3:]]
+    assert rows == [["1", "job", "report not made  no runs of experiment 'e' in the database"],
+                    ["2", "jobs", "profile skipped  ncu not found: install Nsight Compute or set $NCU"]]
+
+
+def test_a_database_that_cannot_be_read_is_one_line(tmp_path):
+    (tmp_path / "db.sqlite").write_text("not a database")
+    experiment = experiment_files(tmp_path / "results", [make_result("naive", 100, experiment="e")], {})
+    out = said(f"sqlite:///{tmp_path / 'db.sqlite'}", experiment)
+    assert out.count("\n") == 1
+    assert out.startswith("convsweep: e: cannot tell what was stored: ") and "not an SQLite database" in out
+
+
+def test_the_reason_is_the_logs_last_convsweep_line_cut_to_a_table_cell(tmp_path):
+    log = tmp_path / "job.log"
+    log.write_text("convsweep: an early word\n" + "progress\r" * 20_000 + "\nconvsweep: " + "x" * 300 + "\ndone\n")
+    assert last_reason(log) == "x" * 300
+    experiment = experiment_files(tmp_path / "results", [], {"j": log.read_text()})
+    row = said(f"sqlite:///{tmp_path / 'db.sqlite'}", experiment).splitlines()[3]
+    assert row.endswith("x" * (REASON_CHARS - 1) + "…")
+    log.write_text("killed\n")
+    assert last_reason(log) is None and last_reason(tmp_path / "none.log") is None
