@@ -13,6 +13,7 @@ min_version("8.0")
 
 # `--configfile sweeps/x.yaml` runs that sweep alone; experiments.yaml is the default, not a base.
 if not workflow.overwrite_configfiles:
+    SweepPlan.check_configfile("experiments.yaml")  # before Snakemake's loader, which YAML aliases can stall
 
     configfile: "experiments.yaml"
 

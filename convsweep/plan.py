@@ -70,6 +70,20 @@ class SweepPlan:
             raise SystemExit(f"convsweep: {e}") from None
 
     @staticmethod
+    def check_configfile(path: str | Path) -> None:
+        """Read the default config file with convsweep's bounded loader before Snakemake's own reads it:
+        Snakemake's update_config walks every repetition of a YAML alias, so a bomb of mappings would
+        stall it before the plan ever saw the config."""
+        from .yamlio import read_yaml_file
+
+        if not Path(path).is_file():
+            return  # Snakemake says so itself
+        try:
+            read_yaml_file(Path(path))
+        except ConvsweepError as e:
+            raise SystemExit(f"convsweep: {e}") from None
+
+    @staticmethod
     def shell_prefix(deployment_methods=()) -> str:
         """Snakemake's shell prefix for the rules: its strict mode, and a `convsweep` shell function
         that runs this checkout's convsweep (its directory first on PYTHONPATH), whatever is

@@ -179,6 +179,24 @@ def test_bad_config_stops_the_workflow_with_one_line(tmp_path, experiment, expec
     assert not (tmp_path / "results").exists()
 
 
+def mapping_bomb(levels: int = 9) -> str:
+    """A few hundred bytes of YAML whose aliases repeat a mapping 10^levels times."""
+    lines = ['a0: &a0 {x: 1, y: 2}']
+    lines += [f"a{i}: &a{i} {{" + ", ".join(f"k{j}: *a{i - 1}" for j in range(10)) + "}" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\nexperiments: {e: {variants: [reference], batches: [8]}}\n"
+
+
+def test_a_mapping_alias_bomb_in_experiments_yaml_is_one_line_before_snakemake_reads_it(tmp_path):
+    """Snakemake's own config loader walks every repetition of an alias: convsweep's bounded loader reads the
+    default config file first, so the bomb is one line in seconds instead of minutes and gigabytes."""
+    (tmp_path / "experiments.yaml").write_text(mapping_bomb())
+    started = time.monotonic()
+    proc = snakemake(tmp_path, "--dry-run")
+    assert proc.returncode != 0 and time.monotonic() - started < 60
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("Using workflow")]
+    assert len(said) == 1 and said[0].startswith("convsweep: experiments.yaml:") and "aliases" in said[0], said
+
+
 def test_a_configfile_replaces_the_default_sweep(tmp_path):
     shutil.copy(ROOT / "experiments.yaml", tmp_path)
     other = tmp_path / "other.yaml"
