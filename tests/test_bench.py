@@ -366,7 +366,11 @@ def test_bench_on_the_gpu(tmp_path, monkeypatch):
     write_json_atomic(tmp_path / "bench.json", result)
     print(report.format_report(result))
     timed = [r for r in result["rows"] if r["kind"] in ("conv", "forward", "end_to_end")]
-    assert len(timed) == sum(len(c) for c in config.candidates.values()) + 2  # + forward, end to end
+    # + the forward of the best per layer and one per whole-network variant; end to end at the bench batch and,
+    # where the file asks, at the small batch
+    forwards = 1 + len(config.networks)
+    ends = 1 + bool(config.end_to_end.get("small_batch"))
+    assert len(timed) == sum(len(c) for c in config.candidates.values()) + forwards + ends
     for row in timed:
         assert row["status"] == "ok", (row["label"], row.get("variant"), row["error"])
         assert row["median_ms"] > 0 and all(s > 0 for s in row["samples_ms"]) and len(row["samples_ms"]) == 3
