@@ -73,3 +73,31 @@ def test_the_rules_convsweep_is_this_checkouts_in_this_python_or_the_conda_env()
     assert f"PYTHONPATH={ROOT}" in plain and f"{sys.executable} -m convsweep --checkout {ROOT} " in plain
     conda = SweepPlan.shell_prefix({"CONDA"})
     assert f" python -m convsweep --checkout {ROOT} " in conda and sys.executable not in conda
+
+
+def _dependencies() -> list[str]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def test_the_plain_install_brings_what_snakemake_report_needs():
+    """`snakemake --report` imports pygments, which only Snakemake's `reports` extra brings: README's
+    `pip install -e . && snakemake --report report.html` failed with "pygments must be installed"."""
+    from packaging.requirements import Requirement
+
+    snakemake = [Requirement(d) for d in _dependencies() if Requirement(d).name == "snakemake"]
+    assert snakemake and "reports" in snakemake[0].extras
+
+
+def test_ci_installs_into_a_virtual_environment_and_runs_the_readme_in_its_order():
+    """CI installs into a venv of its own, never the machine's interpreter, and runs README's two commands in
+    README's order in one clone (the sweep leaves results/, a database and .snakemake/ behind before the tests
+    run); its fresh-install check writes `snakemake --report`."""
+    steps = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    first = {word: next(i for i, line in enumerate(steps) if word in line)
+             for word in ("-m venv", 'export PATH="$venv/bin:$PATH"', "pip install", "snakemake --configfile", "pytest")}
+    assert first["-m venv"] < first['export PATH="$venv/bin:$PATH"'] < first["pip install"]
+    assert first["snakemake --configfile"] < first["pytest"] and steps[-1] == "pytest"
+    assert "--report" in (ROOT / ".ci" / "check-fresh-install.sh").read_text()
