@@ -4,9 +4,8 @@ measurement (formats 1 and 2) or one per tunable setting of its job (format 3); 
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,27 +24,10 @@ from convsweep.schema import validate
 from convsweep.stats import relative_spread
 
 from .engine import _writer, one_line, storing
+from .ingest_report import IngestReport
 from .models import Base, Build, Environment, KernelStat, LayerTime, Memcpy, Phase, Run, Sample, Sweep
-from .strict_json import check_values, read_json
-
-
-@dataclass
-class IngestReport:
-    """What an ingest did, counted in measurements: those already stored are unchanged, and each
-    file that could not be stored is one line in `errors` (file: what is wrong)."""
-
-    added: int = 0
-    unchanged: int = 0
-    added_by_status: Counter[str] = field(default_factory=Counter)
-    errors: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # files with nothing to store, and why (a skipped profile)
-
-    def merge(self, other: IngestReport) -> None:
-        self.added += other.added
-        self.unchanged += other.unchanged
-        self.added_by_status.update(other.added_by_status)
-        self.errors.extend(other.errors)
-        self.skipped.extend(other.skipped)
+from .profiles import ingest_profile
+from .strict_json import check_values, read_json, utc_time
 
 
 PROFILE_FORMAT = "ncu-1"  # convsweep.ncu.FORMAT, named here so ingest never imports the profiler
@@ -67,19 +49,6 @@ def check_result(result: Any, source: str) -> None:
         validate(result, "result", source, fill_defaults=False)
     except ConfigError as exc:
         raise StoreError(str(exc)) from None
-
-
-def _timestamp(value: str | None, source: str, key: str) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        # Python 3.10's fromisoformat does not take the "Z" suffix.
-        stamp = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
-    except (TypeError, ValueError):
-        raise StoreError(f"{source}: {key}: expected an ISO 8601 time, got {value!r}") from None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=timezone.utc)
-    return stamp.astimezone(timezone.utc)
 
 
 def _get_or_create(session: Session, model: type[Base], keys: dict[str, Any], values: dict[str, Any]) -> int:
@@ -138,8 +107,6 @@ def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | Non
     run row, or, when anything fails, none does. A new measurement of a stored setting is a new
     row beside the old ones; one already stored counts as unchanged."""
     if isinstance(result, dict) and result.get("format") == PROFILE_FORMAT:  # an Nsight Compute profile job's file
-        from .profiles import ingest_profile
-
         check_values(result, result_path or f"profile {result.get('job_id', '?')}")
         return ingest_profile(engine, result, result_path)
     source = result_path or f"result {result.get('job_id', '?') if isinstance(result, dict) else '?'}"
@@ -290,7 +257,7 @@ def _run_row(session: Session, result: dict[str, Any], result_path: str | None, 
         phases=result.get("phases_s"),
         floors=result.get("floors"),
         files=result.get("files"),
-        started_at=_timestamp(result.get("started_at"), source, f"{where}started_at"),
+        started_at=utc_time(result.get("started_at"), source, f"{where}started_at"),
         ingested_at=now,
         result_path=result_path,
         source_hash=canonical_hash(sources) if sources else None,

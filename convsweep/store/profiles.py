@@ -14,8 +14,9 @@ from convsweep.errors import ConfigError, StoreError
 from convsweep.schema import validate
 
 from .engine import _writer, storing
-from .ingest import IngestReport, _timestamp
+from .ingest_report import IngestReport
 from .models import KernelProfile
+from .strict_json import utc_time
 
 _COLUMNS = ("sm_pct", "memory_pct", "dram_pct", "achieved_occupancy_pct", "theoretical_occupancy_pct",
             "waves_per_sm", "l1_hit_pct", "l2_hit_pct", "flops", "tensor_pipe_pct")
@@ -48,7 +49,7 @@ def ingest_profile(engine: Engine, profile: dict[str, Any], path: str | None = N
 def _rows(profile: dict[str, Any], source: str) -> list[KernelProfile]:
     job, settings = profile.get("job") or {}, {s["index"]: s for s in profile["settings"]}
     variants = job.get("variants") or {}
-    now, profiled_at = datetime.now(timezone.utc), _timestamp(profile.get("started_at"), source, "started_at")
+    now, profiled_at = datetime.now(timezone.utc), utc_time(profile.get("started_at"), source, "started_at")
     gpu = (profile.get("environment") or {}).get("gpu")
     rows = []
     for i, launch in enumerate(profile["profiles"]):

@@ -1,7 +1,7 @@
 """Result files read strictly, so that no file can stop the ingest of the others: bounded size and
-nesting, and only numbers a database column holds (finite floats, 64-bit integers). What Python's
-json would take silently (NaN, Infinity, 1e309, a 10^30 integer) or crash on (a 200,000-deep
-array) is one StoreError line naming the file and the key."""
+nesting, and only numbers a database column holds (finite floats, 64-bit integers) and times it
+holds (ISO 8601). What Python's json would take silently (NaN, Infinity, 1e309, a 10^30 integer)
+or crash on (a 200,000-deep array) is one StoreError line naming the file and the key."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,21 @@ def check_values(document: Any, source: str) -> None:
     float, an integer past 64 bits, a number read_json refused, or a nesting past MAX_DEPTH."""
     if not _surely_storable(document):
         _raise_first_problem(document, source)
+
+
+def utc_time(value: str | None, source: str, key: str) -> datetime | None:
+    """A file's ISO 8601 time as an aware UTC datetime (a time without a zone is taken as UTC);
+    None stays None, and a value that is not such a time raises StoreError naming the file and key."""
+    if value is None:
+        return None
+    try:
+        # Python 3.10's fromisoformat does not take the "Z" suffix.
+        stamp = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+    except (TypeError, ValueError):
+        raise StoreError(f"{source}: {key}: expected an ISO 8601 time, got {value!r}") from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=timezone.utc)
+    return stamp.astimezone(timezone.utc)
 
 
 def _surely_storable(document: Any) -> bool:

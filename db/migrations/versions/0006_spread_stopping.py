@@ -2,10 +2,10 @@
 gains forward_spread and stop_reason.
 
 A spread is the median absolute deviation of a median's samples over that median
-(convsweep.stats.relative_spread): robust, so one preempted repeat does not widen it. It is null
-where there are no samples (failed runs). Existing rows get theirs from the sample table, per run
-and layer for op_time_ms and per run for forward_ms, computed in Python (neither database has a
-portable median) so it is the same on both.
+(convsweep.stats.relative_spread, copied here as _relative_spread): robust, so one preempted repeat
+does not widen it. It is null where there are no samples (failed runs). Existing rows get theirs
+from the sample table, per run and layer for op_time_ms and per run for forward_ms, computed in
+Python (neither database has a portable median) so it is the same on both.
 
 The view run_op_time gains op_time_1_spread and op_time_2_spread (layer_index 0 and 1) beside
 op_time_1_ms and op_time_2_ms; latest_run shows them after its own op times, and run_summary
@@ -22,12 +22,11 @@ Create Date: 2026-11-23
 """
 from collections.abc import Iterator, Sequence
 from itertools import groupby
+from statistics import median
 from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
-
-from convsweep.stats import relative_spread
 
 revision: str = "0006"
 down_revision: str | None = "0005"
@@ -110,6 +109,17 @@ sample_table = sa.table(
 )
 
 
+# A frozen copy of convsweep.stats.relative_spread, not an import of it: a migration must backfill the
+# same numbers whenever it runs, however stats.py changes later (and must not fail when it moves).
+def _relative_spread(values: Sequence[float | None]) -> float | None:
+    """Median absolute deviation over the median; None for no samples or a zero median."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    centre = median(present)
+    return median(abs(v - centre) for v in present) / centre if centre else None
+
+
 def _drop_views() -> None:
     op.execute("DROP VIEW IF EXISTS run_summary")
     op.execute("DROP VIEW IF EXISTS latest_run")
@@ -124,7 +134,7 @@ def _spreads(connection: sa.Connection) -> Iterator[tuple[int, str, str | None, 
         .where(sample_table.c.metric.in_(("op_time_ms", "forward_ms")))
         .order_by(sample_table.c.run_id, sample_table.c.metric, sample_table.c.layer))
     for (run_id, metric, layer), group in groupby(rows, key=lambda row: (row[0], row[1], row[2])):
-        spread = relative_spread([row[3] for row in group])
+        spread = _relative_spread([row[3] for row in group])
         if spread is not None:
             yield run_id, metric, layer, spread
 
