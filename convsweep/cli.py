@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import ConvsweepError
 from .paths import DEFAULT_DB_URL
-from .plot import KINDS as PLOT_KINDS
+from .figures import KINDS as PLOT_KINDS
 
 
 def process_age() -> float | None:
@@ -135,7 +135,7 @@ def cmd_run_job(args) -> None:
 def cmd_profile_job(args) -> None:
     from .ncu import run_profile_job
 
-    result = run_profile_job(_job_spec(_read_spec(args)), Path(args.out))
+    result = run_profile_job(_job_spec(_read_spec(args)), Path(args.out), required=args.ncu == "true")
     if result["status"] == "ok":
         print(f"{result['job_id']}: {len(result['profiles'])} conv kernel launches profiled in {result['seconds']:.1f} s")
     else:  # never a failure of the sweep: the file says why, and ingest passes it on
@@ -311,7 +311,7 @@ def cmd_bench(args) -> None:
 
 
 def cmd_plot(args) -> None:
-    from .plot import plot
+    from .figures import plot
 
     done = plot(args.kind, url=args.db, experiment=args.experiment, out=args.out, bench=args.bench)
     for path in done.paths:
@@ -376,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
         src.add_argument("--spec-file", help="a file holding the job spec (a sweep writes one per job in "
                                              "<results>/<experiment>/specs/)")
         p.add_argument("--out", required=True, help="the result JSON to write")
+        if name == "profile-job":
+            p.add_argument("--ncu", choices=("true", "auto"), default="true",
+                           help="the experiment's ncu: true fails the job without ncu, auto writes a skipped profile "
+                                "saying so (default: %(default)s)")
         p.set_defaults(func=func)
 
     p = sub.add_parser("compile", help="compile a variant with NVRTC and show its resource usage")

@@ -221,6 +221,11 @@ def _run_job(spec: JobSpec, out_path: Path, process_age: float | None, backend: 
     on_gpu = not all(get_variant(name).is_cpu for name in spec.variants.values())
     nsys_path = nsys_mod.find_nsys() if spec.profiler in ("nsys", "auto") and on_gpu else None
     if spec.profiler == "nsys" and on_gpu and nsys_path is None:
+        if backend is None:
+            from .runner import Backend
+
+            backend = Backend()
+        backend.devices()  # a machine without a GPU says that first: nsys alone would not let it run the job
         raise MachineError("profiler: nsys asked for but nsys is not on PATH or $NSYS")
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsys") as pool:
         child = None

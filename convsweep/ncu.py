@@ -11,7 +11,8 @@ times and would own the timings.
 Where ncu cannot profile (no permission for the GPU's counters, ERR_NVGPUCTRPERM) the job writes a
 `skipped` file with the reason and the sweep goes on: that is a fact about this GPU's settings, worth
 storing beside its runs. Without ncu, or without a GPU, the machine lacks what the experiment asked
-for (`ncu: true`): MachineError, no file, and the job fails until the machine has it.
+for (`ncu: true`): MachineError, no file, and the job fails until the machine has it. `ncu: auto`
+profiles where ncu is found, and elsewhere writes a `skipped` file saying ncu is not there.
 """
 from __future__ import annotations
 
@@ -227,29 +228,33 @@ def once_each(spec: JobSpec) -> JobSpec:
     return dataclasses.replace(spec, repeats=1, warmup=0, profiler="events", stopping=None)
 
 
-def run_profile_job(spec: JobSpec, out_path: Path, log=None) -> dict:
+def run_profile_job(spec: JobSpec, out_path: Path, log=None, required: bool = True) -> dict:
     """Profile the conv kernels of every setting of the job once under ncu and write the profile
-    file (format ncu-1); status skipped, with the reason, when ncu cannot profile. No ncu, no GPU or
-    no room for the file raise MachineError, with no file at `out_path`."""
+    file (format ncu-1); status skipped, with the reason, when ncu cannot profile, or is not there and
+    not `required` (`ncu: auto`). No GPU, no room for the file, or no ncu where it is required raise
+    MachineError, with no file at `out_path`."""
     out_path = Path(out_path)
     with no_result_on_machine_error(out_path):
-        return _profile_job(spec, out_path, log or sys.stdout)
+        return _profile_job(spec, out_path, log or sys.stdout, required)
 
 
-def _profile_job(spec: JobSpec, out_path: Path, log) -> dict:
+def _profile_job(spec: JobSpec, out_path: Path, log, required: bool) -> dict:
     from .network import load_network
     from .paths import resolve_network_path
 
     ncu = find_ncu()
-    if ncu is None:
+    if ncu is None and required:
         raise MachineError("ncu: true asked for but ncu (Nsight Compute) is not on PATH or $NCU")
     started = time.perf_counter()
     runs = spec.runs()
     result = {"format": FORMAT, "profile_id": uuid.uuid4().hex, "job_id": spec.job_id, "job_key": spec.job_key,
               "job": spec.to_dict(), "sweep": spec.sweep, "git": git_state(), "status": "skipped", "reason": None,
-              "ncu": _ncu_version(ncu), "environment": None, "started_at": utc_now(), "seconds": None, "files": {},
+              "ncu": _ncu_version(ncu) if ncu else None, "environment": None, "started_at": utc_now(), "seconds": None, "files": {},
               "settings": [{"index": i, "run_key": run.run_key, "params": run.params} for i, run in enumerate(runs)],
               "profiles": []}
+    if ncu is None:  # ncu: auto on a machine without it: said in the file, and the sweep goes on
+        result["reason"] = "ncu (Nsight Compute) is not on PATH or $NCU: not profiled (ncu: auto)"
+        return _write_profile(out_path, result, started)
     kernels = [name for v in dict.fromkeys(spec.variants.values()) for name in get_variant(v).kernel_names]
     report_base = out_path.with_suffix("")
     with writing(report_base.parent):
@@ -280,6 +285,10 @@ def _profile_job(spec: JobSpec, out_path: Path, log) -> dict:
         else:
             result.update(status="ok", profiles=[p.record() for p in profiles], files={"ncu_report": str(report)},
                           environment=next((m["environment"] for m in measured if m.get("environment")), None))
+    return _write_profile(out_path, result, started)
+
+
+def _write_profile(out_path: Path, result: dict, started: float) -> dict:
     result["seconds"] = time.perf_counter() - started
     with writing(out_path):
         write_json_atomic(out_path, result)

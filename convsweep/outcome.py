@@ -3,11 +3,15 @@ onerror): per experiment, the stored settings by status, the jobs that did not f
 reason with its count, and where to read more.
 
 First, where an experiment's ingest could not run (one of its jobs failed, so Snakemake never started
-it), the results of the jobs that did finish are stored here: no finished job waits for another.
+it), the results of the jobs that did finish are stored here, and its report is written over them
+(the make_report rule's command): no finished job waits for another, and `snakemake --report` finds
+every file it lists.
 """
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -51,6 +55,7 @@ class ExperimentFiles:
     ingested: Path
     reports: list[Path]
     report_log: Path
+    report_command: list[str] = field(default_factory=list)  # make_report's, as arguments: no shell
 
 
 @dataclass
@@ -65,6 +70,7 @@ class Outcome:
     problems: Counter = field(default_factory=Counter)
     where: list[Path] = field(default_factory=list)  # the logs of the jobs that did not finish, the files not stored
     report: Path | None = None  # the report, when it is up to date
+    partial: bool = False  # the report is over the jobs that finished, written at the end of the sweep
 
 
 def last_reason(log: Path) -> str | None:
@@ -171,6 +177,29 @@ def collect(url: str, experiment: ExperimentFiles, not_stored: dict[Path, str]) 
     return outcome
 
 
+def report_what_finished(experiment: ExperimentFiles, outcome: Outcome) -> None:
+    """Where some jobs of the experiment did not finish, write its report over those that did, unless it is
+    newer than every result already; a report that cannot be written is a row of the table, never a stop."""
+    results = [job.result for job in experiment.jobs if job.result.exists()]
+    if outcome.finished == outcome.jobs or not outcome.finished or not experiment.report_command:
+        return
+    made = [_mtime(p) for p in experiment.reports]
+    newest = max((_mtime(p) or 0) for p in results)
+    if not all(t is not None and t >= newest for t in made):
+        from .paths import ROOT
+
+        # The rule's shell puts this checkout first on PYTHONPATH; so does this, without a shell.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        experiment.report_log.parent.mkdir(parents=True, exist_ok=True)
+        with open(experiment.report_log, "w") as log:
+            done = subprocess.run(experiment.report_command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if done.returncode != 0:
+            outcome.problems[("job", "report not made", _cut(last_reason(experiment.report_log) or
+                                                             f"see {experiment.report_log}"))] += 1
+            return
+    outcome.report, outcome.partial = experiment.reports[-1], True
+
+
 def render(outcome: Outcome) -> str:
     """A few lines: the counts, then a table of the problems and where to read more (none when all is well)."""
     statuses = ", ".join(f"{outcome.statuses[s]} {s}" for s in STATUSES)
@@ -191,9 +220,10 @@ def render(outcome: Outcome) -> str:
     lines = [head, *("  " + line for line in table.splitlines())]
     if more:
         lines.append(f"  more: {'; '.join(more)}")
+    if outcome.report and outcome.partial:
+        lines.append(f"  report over the {outcome.finished} jobs that finished: {outcome.report}")
     if outcome.finished < outcome.jobs:
-        lines.append("  `snakemake` again retries what did not finish (the report waits for it); "
-                     "`convsweep query summary` shows what is stored")
+        lines.append("  `snakemake` again retries what did not finish; `convsweep query summary` shows what is stored")
     return "\n".join(lines)
 
 
@@ -204,7 +234,9 @@ def finish_sweep(url: str, experiments: list[ExperimentFiles], out: TextIO | Non
     blocks = []
     for experiment in experiments:
         try:
-            blocks.append(render(collect(url, experiment, store_finished(url, experiment))))
+            outcome = collect(url, experiment, store_finished(url, experiment))
+            report_what_finished(experiment, outcome)
+            blocks.append(render(outcome))
         except ConvsweepError as e:
             blocks.append(f"{PREFIX}{experiment.name}: cannot tell what was stored: {e}")
         except OSError as e:  # a results folder it may not read, say

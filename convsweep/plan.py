@@ -115,7 +115,7 @@ class SweepPlan:
     def _bench_file(self) -> str | None:
         """The bench result whose ceilings the roofline draws (config `bench`), checked while the
         sweep is planned: a missing or wrong file is one line now, not a failed report later."""
-        from .plot import load_ceilings
+        from .reading import load_ceilings
 
         path = self.config.data.get("bench")
         if path is None:
@@ -159,6 +159,10 @@ class SweepPlan:
         if not self.config.experiments[experiment]["ncu"]:
             return []
         return [job_id for job_id in self._job_ids(experiment) if self.gpus(experiment, job_id)]
+
+    def ncu(self, experiment: str) -> str:
+        """The experiment's `ncu:` as profile-job takes it: true (ncu required) or auto."""
+        return "auto" if self.config.experiments[experiment]["ncu"] == "auto" else "true"
 
     def result_folders(self, experiment: str) -> list[str]:
         """What ingest_results reads: the experiment's runs/ folder, and ncu/ when it profiles. Folders
@@ -280,7 +284,17 @@ class SweepPlan:
                for job_id in self._profiled_job_ids(experiment)],
             ingested=Path(self.ingested_file(experiment)),
             reports=[Path(f) for f in self.report_files(experiment)],
-            report_log=logs / "report.log")
+            report_log=logs / "report.log",
+            report_command=self.report_argv(experiment))
+
+    def report_argv(self, experiment: str) -> list[str]:
+        """make_report's command (workflow/rules/report.smk) as arguments, for a report over the jobs that
+        finished when others did not (convsweep.outcome)."""
+        base = f"{self.results_dir}/{experiment}"
+        return [sys.executable, "-m", "convsweep", "--checkout", str(ROOT), "report", "--experiment", experiment,
+                "--db", self.db_url, "--out", f"{base}/summary.md", "--figures", f"{base}/figures", "--draw",
+                "--markdown", f"{base}/report.md", "--html", f"{base}/report.html", "--tables", f"{base}/tables",
+                *self.report_options()]
 
     def check_store(self) -> None:
         """Before any job runs: the database must be usable (reachable, an SQLite file that is a

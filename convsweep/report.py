@@ -9,23 +9,18 @@ when a report is made: SQLAlchemy is slow to load.
 """
 from __future__ import annotations
 
-import base64
-import html
-import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tabulate import tabulate
-
 from .config import tunables_text
+from .document import Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
 from .errors import ConvsweepError
-from .fileio import write_atomic
-from . import plot
-from .fileio import json_column
-from .plot import BASELINE_VARIANT, FIGURES, KINDS, PROVENANCE_COLUMNS, MissingData, Plotted, provenance
+from .fileio import json_column, write_atomic
+from .figures import FIGURES, KINDS, Plotted, plot
+from .reading import (BASELINE_VARIANT, PROVENANCE_COLUMNS, MissingData, fastest as fastest_rows, provenance,
+                      whole_network)
 
 # What tells two runs of one variant apart besides its tunables: (column, heading). A column other
 # than batch is shown only where the experiment varies it.
@@ -59,37 +54,6 @@ READING_GUIDE = [
     "here, where variants run from the slowest to the fastest (by their speedup over the baseline at the largest "
     f"batch they share). **baseline**: {BASELINE_VARIANT}.",
 ]
-
-
-# -- the document ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Heading:
-    level: int
-    text: str
-
-
-@dataclass(frozen=True)
-class Paragraph:
-    text: str
-
-
-@dataclass(frozen=True)
-class Bullets:
-    items: list[str]
-
-
-@dataclass(frozen=True)
-class Table:
-    headers: list[str]
-    rows: list[list[str]]
-    numeric: list[bool]  # right-aligned columns
-
-
-@dataclass(frozen=True)
-class Figure:
-    path: Path
-    kind: str
-    text: str
 
 
 @dataclass
@@ -138,7 +102,7 @@ def fastest(runs: Sequence[dict[str, Any]]) -> dict[str, dict[tuple, dict[str, A
     """Per variant and cell, the ok run with the least op time (a tuning grid's best setting)."""
     timed = [run for run in runs if run["status"] == "ok" and run["op_time_ms"]]
     best: dict[str, dict[tuple, dict[str, Any]]] = {}
-    for (variant, *key), run in plot.fastest(timed, ("variant", *(column for column, _ in CELL_COLUMNS)))[0].items():
+    for (variant, *key), run in fastest_rows(timed, ("variant", *(column for column, _ in CELL_COLUMNS)))[0].items():
         best.setdefault(variant, {})[tuple(key)] = run
     return best
 
@@ -362,13 +326,12 @@ def _figure_section(experiment: str, figures: Sequence[Path], figures_dir: Path 
 
 
 def _figure_text(kind: str) -> str:
-    """What a figure shows: the first sentence of its drawing function's docstring."""
-    doc = " ".join((FIGURES[kind].__doc__ or "").split()) if kind in FIGURES else ""
-    return doc.split(". ")[0].rstrip(".") + "." if doc else kind
+    """What a figure shows, as its registry entry says; a PNG of no registered kind, its name."""
+    return (FIGURES[kind].description if kind in FIGURES else "") or kind
 
 
 def figure_files(directory: Path | None) -> list[Path]:
-    """The PNG figures in `directory`, in the order of plot.KINDS, then the others by name."""
+    """The PNG figures in `directory`, in the order of figures.KINDS, then the others by name."""
     if directory is None or not directory.is_dir():
         return []
     return sorted(directory.glob("*.png"), key=lambda p: (KINDS.index(p.stem) if p.stem in KINDS else len(KINDS),
@@ -405,68 +368,6 @@ def _pct(name: str, value: Any) -> str | None:
 
 def _text(value: Any) -> str:
     return "auto" if value is None else str(value)
-
-
-# -- rendering ---------------------------------------------------------------------------------------
-def to_markdown(blocks: Sequence, base: Path) -> str:
-    """The blocks as GitHub Markdown; figures are image links relative to `base` (report.md's folder)."""
-    parts = []
-    for block in blocks:
-        if isinstance(block, Heading):
-            parts.append(f"{'#' * block.level} {block.text}")
-        elif isinstance(block, Paragraph):
-            parts.append(block.text)
-        elif isinstance(block, Bullets):
-            parts.append("\n".join(f"- {item}" for item in block.items))
-        elif isinstance(block, Table):
-            parts.append(tabulate(block.rows, headers=block.headers, tablefmt="github", disable_numparse=True,
-                                  colalign=["right" if n else "left" for n in block.numeric]))
-        elif isinstance(block, Figure):
-            link = Path(os.path.relpath(block.path, base)).as_posix()
-            parts.append(f"**{block.kind}**: {block.text}\n\n![{block.kind}]({link})")
-    return "\n\n".join(parts) + "\n"
-
-
-PAGE_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 80em; padding: 0 1em; color: #1e293b; }
-h1 { font-size: 1.6em; } h2 { font-size: 1.3em; border-bottom: 1px solid #cbd5e1; margin-top: 2em; }
-h3 { font-size: 1.05em; }
-table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
-th, td { border: 1px solid #cbd5e1; padding: 0.2em 0.6em; white-space: nowrap; }
-th { background: #f1f5f9; }
-code { background: #f1f5f9; padding: 0 0.2em; }
-figure { margin: 2em 0; } figure img { max-width: 100%; border: 1px solid #e2e8f0; margin-top: 0.5em; }
-"""
-
-
-def to_html(blocks: Sequence, title: str) -> str:
-    """The blocks as one self-contained HTML page: figures are embedded, so the page reads the same
-    inside the Snakemake report or mailed on its own."""
-    parts = []
-    for block in blocks:
-        if isinstance(block, Heading):
-            parts.append(f"<h{block.level}>{_inline(block.text)}</h{block.level}>")
-        elif isinstance(block, Paragraph):
-            parts.append(f"<p>{_inline(block.text)}</p>")
-        elif isinstance(block, Bullets):
-            parts.append("<ul>" + "".join(f"<li>{_inline(item)}</li>" for item in block.items) + "</ul>")
-        elif isinstance(block, Table):
-            parts.append(tabulate(block.rows, headers=block.headers, tablefmt="html", disable_numparse=True,
-                                  colalign=["right" if n else "left" for n in block.numeric]))
-        elif isinstance(block, Figure):
-            data = base64.b64encode(block.path.read_bytes()).decode()
-            parts.append(f"<figure><figcaption><strong>{html.escape(block.kind)}</strong>: {_inline(block.text)}"
-                         f'</figcaption><img src="data:image/png;base64,{data}" alt="{html.escape(block.kind)}">'
-                         "</figure>")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{PAGE_STYLE}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
-
-
-def _inline(text: str) -> str:
-    """The Markdown the blocks use inline (`code` and **bold**) as HTML, everything else escaped."""
-    escaped = html.escape(text, quote=False)
-    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", escaped)
 
 
 # -- tables as data ----------------------------------------------------------------------------------
@@ -529,7 +430,7 @@ def summary_markdown(experiment: Experiment) -> str:
              run["op_time_2_ms"], _spread(run["op_time_2_spread"]), run["forward_ms"], _spread(run["forward_spread"]),
              run["total_s"], run["accuracy"]] for run in runs]
     text = f"# {experiment.name}\n\n{SUMMARY_INTRO}\n\n{render(columns, rows, 'table')}\n"
-    whole = sorted({run["variant"] for run in runs if _whole_network(run["variant"])})
+    whole = sorted({run["variant"] for run in runs if whole_network(run["variant"])})
     if whole:
         text += (f"\n{', '.join(whole)} {'runs' if len(whole) == 1 else 'run'} the whole network in one kernel: "
                  "op time 1 is every layer's time, and op time 2 is empty.\n")
@@ -540,14 +441,6 @@ def summary_markdown(experiment: Experiment) -> str:
                 for (status, error), group in failure_groups(failed).items()]
         text += f"\n## Failed or incorrect\n\n{render(['runs', 'status', 'error'], rows, 'table')}\n"
     return text
-
-
-def _whole_network(variant: str) -> bool:
-    """A registered variant that replaces every layer after its conv (one op time for them all)."""
-    from .variants import load_registry
-
-    registered = load_registry().get(variant)
-    return bool(registered and registered.fuses_tail)
 
 
 def _spread(fraction: Any) -> str | None:
@@ -594,8 +487,6 @@ def draw(url: str | None, experiment: str, out: Path, bench: Path | None = None)
     """Every figure of `experiment` the database has data for, into `out` (made even when none is):
     a kind without data is skipped with the reason, and a stale PNG of it is removed. `bench`: a
     `convsweep bench --json` file, the roofline's ceilings."""
-    from .plot import plot
-
     out.mkdir(parents=True, exist_ok=True)
     try:
         done = plot("all", url=url, experiment=experiment, out=out, bench=bench)

@@ -20,7 +20,7 @@ import numpy as np
 
 from .compile import LAYERS_SOURCE, CompiledModule, compile_all, compile_source, compile_variant
 from .errors import DeviceError, ShapeError
-from .gpu import CapturedGraph, DeviceArray, Gpu
+from .gpu import CapturedGraph, DeviceArray, Gpu, count_devices
 from .layers import LAYER_KINDS
 from .network import Network, Step
 from .provenance import GpuMonitor
@@ -250,6 +250,7 @@ class Backend:
     compile_all: Callable[..., AbstractContextManager] = compile_all
     monitor: Callable[..., GpuMonitor] = GpuMonitor  # (CUDA uuid, PCI bus id) -> a context manager
     clock: Callable[[], float] = time.perf_counter  # seconds; what the stopping rule and the energy window read
+    devices: Callable[[], int] = count_devices  # GPUs the driver sees; MachineError (no GPU or driver) where none
 
 
 def pass_chunks(batch: int, streams: int, chunk_images: int | None = None) -> list[tuple[int, int]]:

@@ -195,7 +195,7 @@ class FakeGpuNetwork:
                                                                    dtype=np.float32)
 
 
-FAKE = Backend(gpu=FakeGpu, conv_op=FakeConvOp, network=FakeGpuNetwork, compile_all=no_compile)
+FAKE = Backend(gpu=FakeGpu, conv_op=FakeConvOp, network=FakeGpuNetwork, compile_all=no_compile, devices=lambda: 1)
 
 
 class SteadyClock:

@@ -587,7 +587,7 @@ def no_gpu_here():
     raise no_gpu("cuInit: CUDA_ERROR_NO_DEVICE")
 
 
-NO_GPU = dataclasses.replace(FAKE, gpu=no_gpu_here)
+NO_GPU = dataclasses.replace(FAKE, gpu=no_gpu_here, devices=no_gpu_here)
 
 
 class CompiledBuilds:
@@ -648,6 +648,14 @@ def test_profiler_nsys_requires_nsys_where_a_gpu_is_timed(tmp_path, no_nsys):
     assert not out.exists() and not (tmp_path / "grid.partial").exists()  # refused before anything ran
 
 
+def test_without_a_gpu_the_job_says_so_before_it_asks_for_nsys(tmp_path, no_nsys):
+    """A newcomer on a machine without a GPU is told what stops every GPU job, not that nsys is missing."""
+    out = tmp_path / "grid.json"
+    with pytest.raises(MachineError, match=r"^no NVIDIA GPU or driver on this machine \(cuInit: CUDA_ERROR_NO_DEVICE\)$"):
+        run_one_job(grid_job(profiler="nsys"), out, backend=NO_GPU)
+    assert not out.exists()
+
+
 def test_profiler_auto_times_with_events_where_nsys_is_missing_and_says_so(tmp_path, no_nsys):
     ms = run_one_job(grid_job(profiler="auto"), tmp_path / "grid.json", backend=FAKE)["measurements"]
     assert {(m["status"], m["profiler"], m["profiler_note"]) for m in ms} == \
@@ -677,7 +685,10 @@ def test_run_job_on_a_machine_that_cannot_run_it_prints_one_line_exits_non_zero_
     out = tmp_path / "grid.json"
     done = run_job_command(grid_job(profiler="nsys"), out)
     assert done.returncode == 2
-    assert done.stderr == "convsweep: profiler: nsys asked for but nsys is not on PATH or $NSYS\n"
+    if gpu_available()[0]:
+        assert done.stderr == "convsweep: profiler: nsys asked for but nsys is not on PATH or $NSYS\n"
+    else:  # no GPU is said first: nsys alone would not let this machine run the job
+        assert re.fullmatch(r"convsweep: no NVIDIA GPU or driver on this machine \(.+\)\n", done.stderr), done.stderr
     assert not out.exists()
 
 

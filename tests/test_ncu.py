@@ -183,6 +183,22 @@ def test_without_ncu_the_profile_job_fails_as_the_machines_and_writes_nothing(mo
     assert not out.exists()
 
 
+def test_ncu_auto_without_ncu_is_a_skipped_profile_saying_so(monkeypatch, tmp_path):
+    """`ncu: auto` (the default sweep's) profiles where ncu is found: elsewhere a skipped file says why, the
+    job succeeds and ingest passes the reason on, so a machine with only the driver runs the default sweep."""
+    monkeypatch.setenv("NCU", str(tmp_path / "nowhere" / "ncu"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    out = tmp_path / "ncu" / "job.json"
+    result = run_profile_job(job(), out, required=False)
+    assert result["status"] == "skipped" and result["ncu"] is None
+    assert result["reason"] == "ncu (Nsight Compute) is not on PATH or $NCU: not profiled (ncu: auto)"
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    engine = open_store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    report = ingest_files(engine, [out])
+    assert report.added == 0 and not report.errors and "ncu: auto" in report.skipped[0]
+    engine.dispose()
+
+
 FAKE_NCU = """#!{python}
 # Stands in for ncu and the child it profiles: keeps the child's spec, writes the lines the child would
 # have written, and the report file ncu would.

@@ -1,7 +1,9 @@
 """The end of every `snakemake`: what each experiment stored, what did not finish, and why."""
+import dataclasses
 import io
 import json
 import os
+import sys
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
@@ -132,3 +134,41 @@ def test_the_reason_is_the_logs_last_convsweep_line_cut_to_a_table_cell(tmp_path
     assert row.endswith("x" * (REASON_CHARS - 1) + "…")
     log.write_text("killed\n")
     assert last_reason(log) is None and last_reason(tmp_path / "none.log") is None
+
+
+WRITE_REPORT = ("import pathlib, sys\n"
+                "for name in sys.argv[1:]:\n"
+                "    pathlib.Path(name).write_text('reported')\n"
+                "print('report written')\n")
+
+
+def test_a_report_is_written_over_the_jobs_that_finished_and_only_when_it_is_out_of_date(tmp_path, db_url):
+    """Some jobs did not finish: the report rule's command runs over what was stored, so summary.md exists and
+    `snakemake --report` finds its files; a second end of sweep with nothing new leaves it alone."""
+    finished = [make_result("naive", 100, experiment="e")]
+    experiment = experiment_files(tmp_path / "results", finished, {"naive-b1000-x": f"convsweep: {NO_GPU}\n"})
+    reports = [str(p) for p in experiment.reports]
+    experiment = dataclasses.replace(experiment, report_command=[sys.executable, "-c", WRITE_REPORT, *reports])
+    lines = said(db_url, experiment).splitlines()
+    assert [Path(p).read_text() for p in reports] == ["reported", "reported"]
+    assert f"  report over the 1 jobs that finished: {experiment.reports[-1]}" in lines
+    assert experiment.report_log.read_text() == "report written\n"
+    experiment.report_log.unlink()
+    said(db_url, experiment)
+    assert not experiment.report_log.exists()  # up to date: not written again
+
+
+def test_a_report_that_fails_is_a_row_of_the_table(tmp_path, db_url):
+    experiment = experiment_files(tmp_path / "results", [make_result("naive", 100, experiment="e")],
+                                  {"naive-b1000-x": f"convsweep: {NO_GPU}\n"})
+    failing = "import sys; print('convsweep: cannot draw: no space'); sys.exit(2)"
+    experiment = dataclasses.replace(experiment, report_command=[sys.executable, "-c", failing])
+    rows = [line.split(None, 3) for line in said(db_url, experiment).splitlines()]
+    assert ["1", "job", "report", "not made  cannot draw: no space"] in rows
+
+
+def test_a_finished_experiment_is_not_reported_at_the_end(tmp_path, db_url):
+    experiment = experiment_files(tmp_path / "results", [make_result("naive", 100, experiment="e")], {})
+    experiment = dataclasses.replace(experiment, report_command=[sys.executable, "-c", "raise SystemExit(3)"])
+    said(db_url, experiment)
+    assert not experiment.report_log.exists()  # the make_report rule reports it

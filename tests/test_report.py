@@ -10,7 +10,7 @@ import io
 
 import pytest
 
-from convsweep import report
+from convsweep import document, report
 from convsweep.cli import main
 from convsweep.errors import ConvsweepError
 from convsweep.ncu import LaunchProfile
@@ -165,8 +165,8 @@ def test_numbers_keep_four_digits_and_never_an_exponent():
 
 
 def test_html_escapes_what_it_shows():
-    page = report.to_html([report.Paragraph("a <b> & `x<y>` **bold**"),
-                           report.Table(["h<"], [["<td>"]], [False])], "t<")
+    page = document.to_html([document.Paragraph("a <b> & `x<y>` **bold**"),
+                             document.Table(["h<"], [["<td>"]], [False])], "t<")
     assert "a &lt;b&gt; &amp; <code>x&lt;y&gt;</code> <strong>bold</strong>" in page
     assert "&lt;td&gt;" in page and "<title>t&lt;</title>" in page
 

@@ -74,7 +74,12 @@ def check_sweep(tmp_path: Path, config_db_url: str, env: dict):
     assert first.returncode != 0 and "Error in rule run_job" in first.stderr, first.stderr[-3000:]
     rows = runs(url)
     assert [(r.variant, r.status) for r in rows] == [("reference", "ok"), ("reference", "ok")]
-    assert not list(exp_dir.glob("runs/naive-*.json")) and not (exp_dir / "summary.md").exists()
+    assert not list(exp_dir.glob("runs/naive-*.json"))
+    # What finished is reported, so `snakemake --report` finds every file it lists
+    assert "| reference" in (exp_dir / "summary.md").read_text() and (exp_dir / "report.html").is_file()
+    assert "  report over the 2 jobs that finished: results/cpu-sweep/report.md" in first.stderr
+    html = snakemake(tmp_path, "--report", "report.html", env=env)
+    assert html.returncode == 0 and (tmp_path / "report.html").stat().st_size > 0, html.stderr[-3000:]
     reason = [line for line in next(exp_dir.glob("logs/naive-b16-*.log")).read_text().splitlines()
               if line.startswith("convsweep: ")][-1].removeprefix("convsweep: ")
     table = first.stderr[first.stderr.index("convsweep: cpu-sweep: "):].splitlines()
@@ -423,6 +428,23 @@ def test_only_jobs_on_gpu_variants_ask_for_a_gpu():
     gpus = {(tuple(sorted(set(j.variants.values()))), j.batch): plan.gpus(j.experiment, j.job_id) for j in plan.jobs}
     assert gpus == {(("reference",), 8): 0, (("reference",), 16): 0, (("naive",), 8): 1, (("naive",), 16): 1,
                     (("naive", "restrict_unroll"), 8): 1, (("naive", "restrict_unroll"), 16): 1}
+
+
+@pytest.mark.parametrize("ncu, files, mode", [(False, 0, None), (True, 1, "true"), ("auto", 1, "auto")])
+def test_a_profile_job_is_told_whether_ncu_is_required(ncu, files, mode):
+    """`ncu: true` fails a profile job on a machine without ncu; `auto` (the default sweep's) lets it write a
+    skipped profile instead, so a GPU machine with only the driver runs the default sweep to its end."""
+    config = {"experiments": {"e": {"variants": ["reference", "naive"], "batches": [8], "ncu": ncu}}}
+    plan = SweepPlan(config, ROOT / "experiments.yaml")
+    assert len(plan.profile_files("e")) == files
+    if mode:
+        assert plan.ncu("e") == mode
+
+
+def test_ncu_takes_true_false_or_auto():
+    with pytest.raises(ConvsweepError, match=r"experiments\.e\.ncu"):
+        SweepPlan({"experiments": {"e": {"variants": ["naive"], "batches": [8], "ncu": "maybe"}}},
+                  ROOT / "experiments.yaml")
 
 
 def test_the_rule_takes_its_gpu_resource_from_the_plan(tmp_path):

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from convsweep.errors import ConvsweepError
-from convsweep.plot import KINDS, MissingData, figure, load_ceilings, plot
+from convsweep.figures import FIGURES, KINDS, FigureKind, figure, plot
+from convsweep.reading import MissingData, load_ceilings
 from convsweep.store import ingest_files, ingest_result, open_store
 from store_fixtures import every_layer, make_job_file, make_result
 
@@ -309,7 +310,7 @@ def test_tuning_ranks_the_settings_and_counts_the_ones_without_a_time(url):
 
 
 def test_a_setting_is_named_by_its_values_in_its_variants_order_else_in_full():
-    from convsweep.plot import tunable_names, values_text
+    from convsweep.figures.tuning import tunable_names, values_text
 
     settings = [{"variant": "tiled", "params": {"TILE": 16, "UNROLL": 2}},
                 {"variant": "tiled", "params": {"TILE": 32}},  # a partial setting adds no name of its own
@@ -342,14 +343,6 @@ def test_missing_data_is_one_clear_line(url, kind, experiment, why):
 def test_an_unknown_experiment_names_the_stored_ones(url):
     with pytest.raises(MissingData, match=f"no runs of experiment 'nope' in the database .*{BASELINE}"):
         plot("op-time", url=url, experiment="nope")
-
-
-@pytest.mark.parametrize("text, why", [("{", "not JSON"), ('{"ceilings": {}}', "no ceilings.dtod_GBps")])
-def test_a_bad_bench_file_is_one_line(tmp_path, text, why):
-    path = tmp_path / "bench.json"
-    path.write_text(text)
-    with pytest.raises(ConvsweepError, match=why):
-        load_ceilings(path)
 
 
 def test_a_bench_file_without_matmul_rates_draws_the_memory_roof_alone(url, tmp_path):
@@ -394,16 +387,14 @@ def test_cli_plot_all_writes_every_figure_each_experiment_has(url, bench_file, t
 def test_figures_drawn_side_by_side_keep_their_order_and_a_bug_in_one_is_raised(url, tmp_path, monkeypatch):
     """`plot all` draws its figures in forked processes: the results come back in the order asked,
     a figure without data is skipped with its reason, and any other error is raised, never skipped."""
-    import convsweep.plot as plot_mod
-
     done = plot("all", url=url, experiment=TUNING, out=tmp_path)
     assert [p.name for p in done.paths] == [f"{k}.png" for k in KINDS if k != "streams"]
     assert [k for k, _ in done.skipped] == ["streams"]
 
-    def broken(url, experiment, ceilings=None):
+    def broken(rows, experiment, ceilings=None):
         raise RuntimeError("a bug in a figure")
 
-    monkeypatch.setitem(plot_mod.FIGURES, "phases", broken)
+    monkeypatch.setitem(FIGURES, "phases", FigureKind(FIGURES["phases"].rows, broken))
     with pytest.raises(RuntimeError, match="a bug in a figure"):
         plot("all", url=url, experiment=TUNING, out=tmp_path / "again")
 
@@ -422,30 +413,8 @@ def test_cli_missing_data_is_one_line_and_exit_2(url, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_a_caption_names_the_cpu_for_cpu_runs_and_never_an_unnamed_gpu():
-    from convsweep.plot import provenance
-
-    rows = [{"gpu": None, "profiler": "cpu", "started_at": "2026-11-23T10:00:00+00:00", "git_commit": "abc1234567",
-             "git_dirty": False},
-            {"gpu": "NVIDIA H100 80GB HBM3", "profiler": "nsys", "started_at": "2026-11-23T11:00:00+00:00",
-             "git_commit": "abc1234567", "git_dirty": False}]
-    assert provenance(rows) == ("Measured on NVIDIA H100 80GB HBM3 and the CPU on 2026-11-23, at commit abc1234567.")
-
-
-def test_a_caption_names_no_gpu_that_a_run_did_not_open():
-    """A run that failed before it opened a GPU stores none: it is left out, and alone it says so."""
-    from convsweep.plot import provenance
-
-    failed = {"gpu": None, "profiler": None, "started_at": "2026-11-23T09:00:00+00:00", "git_commit": "abc1234567",
-              "git_dirty": False}
-    measured = {**failed, "gpu": "NVIDIA H100 80GB HBM3", "profiler": "events"}
-    assert provenance([failed, measured]) == "Measured on NVIDIA H100 80GB HBM3 on 2026-11-23, at commit abc1234567."
-    assert provenance([failed, {**failed, "git_dirty": True}]) == \
-        "No run opened a GPU (runs on 2026-11-23, at commit abc1234567 (with uncommitted changes))."
-
-
 def test_roofline_takes_nsight_computes_dram_bytes_where_a_setting_was_profiled(tmp_path):
-    from convsweep.plot import layer_rows, roofline_figure
+    from convsweep.figures.rows import layer_rows
 
     fixtures = Path(__file__).parent / "fixtures" / "gpu-results"
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
@@ -460,14 +429,14 @@ def test_roofline_takes_nsight_computes_dram_bytes_where_a_setting_was_profiled(
     conv2 = next(p["metrics"] for p in profile["profiles"] if p["layer"] == "conv2")
     assert naive["dram_bytes"] == pytest.approx(int(conv2["dram_read_bytes"]) + int(conv2["dram_write_bytes"]))
     assert rows[("naive", 1000, "conv2", "warm")]["dram_bytes"] is None  # not profiled: its floor bytes
-    fig = roofline_figure(url, "lenet86-ci")
+    fig = figure("roofline", "lenet86-ci", url)
     assert "FLOP/byte, DRAM bytes or floor bytes" in " ".join(axis_labels(fig))
     assert "what Nsight Compute measured" in caption(fig) and "what the layer must move at least" in caption(fig)
 
 
 def test_a_whole_network_variant_is_named_so_in_the_legend():
     """Its conv1 op time is the whole network's: beside one conv layer's times it must say so."""
-    from convsweep.plot import whole_network_suffix
+    from convsweep.figures.rows import whole_network_suffix
 
     assert whole_network_suffix("fp16_fused_network") == " (whole network)"
     assert whole_network_suffix("fp16_sliding_window") == "" and whole_network_suffix("gone_variant") == ""

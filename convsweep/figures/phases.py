@@ -1,0 +1,106 @@
+"""The phases figure: where each job's wall time went, phase by phase."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..reading import PROVENANCE_COLUMNS, Ceilings, MissingData, provenance
+from .drawing import LEGEND_WIDTH_IN, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure, runs_note, side_legend
+from .rows import fetch
+
+# Where a job's wall time goes, in the order it is spent; other phase names follow, sorted.
+PHASE_ORDER = ("process_start", "load", "reference", "compile", "gpu_wait", "context", "allocate", "setup",
+               "warmup", "timed", "check", "profile", "nsys_read")
+PHASE_LABELS = {"process_start": "process start", "gpu_wait": "GPU wait", "warmup": "warm-up",
+                "profile": "nsys profile", "nsys_read": "nsys read", "setup": "set-up"}
+UNACCOUNTED_PHASE = "other (not split)"
+
+
+def phase_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
+    """Every run's phases, failed runs too (unlike the phases query): a job's settings share its
+    wall time, so its bar adds up only with every one of them."""
+    return fetch(url, f"""
+        SELECT r.id AS run_id, r.job_id, r.variant, r.batch, r.streams, r.host_memory, r.cache, r.total_s,
+               p.name AS phase, p.seconds, {PROVENANCE_COLUMNS}
+        FROM latest_run r
+        JOIN environment e ON e.id = r.environment_id
+        LEFT JOIN phase p ON p.run_id = r.id
+        WHERE r.experiment = :experiment
+        ORDER BY r.variant, r.batch, r.streams, r.host_memory, r.id""", {"experiment": experiment})
+
+
+def job_phases(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per job: its label, how many settings it measured, seconds per phase and its wall time, its
+    settings' shares added up (a job splits what they shared among them, so they add up to it)."""
+    jobs: dict[str, dict[str, Any]] = {}
+    counted: set[int] = set()
+    for row in rows:
+        cold = " cold L2" if row["cache"] == "cold" else ""
+        job = jobs.setdefault(row["job_id"], {"label": f"{row['variant']} b{row['batch']} s{row['streams']} "
+                                                       f"{row['host_memory']}{cold}", "runs": set(), "phases": {},
+                                              "total_s": 0.0})
+        job["runs"].add(row["run_id"])
+        if row["run_id"] not in counted:
+            counted.add(row["run_id"])
+            job["total_s"] += row["total_s"] or 0.0
+        if row["phase"] is not None and row["seconds"]:
+            job["phases"][row["phase"]] = job["phases"].get(row["phase"], 0.0) + row["seconds"]
+    return jobs
+
+
+def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None = None):
+    """Each job's wall time as a stacked bar of its phases (start, load, compile, ..., nsys)."""
+    jobs = job_phases(rows)
+    if not any(job["phases"] for job in jobs.values()):
+        raise MissingData(f"experiment {experiment!r} has no run with stored phases")
+    names = [p for p in PHASE_ORDER if any(p in j["phases"] for j in jobs.values())]
+    names += sorted({p for j in jobs.values() for p in j["phases"]} - set(names))
+    labels = _job_labels(jobs)
+    height_in = max(PANEL_HEIGHT_IN + 1.2, 2.2 + 0.32 * len(jobs))
+    fig, axes = new_figure(1, 1, PANEL_WIDTH_IN * 1.6 + LEGEND_WIDTH_IN, height_in)
+    ax = axes[0][0]
+    _bars(ax, jobs, labels, names)
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("job (variant, batch, streams, host memory)")
+    ax.invert_yaxis()
+    ax.margins(y=0.01)
+    ax.grid(True, axis="x", alpha=0.3)
+    side_legend(fig, *ax.get_legend_handles_labels(), title="phase")
+    note = ("Phases as each job recorded them; a job of several settings shares its start, load, compile and "
+            "nsys time among them, and its bar adds them up. "
+            f"'{UNACCOUNTED_PHASE}': wall time that no recorded phase covers.")
+    return finish(fig, f"Where each job's wall time went: {experiment}",
+                  f"{provenance(rows)} {runs_note(rows, experiment)} {note}")
+
+
+def _job_labels(jobs: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """A bar label per job; the job id is added where two jobs would read the same."""
+    seen: dict[str, int] = {}
+    for job in jobs.values():
+        seen[job["label"]] = seen.get(job["label"], 0) + 1
+    labels = {}
+    for job_id, job in jobs.items():
+        label = job["label"] + (f" ({len(job['runs'])} settings)" if len(job["runs"]) > 1 else "")
+        labels[job_id] = label + (f" [{job_id[-10:]}]" if seen[job["label"]] > 1 else "")
+    return labels
+
+
+def _bars(ax, jobs: dict[str, dict[str, Any]], labels: dict[str, str], names: list[str]) -> None:
+    """One stacked bar per job: its phases in `names` order, then the wall time no phase covers."""
+    from matplotlib import colormaps
+
+    palette = colormaps["tab20"]
+    ids = list(jobs)
+    left = [0.0] * len(ids)
+    for k, name in enumerate([*names, UNACCOUNTED_PHASE]):
+        if name == UNACCOUNTED_PHASE:
+            widths = [max(0.0, jobs[j]["total_s"] - sum(jobs[j]["phases"].values())) for j in ids]
+            color = "0.85"
+        else:
+            widths = [jobs[j]["phases"].get(name, 0.0) for j in ids]
+            color = palette(2 * k % 20 + 2 * k // 20 % 2)  # the dark shades first, then the light ones
+        if any(widths):
+            ax.barh(range(len(ids)), widths, left=left, color=color, label=PHASE_LABELS.get(name, name),
+                    edgecolor="white", linewidth=0.5)
+            left = [a + b for a, b in zip(left, widths)]
+    ax.set_yticks(range(len(ids)), [labels[j] for j in ids], fontsize=8)
