@@ -292,7 +292,7 @@ def cmd_report(args) -> None:
     written = report.write(args.db, args.experiment, markdown=Path(args.markdown) if args.markdown else None,
                            page=Path(args.html) if args.html else None,
                            tables=Path(args.tables) if args.tables else None, figures_dir=figures,
-                           summary=Path(args.out) if args.out else None)
+                           summary=Path(args.out) if args.out else None, allow_empty=args.allow_empty)
     for path in written.paths:
         print(path)
 
@@ -479,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bench", metavar="FILE",
                    help="with --draw: a `convsweep bench --json` file, whose copy bandwidth and matmul rates are the "
                         "roofline's ceilings")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="an experiment with no run stored gets a report saying so instead of an error (the end of a "
+                        "sweep none of whose jobs finished writes one, so `snakemake --report` finds its files)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("browse", help="open the result database in Datasette, read-only, with the named queries",

@@ -181,10 +181,10 @@ def report_what_finished(experiment: ExperimentFiles, outcome: Outcome) -> None:
     """Where some jobs of the experiment did not finish, write its report over those that did, unless it is
     newer than every result already; a report that cannot be written is a row of the table, never a stop."""
     results = [job.result for job in experiment.jobs if job.result.exists()]
-    if outcome.finished == outcome.jobs or not outcome.finished or not experiment.report_command:
+    if outcome.finished == outcome.jobs or not experiment.report_command:
         return
     made = [_mtime(p) for p in experiment.reports]
-    newest = max((_mtime(p) or 0) for p in results)
+    newest = max(((_mtime(p) or 0) for p in results), default=0)
     if not all(t is not None and t >= newest for t in made):
         from .paths import ROOT
 
@@ -221,7 +221,8 @@ def render(outcome: Outcome) -> str:
     if more:
         lines.append(f"  more: {'; '.join(more)}")
     if outcome.report and outcome.partial:
-        lines.append(f"  report over the {outcome.finished} jobs that finished: {outcome.report}")
+        over = f"over the {outcome.finished} jobs that finished" if outcome.finished else "saying nothing is stored yet"
+        lines.append(f"  report {over}: {outcome.report}")
     if outcome.finished < outcome.jobs:
         lines.append("  `snakemake` again retries what did not finish; `convsweep query summary` shows what is stored")
     return "\n".join(lines)

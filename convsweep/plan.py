@@ -294,7 +294,7 @@ class SweepPlan:
         return [sys.executable, "-m", "convsweep", "--checkout", str(ROOT), "report", "--experiment", experiment,
                 "--db", self.db_url, "--out", f"{base}/summary.md", "--figures", f"{base}/figures", "--draw",
                 "--markdown", f"{base}/report.md", "--html", f"{base}/report.html", "--tables", f"{base}/tables",
-                *self.report_options()]
+                "--allow-empty", *self.report_options()]
 
     def check_store(self) -> None:
         """Before any job runs: the database must be usable (reachable, an SQLite file that is a

@@ -74,11 +74,15 @@ def _rows(url: str | None, sql: str, params: dict[str, Any] | None = None) -> tu
     return fetch_dicts(url, sql, params)
 
 
+class NoRuns(ConvsweepError):
+    """The experiment has no run stored."""
+
+
 def load(url: str | None, experiment: str) -> Experiment:
-    """The experiment's runs and Nsight Compute rows; an error when it has no run stored."""
+    """The experiment's runs and Nsight Compute rows; NoRuns when it has no run stored."""
     _, runs = _rows(url, RUNS_SQL, {"experiment": experiment})
     if not runs:
-        raise ConvsweepError(f"no runs of experiment {experiment!r} in the database: run its sweep first")
+        raise NoRuns(f"no runs of experiment {experiment!r} in the database: run its sweep first")
     for run in runs:
         run["params"] = json_column(run["params"]) or {}
         # An op time only where every conv layer has one: a partial sum would flatter the run.
@@ -457,19 +461,34 @@ class Written:
 
 
 def write(url: str | None, experiment: str, markdown: Path | None = None, page: Path | None = None,
-          tables: Path | None = None, figures_dir: Path | None = None, summary: Path | None = None) -> Written:
+          tables: Path | None = None, figures_dir: Path | None = None, summary: Path | None = None,
+          allow_empty: bool = False) -> Written:
     """Write the report of `experiment` as Markdown, as an HTML page, as CSV tables (seeds.csv,
     why.csv in `tables`) and as summary.md, each where asked, from one read of the database;
-    figures are the PNGs in `figures_dir`."""
+    figures are the PNGs in `figures_dir`. `allow_empty`: an experiment with no run stored gets a
+    report saying so (the end of a sweep none of whose jobs finished) instead of an error."""
+    try:
+        data = load(url, experiment)
+    except NoRuns:
+        if not allow_empty:
+            raise
+        data = Experiment(experiment, [], *_rows(url, "why")[:1])
+        nothing = [Heading(1, f"Report: {experiment}"),
+                   Paragraph("No run of this experiment is stored yet: none of its jobs has finished. The end of "
+                             "`snakemake` says why; `snakemake` again retries them.")]
+        return _write_blocks(data, nothing, markdown, page, tables, summary)
+    return _write_blocks(data, build(data, figure_files(figures_dir), figures_dir), markdown, page, tables, summary)
+
+
+def _write_blocks(data: Experiment, blocks: list, markdown: Path | None, page: Path | None, tables: Path | None,
+                  summary: Path | None) -> Written:
     from .query import render
 
-    data = load(url, experiment)
     done = Written()
+    experiment = data.name
     if summary is not None:
-        write_atomic(summary, summary_markdown(data))
+        write_atomic(summary, summary_markdown(data) if data.runs else to_markdown(blocks, summary.parent))
         done.paths.append(summary)
-    figures = figure_files(figures_dir)
-    blocks = build(data, figures, figures_dir)
     if markdown is not None:
         write_atomic(markdown, to_markdown(blocks, markdown.parent))
         done.paths.append(markdown)

@@ -178,6 +178,21 @@ def test_an_experiment_without_runs_is_one_line(tmp_path):
         report.write(url, "other", markdown=tmp_path / "r.md")
 
 
+def test_an_experiment_without_runs_gets_a_report_saying_so_where_asked(tmp_path):
+    """The end of a sweep none of whose jobs finished writes every file the report rule names, so that
+    `snakemake --report` finds them; each says that nothing is stored yet."""
+    db = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    open_store(db).dispose()
+    out = tmp_path / "e"
+    assert main(["report", "--experiment", "e", "--db", db, "--out", str(out / "summary.md"), "--figures",
+                 str(out / "figures"), "--draw", "--markdown", str(out / "report.md"), "--html", str(out / "report.html"),
+                 "--tables", str(out / "tables"), "--allow-empty"]) == 0
+    for name in ("summary.md", "report.md", "report.html"):
+        assert "No run of this experiment is stored yet" in (out / name).read_text()
+    assert (out / "tables" / "seeds.csv").read_text().startswith("variant,") and (out / "figures").is_dir()
+    assert main(["report", "--experiment", "e", "--db", db, "--out", str(out / "summary.md")]) == 2  # not asked
+
+
 def test_drawing_skips_kinds_without_data_and_none_is_no_error(tmp_path):
     pytest.importorskip("matplotlib", reason="figures need matplotlib (a dependency of convsweep)")
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
