@@ -221,7 +221,8 @@ def render(outcome: Outcome) -> str:
     if more:
         lines.append(f"  more: {'; '.join(more)}")
     if outcome.report and outcome.partial:
-        over = f"over the {outcome.finished} jobs that finished" if outcome.finished else "saying nothing is stored yet"
+        over = (f"over the {outcome.finished} job{'s' * (outcome.finished != 1)} that finished" if outcome.finished
+                else "saying nothing is stored yet")
         lines.append(f"  report {over}: {outcome.report}")
     if outcome.finished < outcome.jobs:
         lines.append("  `snakemake` again retries what did not finish; `convsweep query summary` shows what is stored")

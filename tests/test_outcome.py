@@ -151,7 +151,7 @@ def test_a_report_is_written_over_the_jobs_that_finished_and_only_when_it_is_out
     experiment = dataclasses.replace(experiment, report_command=[sys.executable, "-c", WRITE_REPORT, *reports])
     lines = said(db_url, experiment).splitlines()
     assert [Path(p).read_text() for p in reports] == ["reported", "reported"]
-    assert f"  report over the 1 jobs that finished: {experiment.reports[-1]}" in lines
+    assert f"  report over the 1 job that finished: {experiment.reports[-1]}" in lines
     assert experiment.report_log.read_text() == "report written\n"
     experiment.report_log.unlink()
     said(db_url, experiment)
