@@ -88,8 +88,10 @@ def run_until_stopped(command: list[str]) -> int:
     """Run `command` until it exits or this process gets a stop signal, then stop it too: a signal sent to this
     process alone (`kill PID`, a service manager) would otherwise leave the server running without its parent."""
     previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
-    for number in STOP_SIGNALS[1:]:
-        signal.signal(number, signal.default_int_handler)  # SIGTERM and SIGHUP end the wait as Ctrl-C does
+    # SIGTERM and SIGHUP end the wait as Ctrl-C does; SIGINT too where the shell that started this process
+    # left it ignored (a command started with `&` by a script), since Python then installs no handler.
+    for number in STOP_SIGNALS:
+        signal.signal(number, signal.default_int_handler)
     process = None
     try:
         process = subprocess.Popen(command)

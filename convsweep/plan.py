@@ -250,6 +250,13 @@ class SweepPlan:
         job = self.job(experiment, job_id)
         return 0 if all(get_variant(name).is_cpu for name in job.variants.values()) else 1
 
+    @staticmethod
+    def local_cores(workflow) -> int | None:
+        """The cores of a sweep run on this host, else None: on a cluster the submitting process and the
+        job step inside the allocation see different core counts, and a job step asking for more threads
+        than its allocation holds is refused by srun ("More processors requested than permitted")."""
+        return workflow.resource_settings.cores if workflow.local_exec and not workflow.remote_exec else None
+
     def threads(self, experiment: str, job_id: str, cores: int | None) -> int:
         """run_job's threads: every core for a job timed on the CPU (the reference variant), so that it
         runs alone (Snakemake caps a job's threads at --cores) and no other job slows its host timings;

@@ -353,7 +353,7 @@ def test_an_alias_bomb_is_refused_quickly_however_the_sweep_is_read(tmp_path):
         SweepPlan(yaml.safe_load(path.read_text()), path)
     with pytest.raises(ConfigError, match=r"^x.yaml: experiments.e1.params.l4: more than 20,000 values"):
         validate(yaml.safe_load(path.read_text()), "x.yaml")  # no file to read again: the dict is bounded
-    assert time.perf_counter() - start < 1
+    assert time.perf_counter() - start < 10  # unbounded it took minutes; loose for a loaded host
 
 
 @pytest.mark.parametrize("mutate, expected", [
@@ -387,7 +387,7 @@ def test_a_list_of_millions_of_batches_is_refused_quickly():
     start = time.perf_counter()
     with pytest.raises(ConfigError, match=r"^x.yaml: experiments.e1.batches: more than 20,000 values"):
         validate(data, "x.yaml")
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 10  # unbounded it took minutes; loose for a loaded host
 
 
 def test_a_grid_of_too_many_settings_is_refused_before_it_is_enumerated(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ def refused(expression, names=None) -> str:
     start = time.perf_counter()
     with pytest.raises(ConfigError) as info:
         evaluate(expression, names or {}, WHERE)
-    assert time.perf_counter() - start < 0.1
+    assert time.perf_counter() - start < 10  # unbounded it took minutes; loose for a loaded host
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"{WHERE}: ")
     return message

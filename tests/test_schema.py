@@ -28,7 +28,7 @@ def one_line(call) -> str:
     start = time.perf_counter()
     with pytest.raises(ConfigError) as info:
         call()
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 10  # unbounded it took minutes; loose for a loaded host
     message = str(info.value)
     assert "\n" not in message and len(message) < 300, message
     return message
@@ -49,7 +49,7 @@ def test_errors_say_what_was_expected_without_printing_the_value():
 def test_a_value_shown_in_an_error_is_cut_short_without_expanding_it():
     start = time.perf_counter()
     shown = _shown(bomb())  # 9**9 strings if it were expanded
-    assert time.perf_counter() - start < 0.1
+    assert time.perf_counter() - start < 10  # unbounded it took minutes; loose for a loaded host
     assert len(shown) == MAX_VALUE_CHARS and shown.endswith("...")
     assert _shown("y" * 10**6) == '"' + "y" * (MAX_VALUE_CHARS - 4) + "..."
 

@@ -182,7 +182,7 @@ def test_a_huge_power_in_a_registry_expression_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"^variants\.yaml: a\.restrictions: 'T < 9\*\*9\*\*9\*\*9' computes a number "
                                           r"beyond 2\*\*63$"):
         variant.param_combinations({"T": [1, 2]}, "p")
-    assert time.perf_counter() - start < 0.1
+    assert time.perf_counter() - start < 10  # unbounded it took minutes; loose for a loaded host
 
 
 def test_a_duplicate_key_in_the_registry_is_an_error_with_its_line(tmp_path):
@@ -202,4 +202,4 @@ def test_a_grid_of_ten_to_the_ten_settings_is_refused_before_it_is_enumerated():
     with pytest.raises(ConfigError, match=r"^params\.wide: the grid holds 10,000,000,000 settings \(the product of its "
                                           r"value lists\); a job measures at most 10,000$"):
         wide.param_combinations({name: spec["values"] for name, spec in tunables.items()}, "params.wide")
-    assert time.perf_counter() - start < 0.1
+    assert time.perf_counter() - start < 10  # unbounded it took minutes; loose for a loaded host

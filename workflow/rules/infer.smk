@@ -14,7 +14,7 @@ rule run_job:
         spec=lambda w: plan.spec_file(w.experiment, w.job),  # written by onstart; the job id holds its hash
         registry=lambda w: plan.registry_entries(w.experiment, w.job),  # editing an entry re-measures
     # A job timed on the CPU takes every core, so it runs alone: others would slow its host timings.
-    threads: lambda w: plan.threads(w.experiment, w.job, workflow.resource_settings.cores)
+    threads: lambda w: plan.threads(w.experiment, w.job, plan.local_cores(workflow))
     resources:
         gpu=lambda w: plan.gpus(w.experiment, w.job),  # 0 for a job on CPU variants only
         gpu_jobs=lambda w: plan.gpus(w.experiment, w.job),  # counted against the profile's gpu_jobs
