@@ -472,7 +472,8 @@ def write(url: str | None, experiment: str, markdown: Path | None = None, page: 
     except NoRuns:
         if not allow_empty:
             raise
-        data = Experiment(experiment, [], *_rows(url, "why")[:1])
+        why_columns, _ = _rows(url, "why")  # seeds.csv and why.csv keep their headers
+        data = Experiment(experiment, [], why_columns)
         nothing = [Heading(1, f"Report: {experiment}"),
                    Paragraph("No run of this experiment is stored yet: none of its jobs has finished. The end of "
                              "`snakemake` says why; `snakemake` again retries them.")]

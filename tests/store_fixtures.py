@@ -272,3 +272,13 @@ def _make_reader(admin_url: str) -> None:
                 pass
         connection.exec_driver_sql(f"GRANT pg_read_all_data TO {READER}")
     admin.dispose()
+
+
+def with_one_result(url: str) -> str:
+    """`url` after storing one measurement in it (the database is made where it is missing)."""
+    from convsweep.store import ingest_result, open_store
+
+    engine = open_store(url)
+    ingest_result(engine, make_result(), None)
+    engine.dispose()
+    return url

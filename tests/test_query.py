@@ -13,7 +13,8 @@ import pytest
 from convsweep.errors import StoreError
 from convsweep.query import QUERIES_DIR, list_queries, render, run_query
 from convsweep.store import ingest_result, open_store
-from store_fixtures import as_reader, every_layer, layer_floors, make_job_file, make_result, row_counts, standard_results
+from store_fixtures import (as_reader, every_layer, layer_floors, make_job_file, make_result, row_counts, standard_results,
+                            with_one_result)
 
 WRITES = [
     "UPDATE run SET status = 'ok'",
@@ -376,19 +377,12 @@ def test_json_values_render_as_json():
 
 @pytest.fixture
 def sqlite_url(tmp_path):
-    url = f"sqlite:///{tmp_path / 'db' / 'results.sqlite'}"
-    engine = open_store(url)
-    ingest_result(engine, make_result(), None)
-    engine.dispose()
-    return url
+    return with_one_result(f"sqlite:///{tmp_path / 'db' / 'results.sqlite'}")
 
 
 @pytest.fixture
 def pg_url(empty_pg_url):
-    engine = open_store(empty_pg_url)
-    ingest_result(engine, make_result(), None)
-    engine.dispose()
-    return empty_pg_url
+    return with_one_result(empty_pg_url)
 
 
 def test_sqlite_attach_is_refused_and_creates_no_file(sqlite_url, tmp_path):

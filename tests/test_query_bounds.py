@@ -19,8 +19,7 @@ from sqlalchemy.engine import make_url
 
 from convsweep.errors import StoreError
 from convsweep.query import DEFAULT_MAX_ROWS, fetch, fetch_dicts, run_query
-from convsweep.store import ingest_result, open_store
-from store_fixtures import as_reader, make_result, row_counts
+from store_fixtures import as_reader, row_counts, with_one_result
 
 FOREVER = "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t) "
 NEVER_ANSWERS = FOREVER + "SELECT COUNT(*) AS n FROM t"
@@ -33,18 +32,12 @@ def counting(up_to: int) -> str:
 
 @pytest.fixture
 def stored_url(db_url):
-    engine = open_store(db_url)
-    ingest_result(engine, make_result(), None)
-    engine.dispose()
-    return db_url
+    return with_one_result(db_url)
 
 
 @pytest.fixture
 def pg_url(empty_pg_url):
-    engine = open_store(empty_pg_url)
-    ingest_result(engine, make_result(), None)
-    engine.dispose()
-    return empty_pg_url
+    return with_one_result(empty_pg_url)
 
 
 # -- the deadline --------------------------------------------------------------------------------
