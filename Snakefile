@@ -1,4 +1,4 @@
-# convsweep: variant x batch x streams x host memory (x chunk size), one job each; a job measures
+# convsweep: variant x the sweep's axes (batch, streams ...: convsweep/axes.py), one job each; a job measures
 # the tunable settings of its cell in one process.
 # Wiring only: the jobs, their specs, inputs and file names come from convsweep.plan.
 import sys
@@ -19,9 +19,10 @@ if not workflow.overwrite_configfiles:
 
 
 # convsweep's check first: it stops at a bad key with one line (file: key.path: what was expected);
-# Snakemake's validate then applies the same schema and defaults.
+# Snakemake's validate then applies the same schema and defaults: workflow/schemas/experiments.schema.yaml
+# with the axes of convsweep/axes.py added, written to a file.
 plan = SweepPlan.for_snakefile(config, workflow.configfiles, checkout=workflow.basedir)
-validate(config, "workflow/schemas/experiments.schema.yaml")
+validate(config, plan.schema_file)
 RESULTS = plan.results_dir
 # Every rule's `convsweep` is this checkout's (a shell function: see SweepPlan.shell_prefix).
 shell.prefix(plan.shell_prefix(workflow.deployment_settings.deployment_method))

@@ -4,10 +4,11 @@ A and B each select stored runs: `sweep:N`, `commit:SHA`, `experiment:NAME`, `re
 results directory a sweep wrote, for two runs of one sweep from one clone), `runs:LO-HI` (run
 ids), or the bare value (digits: a sweep id; 7-40 hex digits: a commit; an existing directory;
 else an experiment). In each selection the newest ok run of every job stands for it. Jobs match
-by their experiment, profiler and cell (network, dataset, variants, batch, streams, host memory,
-chunking, cache); within a cell that holds several tunable settings on either side, by the setting
-too, so a sweep run again with another tunable compares as the same job. The statistics are convsweep.stats: the ratio of
-medians over the stored samples, its bootstrap interval, a verdict against a threshold. B's runs
+by their cell (CELL: the experiment, variant and axes, as report tells cells apart, and what a time
+depends on besides); within a cell that holds several tunable settings on either side, by the
+setting too, so a sweep run again with another tunable compares as the same job. The statistics are
+convsweep.stats: the ratio of medians over the stored samples, its bootstrap interval, a verdict
+against a threshold. B's runs
 may come from a database of their own (another machine's or session's file); A's come from `db`.
 
 Jobs timed on the CPU (the float64 reference) are left out unless asked for: their times are the
@@ -25,6 +26,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from .axes import BY_NAME, CELL_COLUMNS
 from .config import tunables_text
 from .errors import ConvsweepError, StoreError
 from .fileio import json_column
@@ -32,8 +34,12 @@ from .query import fetch_dicts
 from .stats import SLOWER, compare_samples
 from .store import resolve_url, show_url
 
-_RUN_COLUMNS = ("id, experiment, profiler, network, dataset, variants, params, variant, batch, streams, host_memory, "
-                "chunk_images, cache, git_commit")
+# What two jobs must share to be one job: the cell as report tells cells apart (experiment, variant, a value of
+# each axis), and what the cell leaves implicit but a time depends on: the profiler (events and nsys time a layer
+# differently), the network and dataset (two may share an experiment name across databases), and the variant of
+# each layer (a mixed label stands for several).
+CELL = (*CELL_COLUMNS, "profiler", "network", "dataset", "variants")
+_RUN_COLUMNS = ", ".join(("id", *CELL, "params", "git_commit"))
 _KINDS = ("sweep", "commit", "experiment", "results", "runs")
 _SELECTION_FORMS = "sweep:N, commit:SHA, experiment:NAME, results:DIR or runs:LO-HI (or the bare value)"
 METRICS = ("op_time", "forward_ms")  # and each conv layer's name
@@ -97,11 +103,8 @@ def _newest_ok_runs(db: str | None, selection: Selection) -> list[dict]:
 
 
 def _cell(run: dict) -> tuple:
-    """A job's identity across runs: its experiment (two experiments may hold the same cell, measured
-    another way), the profiler (events and nsys time a layer differently), and the matrix cell."""
-    return (run["experiment"], run["profiler"], run["network"], run["dataset"],
-            json.dumps(run["variants"], sort_keys=True), run["batch"], run["streams"], run["host_memory"],
-            run["chunk_images"], run["cache"])
+    """A job's identity across runs: its values of CELL."""
+    return tuple(json.dumps(run[column], sort_keys=True) if column == "variants" else run[column] for column in CELL)
 
 
 def _samples(db: str | None, run_ids: list[int]) -> dict[str, dict[int, list[float]]]:
@@ -202,8 +205,7 @@ def compare(db: str | None, a: str, b: str, metric: str = "op_time", threshold: 
         change = compare_samples(values_a.get(run_a["id"], []), values_b.get(run_b["id"], []), threshold)
         setting_a, setting_b = tunables_text(run_a["params"]), tunables_text(run_b["params"])
         rows.append({
-            "experiment": run_b["experiment"], "variant": run_b["variant"], "batch": run_b["batch"],
-            "streams": run_b["streams"], "host_memory": run_b["host_memory"], "cache": run_b["cache"],
+            **{column: run_b[column] for column in CELL_COLUMNS},
             "setting": setting_b if setting_a == setting_b else f"{setting_a} -> {setting_b}",
             "run_a": run_a["id"], "run_b": run_b["id"], **asdict(change)})
     verdicts = [row["verdict"] for row in rows]
@@ -229,12 +231,14 @@ def render(result: dict, fmt: str = "table") -> str:
     def pct(x):
         return "" if x is None else f"{(x - 1) * 100:+.1f}%"
 
-    rows = [[r["experiment"], r["variant"], r["batch"], r["streams"], r["host_memory"], r["cache"], r["setting"],
-             pct(r["ratio"]), "" if r["low"] is None else f"[{pct(r['low'])}, {pct(r['high'])}]", r["verdict"],
+    rows = [[*("auto" if r[c] is None else str(r[c]) for c in CELL_COLUMNS), r["setting"], pct(r["ratio"]),
+             "" if r["low"] is None else f"[{pct(r['low'])}, {pct(r['high'])}]", r["verdict"],
              f"{r['samples_a']}/{r['samples_b']}", f"{r['run_a']} -> {r['run_b']}"] for r in result["rows"]]
-    table = tabulate(rows, headers=["experiment", "variant", "batch", "streams", "host memory", "cache", "setting",
-                                    f"B vs A ({result['metric']})", "95% interval", "verdict", "samples A/B",
-                                    "runs"], tablefmt="github")
+    headings = [BY_NAME[column].heading if column in BY_NAME else column for column in CELL_COLUMNS]
+    numeric = [column in BY_NAME and BY_NAME[column].numeric for column in CELL_COLUMNS]
+    table = tabulate(rows, headers=[*headings, "setting", f"B vs A ({result['metric']})", "95% interval", "verdict",
+                                    "samples A/B", "runs"], tablefmt="github", disable_numparse=True,
+                     colalign=[*("right" if n else "left" for n in numeric), *["left"] * 6])
     totals = ", ".join(f"{n} {v}" for v, n in result["verdicts"].items())
     unmatched = "".join(f"; {n} job{'s' * (n != 1)} only in {side}"
                         for side, n in (("A", result["only_a"]), ("B", result["only_b"])) if n)

@@ -11,10 +11,11 @@ import itertools
 import math
 import os
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
+from .axes import AXES, NAMES, OMITTED_AT_DEFAULT, Axis, job_id_part
 from .errors import ConfigError, ConvsweepError, DataError, ShapeError
 from .fileio import canonical_hash
 from .paths import DEFAULT_DB_URL, ROOT, resolve_network_path
@@ -30,26 +31,36 @@ MAX_JOBS = 20_000  # a sweep's jobs: twice the largest planned yet (10,003 in 25
 MAX_DEVICE_BYTES = 141 * 10**9
 
 
-@dataclass(frozen=True)
-class RunSpec:
+def _axis_field(axis: Axis) -> tuple:
+    """An axis as a spec's field: its type (or None, where that is its default) and its default, if any."""
+    kind = axis.type | None if axis.nullable else axis.type
+    return (axis.name, kind) if axis.required else (axis.name, kind, field(default=axis.default))
+
+
+def _cell_fields() -> list[tuple]:
+    """Cell's fields: what a job and each of its settings share, the axes (convsweep.axes) among them."""
+    return [("experiment", str), ("network", str), ("dataset", str | dict),
+            ("variants", dict[str, str]),  # conv layer -> variant
+            *(_axis_field(axis) for axis in AXES),
+            ("repeats", int | str),  # timed passes, or "auto": until `stopping` says the median is known
+            ("warmup", int), ("profiler", str),
+            # repeats auto: max_noise, min_samples, min_time_s, timeout_s, max_samples
+            ("stopping", dict | None, field(default=None)),
+            # untimed passes after a timed part too short for NVML's energy counter
+            ("energy_window_s", float, field(default=0.5))]
+
+
+# One cell of the sweep matrix as a spec holds it: its experiment, network, dataset, variants and a value
+# of each axis, and how it is timed. Keyword-only, so the axes' fields come from AXES in any order.
+Cell = make_dataclass("Cell", _cell_fields(), frozen=True, kw_only=True, namespace={"__module__": __name__})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec(Cell):
     """One tunable setting of one job: what a run row is a measurement of. Its hash (run_key) names
     the setting across measurements, whichever grid or sample it was measured in."""
 
-    experiment: str
-    network: str
-    dataset: str | dict
-    variants: dict[str, str]  # conv layer -> variant
     params: dict[str, dict[str, Any]]  # conv layer -> tunable parameters (all of them)
-    batch: int
-    streams: int
-    host_memory: str
-    repeats: int | str  # timed passes, or "auto": until `stopping` says the median is known
-    warmup: int
-    profiler: str
-    chunk_images: int | None = None  # images per pipeline chunk; None: several chunks per stream
-    stopping: dict | None = None  # repeats auto: max_noise, min_samples, min_time_s, timeout_s, max_samples
-    cache: str = "warm"  # cold: L2 is written over before each conv layer of a timed pass
-    energy_window_s: float = 0.5  # untimed passes after a timed part too short for NVML's energy counter
 
     def to_dict(self) -> dict:
         return _without_defaults(asdict(self))
@@ -66,11 +77,11 @@ class RunSpec:
 GRID_SEARCH = {"strategy": "grid"}
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """One cell of the sweep matrix (conv layer -> variant, batch, streams, host memory, chunk size,
-    cache state) and the tunable grid of its variants: one process measures every setting the search picks
-    from the grid, each setting a run of its own (`runs`).
+@dataclass(frozen=True, kw_only=True)
+class JobSpec(Cell):
+    """One cell of the sweep matrix (conv layer -> variant, a value of each axis) and the tunable grid
+    of its variants: one process measures every setting the search picks from the grid, each setting a
+    run of its own (`runs`).
 
     `grid` is a list of {"layers": [...], "values": {tunable: [values]}}: each entry's setting
     applies to all its layers (a variant's grid in experiments.yaml ties every layer it runs),
@@ -79,21 +90,7 @@ class JobSpec:
     {"strategy": "random", "max_settings": N, "seed": S} (a seeded sample).
     """
 
-    experiment: str
-    network: str
-    dataset: str | dict
-    variants: dict[str, str]
     grid: list[dict]
-    batch: int
-    streams: int
-    host_memory: str
-    repeats: int | str
-    warmup: int
-    profiler: str
-    chunk_images: int | None = None
-    stopping: dict | None = None
-    cache: str = "warm"
-    energy_window_s: float = 0.5
     search: dict = field(default_factory=lambda: dict(GRID_SEARCH))
     arch: str = "auto"  # NVRTC's target: auto is the GPU's own (sm_90a, say, for arch-specific features)
     sweep: dict = field(default_factory=dict, compare=False)
@@ -113,9 +110,8 @@ class JobSpec:
 
     @property
     def job_id(self) -> str:
-        chunk = f"-c{self.chunk_images}" if self.chunk_images else ""
-        cache = "-cold" if self.cache == "cold" else ""
-        return f"{self.label}-b{self.batch}-s{self.streams}{chunk}-{self.host_memory}{cache}-{self.job_key[:10]}"
+        """'fp16_sliding_window-b10000-s1-pinned-cold-0123456789': the label, the axes, the key's start."""
+        return f"{self.label}{job_id_part({name: getattr(self, name) for name in NAMES})}-{self.job_key[:10]}"
 
     @classmethod
     def from_dict(cls, d: dict, sweep: dict | None = None) -> "JobSpec":
@@ -140,9 +136,9 @@ class JobSpec:
 
 
 # Keys left out of a spec's dict at these values, so specs written before they existed keep their
-# hashes (the automatic chunking, the GPU's own architecture, a fixed number of repeats, warm caches,
-# the energy window).
-_OMITTED_DEFAULTS = {"chunk_images": None, "arch": "auto", "stopping": None, "cache": "warm", "energy_window_s": 0.5}
+# hashes: the axes' defaults (the automatic chunking, warm caches), the GPU's own architecture, a
+# fixed number of repeats, the energy window.
+_OMITTED_DEFAULTS = {**OMITTED_AT_DEFAULT, "arch": "auto", "stopping": None, "energy_window_s": 0.5}
 
 
 def _without_defaults(d: dict) -> dict:
@@ -307,18 +303,17 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
             on_gpu = not all(registry[var].is_cpu for var in layer_map.values())
             steps = net.steps({layer: registry[var].fuses for layer, var in layer_map.items()
                                if not registry[var].is_cpu})
-            for batch, streams, memory, chunk, cache in itertools.product(
-                    exp["batches"], exp["streams"], exp["host_memory"], exp["chunk_images"], exp["cache"]):
-                if cache == "cold" and not (on_gpu and streams == 1):
+            for values in itertools.product(*([axis.from_config(v) for v in exp[axis.key]] for axis in AXES)):
+                cell = dict(zip(NAMES, values))
+                if cell["cache"] == "cold" and not (on_gpu and cell["streams"] == 1):
                     continue  # L2 is the GPU's, and a flush on one stream would hit the others' kernels
                 if on_gpu:
-                    _check_device_memory(net, steps, batch, streams, None if chunk == "auto" else chunk,
+                    _check_device_memory(net, steps, cell["batch"], cell["streams"], cell["chunk_images"],
                                          f"{where}.batches")
                 jobs.append(JobSpec(
-                    experiment=name, network=network, dataset=exp["dataset"], variants=layer_map, grid=grid,
-                    batch=batch, streams=streams, host_memory=memory, repeats=exp["repeats"], warmup=exp["warmup"],
-                    profiler=exp["profiler"], chunk_images=None if chunk == "auto" else chunk,
-                    stopping=dict(exp["stopping"]) if exp["repeats"] == "auto" else None, cache=cache, search=search,
+                    experiment=name, network=network, dataset=exp["dataset"], variants=layer_map, grid=grid, **cell,
+                    repeats=exp["repeats"], warmup=exp["warmup"], profiler=exp["profiler"],
+                    stopping=dict(exp["stopping"]) if exp["repeats"] == "auto" else None, search=search,
                     energy_window_s=exp["energy_window_s"], arch=config.data["arch"], sweep=sweep))
     if not jobs:
         raise ConfigError(f"{config.path}: the sweep matrix is empty")
@@ -330,12 +325,12 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
 
 def _check_job_count(config: Config) -> None:
     """Refuse a sweep of more than MAX_JOBS jobs, counted from its axes' lengths before any is made."""
-    axes = ("variants", "batches", "streams", "host_memory", "chunk_images", "cache")
+    keys = ("variants", *(axis.key for axis in AXES))
     total = 0
     for name, exp in config.experiments.items():
-        total += math.prod(len(exp[axis]) for axis in axes)
+        total += math.prod(len(exp[key]) for key in keys)
         if total > MAX_JOBS:
-            raise ConfigError(f"{config.path}: experiments.{name}: the sweep's axes ({' x '.join(axes)}) multiply "
+            raise ConfigError(f"{config.path}: experiments.{name}: the sweep's axes ({' x '.join(keys)}) multiply "
                               f"to more than {MAX_JOBS:,} jobs; split it, or measure more settings per job")
 
 

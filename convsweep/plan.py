@@ -101,6 +101,14 @@ class SweepPlan:
         return {(j.experiment, j.job_id): j for j in self.jobs}
 
     @property
+    def schema_file(self) -> str:
+        """experiments.yaml's schema as convsweep applies it (the axes' properties added: convsweep.axes),
+        as a file: Snakemake's validate reads a path."""
+        from .schema import schema_file
+
+        return str(schema_file("experiments"))
+
+    @property
     def results_dir(self) -> str:
         return self.config.results_dir
 

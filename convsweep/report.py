@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import axes
 from .config import tunables_text
 from .document import Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
 from .errors import ConvsweepError
@@ -22,14 +23,13 @@ from .figures import FIGURES, KINDS, Plotted, plot
 from .reading import (BASELINE_VARIANT, PROVENANCE_COLUMNS, MissingData, fastest as fastest_rows, provenance,
                       whole_network)
 
-# What tells two runs of one variant apart besides its tunables: (column, heading). A column other
-# than batch is shown only where the experiment varies it.
-CELL_COLUMNS = (("batch", "batch"), ("streams", "streams"), ("host_memory", "host memory"),
-                ("chunk_images", "chunk (images)"), ("cache", "L2"))
+# What tells two runs of one variant apart besides its tunables, the sweep's axes: (column, heading). A
+# column other than batch is shown only where the experiment varies it.
+CELL_COLUMNS = tuple((axis.name, axis.heading) for axis in axes.AXES)
 NO_VALUE = "—"
 
 RUNS_SQL = f"""
-SELECT r.id AS run_id, r.variant, r.params, r.batch, r.streams, r.host_memory, r.chunk_images, r.cache,
+SELECT r.id AS run_id, r.variant, r.params, {axes.columns("r")},
        r.status, r.error, r.op_time_1_ms, r.op_time_1_spread, r.op_time_2_ms, r.op_time_2_spread,
        r.forward_ms, r.forward_spread, r.total_s, r.accuracy, r.profiler,
        conv.op_time_ms, conv.timed_layers, conv.conv_layers, {PROVENANCE_COLUMNS}
@@ -39,7 +39,7 @@ LEFT JOIN (SELECT run_id, SUM(op_time_ms) AS op_time_ms, COUNT(op_time_ms) AS ti
                   COUNT(*) AS conv_layers
            FROM layer_time GROUP BY run_id) conv ON conv.run_id = r.id
 WHERE r.experiment = :experiment
-ORDER BY r.variant, r.batch, r.streams, r.host_memory, r.cache DESC, r.id"""
+ORDER BY r.variant, {axes.order_by("r")}, r.id"""
 
 READING_GUIDE = [
     "**op time 1**, **op time 2**: the GPU time of the first and the second conv layer's kernels (nsys, else "
@@ -94,20 +94,22 @@ def load(url: str | None, experiment: str) -> Experiment:
 
 # -- speedups ----------------------------------------------------------------------------------------
 def cell(run: dict[str, Any]) -> tuple:
-    return tuple(run[column] for column, _ in CELL_COLUMNS)
+    """The run's place in the matrix, its variant aside: its value of each axis."""
+    return tuple(run[name] for name in axes.NAMES)
 
 
 def _cell_order(key: tuple) -> tuple:
-    """A sort key for cells whose chunk size may be None (the automatic chunking)."""
-    return tuple((value is not None, value if value is not None else 0) for value in key)
+    """A cell's place in the tables (axes.sort_key: an automatic chunk size first)."""
+    return axes.sort_key(dict(zip(axes.NAMES, key)))
 
 
 def fastest(runs: Sequence[dict[str, Any]]) -> dict[str, dict[tuple, dict[str, Any]]]:
-    """Per variant and cell, the ok run with the least op time (a tuning grid's best setting)."""
+    """Per variant and cell (axes.CELL_COLUMNS within one experiment), the ok run with the least op time (a
+    tuning grid's best setting)."""
     timed = [run for run in runs if run["status"] == "ok" and run["op_time_ms"]]
     best: dict[str, dict[tuple, dict[str, Any]]] = {}
-    for (variant, *key), run in fastest_rows(timed, ("variant", *(column for column, _ in CELL_COLUMNS)))[0].items():
-        best.setdefault(variant, {})[tuple(key)] = run
+    for run in fastest_rows(timed, ("variant", *axes.NAMES))[0].values():
+        best.setdefault(run["variant"], {})[cell(run)] = run
     return best
 
 
@@ -193,7 +195,7 @@ def _seeds_table(runs: list[dict[str, Any]], shown: list[tuple[str, str]], grid:
             _number(run["op_time_2_ms"]), _percent(run["op_time_2_spread"]),
             _number(run["forward_ms"]), _percent(run["forward_spread"]),
             _number(run["total_s"]), _fixed(run["accuracy"], 4)])
-    numeric = [column not in ("host_memory", "cache") for column, _ in shown] + ([False] if grid else []) + [True] * 8
+    numeric = [axes.BY_NAME[column].numeric for column, _ in shown] + ([False] if grid else []) + [True] * 8
     return Table(headers, rows, numeric)
 
 
@@ -215,7 +217,7 @@ def _speedups(variant: str, previous: str | None, best: dict[str, dict[tuple, di
         others = " or ".join(f"`{over}`" for over, _ in compared)
         return [Paragraph(f"None: no {others} run at the batch, streams, host memory and L2 state of a `{variant}` "
                           "run." if others else "None: no other variant to compare with.")]
-    numeric = [column not in ("host_memory", "cache") for column, _ in shown] + ([False] if grid else []) + [True] * (
+    numeric = [axes.BY_NAME[column].numeric for column, _ in shown] + ([False] if grid else []) + [True] * (
         1 + len(compared))
     return [Table(headers, rows, numeric)]
 
@@ -375,7 +377,7 @@ def _text(value: Any) -> str:
 
 
 # -- tables as data ----------------------------------------------------------------------------------
-SEEDS_CSV_COLUMNS = ["variant", "tunables", "batch", "streams", "host memory", "chunk (images)", "L2", "status",
+SEEDS_CSV_COLUMNS = ["variant", "tunables", *(heading for _, heading in CELL_COLUMNS), "status",
                      "op time 1 (ms)", "op time 1 ±%", "op time 2 (ms)", "op time 2 ±%", "op time (ms)",
                      "forward (ms)", "forward ±%", "total (s)", "accuracy", "previous", "× over previous",
                      f"× over {BASELINE_VARIANT}", "error"]
@@ -423,14 +425,13 @@ def summary_markdown(experiment: Experiment) -> str:
 
     grid = any(several_settings([run for run in experiment.runs if run["variant"] == variant])
                for variant in {run["variant"] for run in experiment.runs})
-    runs = sorted(experiment.runs, key=lambda r: (r["variant"], r["batch"], r["streams"], r["host_memory"],
-                                                   r["cache"] != "warm", r["forward_ms"] is None,
+    runs = sorted(experiment.runs, key=lambda r: (r["variant"], axes.sort_key(r), r["forward_ms"] is None,
                                                    r["forward_ms"] or 0.0))
-    columns = ["variant", *(["setting"] if grid else []), "batch", "streams", "host_memory", "cache", "status",
+    columns = ["variant", *(["setting"] if grid else []), *axes.NAMES, "status",
                "op_time_1_ms", "op time 1 ±%", "op_time_2_ms", "op time 2 ±%", "forward_ms", "forward ±%",
                "total_s", "accuracy"]
-    rows = [[run["variant"], *([tunables(run["params"])] if grid else []), run["batch"], run["streams"],
-             run["host_memory"], run["cache"], run["status"], run["op_time_1_ms"], _spread(run["op_time_1_spread"]),
+    rows = [[run["variant"], *([tunables(run["params"])] if grid else []), *cell(run), run["status"],
+             run["op_time_1_ms"], _spread(run["op_time_1_spread"]),
              run["op_time_2_ms"], _spread(run["op_time_2_spread"]), run["forward_ms"], _spread(run["forward_spread"]),
              run["total_s"], run["accuracy"]] for run in runs]
     text = f"# {experiment.name}\n\n{SUMMARY_INTRO}\n\n{render(columns, rows, 'table')}\n"

@@ -3,7 +3,9 @@
 experiments.yaml, bench files, the variant registry and result JSONs are each described by a
 schema in workflow/schemas/ (defaults live there too, as Snakemake's `validate` expects). Checks
 a schema cannot express (a variant name the registry must know, a layer the network must have)
-stay in code and raise the same one-line ConfigError.
+stay in code and raise the same one-line ConfigError. The sweep's axes are declared once, in
+convsweep.axes: load_schema adds their properties to the experiments and result schemas, and
+schema_file writes that effective schema where Snakemake's validate can read it.
 """
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .axes import AXES
 from .errors import ConfigError
-from .fileio import write_json_atomic
+from .fileio import write_atomic, write_json_atomic
 from .paths import SCHEMAS_DIR, cache_dir
 from .yamlio import MAX_DEPTH, MAX_NODES, read_yaml_file
 
@@ -22,10 +25,38 @@ if TYPE_CHECKING:
     import jsonschema
 
 
+def _axis_properties(name: str) -> list[tuple[str, dict, list[str]]]:
+    """Where a schema describes the sweep's axes (convsweep.axes), which its file leaves out: (the
+    path of an object schema under $defs, the axes' properties it gains, those of them it requires)."""
+    if name == "experiments":  # a list of values per axis, required where the axis has no default list
+        return [("experiment", {axis.key: axis.config_schema() for axis in AXES},
+                 [axis.key for axis in AXES if axis.config_default is None])]
+    if name == "result":  # a job's cell and each measurement's setting: one value per axis
+        return [(spec, {axis.name: axis.result_schema() for axis in AXES},
+                 [axis.name for axis in AXES if axis.required]) for spec in ("job_spec", "spec")]
+    return []
+
+
 @functools.lru_cache(maxsize=None)
 def load_schema(name: str) -> dict:
-    """workflow/schemas/<name>.schema.yaml, read once per process."""
-    return read_yaml_file(SCHEMAS_DIR / f"{name}.schema.yaml")
+    """workflow/schemas/<name>.schema.yaml, read once per process, with the axes' properties added
+    where it describes them (experiments.yaml's lists, the result's specs)."""
+    schema = read_yaml_file(SCHEMAS_DIR / f"{name}.schema.yaml")
+    for definition, properties, required in _axis_properties(name):
+        target = schema["$defs"][definition]
+        target["properties"].update(properties)
+        target["required"] = [*target.get("required", []), *required]
+    return schema
+
+
+def schema_file(name: str) -> Path:
+    """The effective schema (load_schema's) as a JSON file in the cache directory, for a reader that
+    takes a path: Snakemake's validate. Written once per content; its name holds the content's hash."""
+    text = json.dumps(load_schema(name), indent=1, sort_keys=True)
+    path = cache_dir() / "schemas" / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.schema.json"
+    if not path.is_file():
+        write_atomic(path, text + "\n")
+    return path
 
 
 @functools.cache
@@ -178,7 +209,8 @@ def validated_file(path: Path, schema: str) -> Any:
     its import alone is ~0.15 s of each job on the lent GPU's host."""
     path = Path(path)
     try:
-        key = hashlib.sha256(path.read_bytes() + b"\0" + (SCHEMAS_DIR / f"{schema}.schema.yaml").read_bytes())
+        key = hashlib.sha256(path.read_bytes() + b"\0" + (SCHEMAS_DIR / f"{schema}.schema.yaml").read_bytes()
+                             + json.dumps(_axis_properties(schema), sort_keys=True).encode())
     except OSError:  # a missing file: read_yaml_file says so in its own words
         return validate(read_yaml_file(path), schema, path.name)
     memo = cache_dir() / "validated" / f"{schema}-{key.hexdigest()}.json"

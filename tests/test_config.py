@@ -408,7 +408,7 @@ def test_a_sweep_of_too_many_jobs_is_refused_before_it_is_expanded(tmp_path, mon
     monkeypatch.setattr(config, "MAX_JOBS", 5)
     data = copy.deepcopy(BASE)
     data["experiments"]["e1"].update(batches=[1, 2, 3], streams=[1, 2])
-    axes = r"\(variants x batches x streams x host_memory x chunk_images x cache\)"
+    axes = r"\(variants x batches x streams x chunk_images x host_memory x cache\)"
     with pytest.raises(ConfigError, match=rf"experiments.e1: the sweep's axes {axes} multiply to more than 5 jobs; split"):
         expand_config(load_config(write(tmp_path, data)))
 

@@ -163,7 +163,7 @@ EXPECTED = {
     "streams": (STREAMS, "Forward time and overlap against streams",
                 {"CUDA streams", "forward time (ms, log scale)", "copy time hidden under kernels (%)"}),
     "phases": (BASELINE, "Where each job's wall time went",
-               {"wall time (s)", "job (variant, batch, streams, host memory)"}),
+               {"wall time (s)", "job (variant and cell, as its id names them)"}),
     "tuning": (TUNING, "Tuning landscape", {"op time (ms, log scale)"}),
 }
 

@@ -10,7 +10,7 @@ import io
 
 import pytest
 
-from convsweep import document, report
+from convsweep import axes, document, report
 from convsweep.cli import main
 from convsweep.errors import ConvsweepError
 from convsweep.ncu import LaunchProfile
@@ -215,8 +215,8 @@ def test_summary_md_tells_a_grids_settings_apart_fastest_first(tmp_path):
     table = text.split("## Failed or incorrect")[0]
     grid = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table.splitlines() if line.startswith("| grid")]
     header = [cell.strip() for cell in next(l for l in table.splitlines() if l.startswith("| variant")).split("|")[1:-1]]
-    assert header[:7] == ["variant", "setting", "batch", "streams", "host_memory", "cache", "status"]
-    assert [(row[1], row[6]) for row in grid] == [("BLOCK=128", "ok"), ("BLOCK=64", "ok"), ("BLOCK=256", "failed")]
+    assert header[:8] == ["variant", "setting", *axes.NAMES, "status"]  # every axis, in AXES' order
+    assert [(row[1], row[7]) for row in grid] == [("BLOCK=128", "ok"), ("BLOCK=64", "ok"), ("BLOCK=256", "failed")]
     failed = text.split("## Failed or incorrect")[1]
     assert "| grid" in failed and "BLOCK=256" in failed and "BLOCK=64" not in failed
     # One setting per variant (the default sweep's experiments): no column of tunables to widen the table

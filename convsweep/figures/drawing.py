@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..axes import set_apart
 from ..errors import ConvsweepError
 
 DPI = 120
@@ -141,27 +142,28 @@ def variant_colors(variants: Iterable[str]) -> dict[str, str]:
 @dataclass(frozen=True)
 class SeriesStyle:
     """How a series is drawn: its variant's color, and dashed lines, hatched bars or hollow markers
-    when its runs found a cold L2, so the warm and cold runs of a variant read as a pair."""
+    when an axis sets its runs apart (axes.SERIES_AXES: a cold L2), so the plain and the set-apart
+    runs of a variant read as a pair."""
 
     color: str
-    cold: bool
+    apart: bool
 
     @property
     def linestyle(self) -> str:
-        return "--" if self.cold else "-"
+        return "--" if self.apart else "-"
 
     @property
     def hatch(self) -> str | None:
-        return "///" if self.cold else None
+        return "///" if self.apart else None
 
     def marker_colors(self) -> dict[str, str]:
-        return {"color": self.color, "markerfacecolor": "white" if self.cold else self.color,
-                "markeredgecolor": self.color if self.cold else "white"}
+        return {"color": self.color, "markerfacecolor": "white" if self.apart else self.color,
+                "markeredgecolor": self.color if self.apart else "white"}
 
 
 def series_styles(rows: Iterable[dict[str, Any]]) -> dict[str, SeriesStyle]:
-    """Per series (a variant, and its L2 state when cold), by name: how to draw it."""
+    """Per series (a variant, and what sets its runs apart: a cold L2), by name: how to draw it."""
     rows = list(rows)
     colors = variant_colors(r["variant"] for r in rows)
-    return {r["series"]: SeriesStyle(colors[r["variant"]], r["cache"] not in (None, "warm"))
+    return {r["series"]: SeriesStyle(colors[r["variant"]], set_apart(r))
             for r in sorted(rows, key=lambda r: r["series"])}

@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..axes import cell_text, order_by
+from ..axes import columns as axis_columns
 from ..reading import PROVENANCE_COLUMNS, Ceilings, MissingData, provenance
 from .drawing import LEGEND_WIDTH_IN, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure, runs_note, side_legend
 from .rows import fetch
@@ -20,13 +22,13 @@ def phase_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
     """Every run's phases, failed runs too (unlike the phases query): a job's settings share its
     wall time, so its bar adds up only with every one of them."""
     return fetch(url, f"""
-        SELECT r.id AS run_id, r.job_id, r.variant, r.batch, r.streams, r.host_memory, r.cache, r.total_s,
+        SELECT r.id AS run_id, r.job_id, r.variant, {axis_columns("r")}, r.total_s,
                p.name AS phase, p.seconds, {PROVENANCE_COLUMNS}
         FROM latest_run r
         JOIN environment e ON e.id = r.environment_id
         LEFT JOIN phase p ON p.run_id = r.id
         WHERE r.experiment = :experiment
-        ORDER BY r.variant, r.batch, r.streams, r.host_memory, r.id""", {"experiment": experiment})
+        ORDER BY r.variant, {order_by("r")}, r.id""", {"experiment": experiment})
 
 
 def job_phases(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -35,10 +37,8 @@ def job_phases(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     jobs: dict[str, dict[str, Any]] = {}
     counted: set[int] = set()
     for row in rows:
-        cold = " cold L2" if row["cache"] == "cold" else ""
-        job = jobs.setdefault(row["job_id"], {"label": f"{row['variant']} b{row['batch']} s{row['streams']} "
-                                                       f"{row['host_memory']}{cold}", "runs": set(), "phases": {},
-                                              "total_s": 0.0})
+        job = jobs.setdefault(row["job_id"], {"label": f"{row['variant']} {cell_text(row)}", "runs": set(),
+                                              "phases": {}, "total_s": 0.0})
         job["runs"].add(row["run_id"])
         if row["run_id"] not in counted:
             counted.add(row["run_id"])
@@ -61,7 +61,7 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
     ax = axes[0][0]
     _bars(ax, jobs, labels, names)
     ax.set_xlabel("wall time (s)")
-    ax.set_ylabel("job (variant, batch, streams, host memory)")
+    ax.set_ylabel("job (variant and cell, as its id names them)")
     ax.invert_yaxis()
     ax.margins(y=0.01)
     ax.grid(True, axis="x", alpha=0.3)

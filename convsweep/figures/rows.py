@@ -1,5 +1,6 @@
 """What the figures read from the database: the stored experiments, and the conv layer rows most
-figures draw, each named by its series (variant, whole network, L2 state).
+figures draw, each named by its series (variant, whole network, and the axes that set series apart:
+a cold L2).
 
 The database is read through convsweep.query (read-only, SQLite or PostgreSQL alike), imported only
 when a figure reads: SQLAlchemy is slow to load.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..axes import columns as axis_columns, series_suffix
 from ..fileio import json_column
 from ..reading import PROVENANCE_COLUMNS, MissingData, whole_network
 
@@ -36,7 +38,7 @@ def layer_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
     with its op time, floors, tunables and provenance."""
     rows = fetch(url, f"""
         SELECT r.id AS run_id, r.variant, lt.variant AS layer_variant, lt.params, lt.layer_index, lt.layer,
-               r.batch, r.streams, r.host_memory, r.cache, r.status, lt.op_time_ms, lt.flops, lt.bytes,
+               {axis_columns("r")}, r.status, lt.op_time_ms, lt.flops, lt.bytes,
                ncu.dram_bytes, {PROVENANCE_COLUMNS}
         FROM layer_time lt
         JOIN latest_run r ON r.id = lt.run_id
@@ -46,7 +48,7 @@ def layer_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
         ORDER BY lt.layer_index, r.batch, r.id""", {"experiment": experiment})
     for row in rows:
         row["params"] = json_column(row["params"]) or {}
-        row["series"] = row["variant"] + whole_network_suffix(row["variant"]) + cache_suffix(row["cache"])
+        row["series"] = row["variant"] + whole_network_suffix(row["variant"]) + series_suffix(row)
     return rows
 
 
@@ -54,12 +56,6 @@ def whole_network_suffix(variant: str) -> str:
     """' (whole network)' for a variant whose kernel runs on to the network's end: its first layer's
     op time is every layer's, and a reader comparing it with one conv layer's must be told."""
     return " (whole network)" if whole_network(variant) else ""
-
-
-def cache_suffix(cache: str | None) -> str:
-    """What a series name gains from the L2 state its runs found: nothing when warm (every run
-    before cache was an axis), ', cold L2' when written over before each layer."""
-    return "" if cache in (None, "warm") else f", {cache} L2"
 
 
 def timed_layers(rows: Iterable[dict[str, Any]], experiment: str) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..axes import series_values
 from ..reading import BASELINE_VARIANT, Ceilings, MissingData, fastest, provenance
 from .drawing import (PANEL_HEIGHT_IN, SeriesStyle, figure_width, finish, new_figure, panel_legend, plain_log,
                       runs_note, series_styles)
@@ -14,7 +15,8 @@ def draw(stored: list[dict[str, Any]], experiment: str, ceilings: Ceilings | Non
     or down (slower) from 1× on a log axis."""
     rows = timed_layers(stored, experiment)
     best, several = fastest(rows, ("layer_index", "series", "batch"))
-    baseline = {(i, r["cache"], b): r["op_time_ms"] for (i, _, b), r in best.items()
+    # The baseline of each series is naive's run set apart the same way (cold over cold, warm over warm).
+    baseline = {(i, series_values(r), b): r["op_time_ms"] for (i, _, b), r in best.items()
                 if r["variant"] == BASELINE_VARIANT}
     if not baseline:
         raise MissingData(f"experiment {experiment!r} has no ok {BASELINE_VARIANT} run: the speedup is over the "
@@ -23,8 +25,8 @@ def draw(stored: list[dict[str, Any]], experiment: str, ceilings: Ceilings | Non
     others = sorted({r["series"] for r in rows if r["variant"] != BASELINE_VARIANT})
     if not others:
         raise MissingData(f"experiment {experiment!r} has only {BASELINE_VARIANT} runs: no speedup to show")
-    speedups = {(i, v, b): baseline[i, r["cache"], b] / r["op_time_ms"] for (i, v, b), r in best.items()
-                if r["variant"] != BASELINE_VARIANT and (i, r["cache"], b) in baseline}
+    speedups = {(i, v, b): baseline[i, series_values(r), b] / r["op_time_ms"] for (i, v, b), r in best.items()
+                if r["variant"] != BASELINE_VARIANT and (i, series_values(r), b) in baseline}
     layers = conv_layers(best.values())
     batches = sorted({b for *_, b in baseline})
     fig, axes = new_figure(1, len(layers), figure_width(len(layers)), PANEL_HEIGHT_IN + 1.4, sharey=True)

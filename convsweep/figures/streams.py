@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..axes import columns as axis_columns
 from ..reading import PROVENANCE_COLUMNS, Ceilings, MissingData, fastest, provenance
 from .drawing import (BATCH_MARKERS, PANEL_HEIGHT_IN, VARIANT_LINESTYLES, figure_width, finish, new_figure,
                       panel_legend, plain_log, runs_note)
@@ -11,7 +12,7 @@ from .rows import fetch
 def stream_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
     """The ok runs of `experiment` that have a forward time, with their streams, host memory and overlap."""
     return fetch(url, f"""
-        SELECT r.id AS run_id, r.variant, r.batch, r.streams, r.host_memory, r.forward_ms, r.overlap,
+        SELECT r.id AS run_id, r.variant, {axis_columns("r")}, r.forward_ms, r.overlap,
                {PROVENANCE_COLUMNS}
         FROM latest_run r
         JOIN environment e ON e.id = r.environment_id

@@ -8,7 +8,7 @@ from typing import Any
 from ..reading import Ceilings, MissingData, provenance
 from .drawing import (LEGEND_WIDTH_IN, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure, plain_log, runs_note,
                       side_legend, variant_colors)
-from .rows import cache_suffix
+from ..axes import series_suffix
 
 LABELLED_SETTINGS_MAX = 24  # a tuning panel names each setting up to this many, else ranks only
 
@@ -44,16 +44,16 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
 
 
 def tuning_settings(rows: Iterable[dict[str, Any]]) -> dict[tuple[int, str, int], dict[str, dict[str, Any]]]:
-    """Per (layer_index, layer, batch): each setting (the layer's variant and tunables) with its
-    fastest ok op time, or None and the status when it has no ok run."""
+    """Per (layer_index, layer, batch): each setting (the layer's variant and tunables, and what sets its
+    series apart: ', cold L2') with its fastest ok op time, or None and the status when it has no ok run."""
     panels: dict[tuple[int, str, int], dict[str, dict[str, Any]]] = {}
     for row in rows:
         settings = panels.setdefault((row["layer_index"], row["layer"], row["batch"]), {})
         variant = row["layer_variant"] or row["variant"]
-        tunables = setting_text(variant, row["params"])
-        entry = settings.setdefault(tunables + cache_suffix(row["cache"]),
+        tunables, apart = setting_text(variant, row["params"]), series_suffix(row)
+        entry = settings.setdefault(tunables + apart,
                                     {"variant": variant, "tunables": tunables, "params": row["params"] or {},
-                                     "cache": row["cache"], "op_time_ms": None, "status": row["status"]})
+                                     "apart": apart, "op_time_ms": None, "status": row["status"]})
         if row["status"] == "ok" and row["op_time_ms"]:
             if entry["op_time_ms"] is None or row["op_time_ms"] < entry["op_time_ms"]:
                 entry.update(op_time_ms=row["op_time_ms"], status="ok")
@@ -106,7 +106,7 @@ def _panel(ax, settings: dict[str, dict[str, Any]] | None, colors: dict[str, str
         ax.text(0.5, 0.5, "no grid measured here", ha="center", va="center", transform=ax.transAxes, color="0.4")
         ax.set_axis_off()
         return
-    ranked = sorted(((s["op_time_ms"], values_text(s["params"], names[s["variant"]]) + cache_suffix(s["cache"]),
+    ranked = sorted(((s["op_time_ms"], values_text(s["params"], names[s["variant"]]) + s["apart"],
                       s["variant"], name) for name, s in settings.items() if s["op_time_ms"]))
     ranks = list(range(1, len(ranked) + 1))
     ax.plot([t for t, *_ in ranked], ranks, color="0.8", linewidth=1, zorder=1)

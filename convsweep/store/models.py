@@ -24,6 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from ..axes import AXES, Axis
+
 
 # Deterministic constraint names, so the hand-written migration and the models agree.
 NAMING_CONVENTION = {
@@ -91,7 +93,23 @@ class Build(Base):
     kernels: Mapped[list[Any] | None]
 
 
-class Run(Base):
+_SQL_TYPES = {int: Integer, str: String}
+
+
+def _axis_column(axis: Axis):
+    """An axis's column of `run`: NULL where the axis's default is None (the automatic chunking), else a
+    value, which rows stored before the axis existed took from the server default (cache: warm)."""
+    return mapped_column(_SQL_TYPES[axis.type], nullable=axis.nullable,
+                         server_default=None if axis.required or axis.default is None else str(axis.default))
+
+
+# The sweep's axes (convsweep.axes), a column each; adding one takes a migration that adds its column.
+AxisColumns = type("AxisColumns", (), {
+    "__doc__": "The run's cell: a column per axis of the sweep (convsweep.axes).",
+    **{axis.name: _axis_column(axis) for axis in AXES}})
+
+
+class Run(AxisColumns, Base):
     """One measurement of one tunable setting (run_key: the hash of its spec). A setting measured
     again, say after its kernel changed, gets a new row; the latest_run view keeps the newest."""
 
@@ -114,9 +132,6 @@ class Run(Base):
     variants: Mapped[dict[str, Any]]
     params: Mapped[dict[str, Any] | None]
     variant: Mapped[str] = mapped_column(String)
-    batch: Mapped[int] = mapped_column(Integer)
-    streams: Mapped[int] = mapped_column(Integer)
-    host_memory: Mapped[str] = mapped_column(String)
     repeats: Mapped[int | None] = mapped_column(Integer)  # timed passes taken (repeats: auto decides how many)
     warmup: Mapped[int | None] = mapped_column(Integer)
     profiler_requested: Mapped[str | None] = mapped_column(String)
@@ -125,7 +140,6 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text)
     accuracy: Mapped[float | None] = mapped_column(Float)
     prediction_agreement: Mapped[float | None] = mapped_column(Float)
-    chunk_images: Mapped[int | None] = mapped_column(Integer)  # null: the automatic chunking
     max_rel_err: Mapped[float | None] = mapped_column(Float)
     tolerance: Mapped[float | None] = mapped_column(Float)
     images_unique: Mapped[int | None] = mapped_column(Integer)
@@ -155,10 +169,9 @@ class Run(Base):
     memory_clock_mhz: Mapped[int | None] = mapped_column(Integer)
     sm_clock_after_mhz: Mapped[int | None] = mapped_column(Integer)  # at its end
     memory_clock_after_mhz: Mapped[int | None] = mapped_column(Integer)
-    # What the numbers were measured under: the L2 state the conv layers found, NVML's slowdown
+    # What the numbers were measured under besides the cell (the L2 state is an axis): NVML's slowdown
     # reasons seen during the timed passes (comma-separated) and after how many passes, and the
     # GPU's energy over the timed part (the whole GPU's, idle gaps between passes included).
-    cache: Mapped[str] = mapped_column(String, server_default="warm")
     throttle_reasons: Mapped[str | None] = mapped_column(String)
     throttled_passes: Mapped[int | None] = mapped_column(Integer)
     note: Mapped[str | None] = mapped_column(Text)  # throttled passes; nsys asked for but not found
