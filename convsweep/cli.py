@@ -120,15 +120,15 @@ def cmd_run_job(args) -> None:
 
     # A fresh process: the job takes its GPU's lock (a free one among several) before CUDA starts.
     result = run_job(_job_spec(_read_spec(args)), Path(args.out), process_age=process_age())
-    statuses = Counter(m["status"] for m in result["measurements"])
-    fastest = min((m for m in result["measurements"] if m["status"] == "ok"),
-                  key=lambda m: sum(v or 0 for v in m["timings"]["op_time_ms"].values()), default=None)
+    measurements = result.measurements
+    statuses = Counter(m.status for m in measurements)
+    fastest = min((m for m in measurements if m.status == "ok"),
+                  key=lambda m: sum(v or 0 for v in m.timings.op_time_ms.values()), default=None)
     best = ""
     if fastest is not None:
-        ops = ", ".join(f"{k} {v:.3f} ms" for k, v in fastest["timings"]["op_time_ms"].items() if v is not None)
-        best = f"; fastest: {ops}" + (f" ({tunables_text(fastest['spec']['params'])})"
-                                      if len(result["measurements"]) > 1 else "")
-    print(f"{result['job_id']}: {len(result['measurements'])} settings in {result['total_s']:.1f} s: "
+        ops = ", ".join(f"{k} {v:.3f} ms" for k, v in fastest.timings.op_time_ms.items() if v is not None)
+        best = f"; fastest: {ops}" + (f" ({tunables_text(fastest.params)})" if len(measurements) > 1 else "")
+    print(f"{result.job_id}: {len(measurements)} settings in {result.total_s:.1f} s: "
           + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items())) + best)
 
 

@@ -6,7 +6,7 @@ NVTX range "setting <i>") or, under nsys, in a child process inside one `nsys pr
 kernel and copy records then replace each setting's event timings.
 
 One result file is written, atomically: the job and one measurement per setting (format 3,
-docs/result-format.md). A setting that fails to compile or launch, or gives a wrong answer, is a
+docs/result-format.md; convsweep.record writes and reads it). A setting that fails to compile or launch, or gives a wrong answer, is a
 measurement too (status failed or incorrect) and the others go on. Each finished setting is also
 kept in `<job>.partial/` until the file is written, so a job that was interrupted measures, when
 run again, only the settings it has no result for, unless the code or inputs it measures have
@@ -25,106 +25,30 @@ starts only once this job has the GPU's lock (measure.py says why).
 """
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import shutil
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import nsys as nsys_mod
-from .compile import LAYERS_SOURCE, source_hash
-from .config import JobSpec, RunSpec, Settings
-from .errors import ConvsweepError, MachineError, ShapeError, writing
+from .config import JobSpec
+from .context import JobContext
+from .errors import ConvsweepError, MachineError, writing
 from .fileio import canonical_hash, remove_stale_temporaries, write_json_atomic
 from .numbers import finite
-from .paths import relative_to_root, resolve_network_path
-from .provenance import environment, git_state
-from .variants import Variant, get_variant
+from .provenance import environment
+from .record import FORMAT, Measurement, ResultFile, Sample, SettingCounts, utc_now
+from .variants import get_variant
 
 if TYPE_CHECKING:
-    from .inputs import Batch
-    from .network import Network
     from .runner import Backend
-
-# The result format written: the newest of workflow/schemas/result.schema.yaml (a store test ties
-# the two; reading the schema here would cost every job process its parse).
-FORMAT = 3
-
-
-def kernel_sources_of(variants: dict[str, Variant]) -> dict[str, str]:
-    """{kernel file: source hash} of every kernel a job runs: its variants' files and, on the GPU,
-    layers.cu. Known before anything compiles, so a run that failed still says what code it tried."""
-    files = [v.source for v in variants.values() if not v.is_cpu]
-    if files:
-        files.append(LAYERS_SOURCE)
-    return {relative_to_root(f): source_hash(f) for f in dict.fromkeys(files)}
-
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def timed_variants(network: Network, variants: dict[str, Variant]) -> dict[str, Variant]:
-    """The layer -> variant map a job times: a conv layer that an earlier layer's variant computes
-    (a fused network swallows the later convs) has no kernel, no op time and no build of its own.
-    A variant that does not fit its layer is left for the measurement to report."""
-    try:
-        swallowed = network.swallowed({layer: v.fuses for layer, v in variants.items() if not v.is_cpu})
-    except ShapeError:
-        return variants
-    return {layer: v for layer, v in variants.items() if layer not in swallowed}
-
-
-# -- one setting's record -----------------------------------------------------------------------
-@dataclass
-class JobContext:
-    """What every setting of a job shares: its spec and settings, the batch, the variants, and the
-    provenance each measurement repeats (so each stands alone in the store)."""
-
-    spec: JobSpec
-    runs: list[RunSpec]
-    settings: Settings
-    network: Network
-    batch: Batch | None
-    variants: dict[str, Variant]
-    provenance: dict
-    keep_logits: bool = False  # leave each setting's output array in its measurement (never in files)
-
-    @classmethod
-    def open(cls, spec: JobSpec) -> "JobContext":
-        """The settings and provenance; the batch is loaded by measure_settings (a failure to load
-        it is the measurements' failure, not the job's)."""
-        from .network import load_network
-
-        settings = spec.settings()
-        network = load_network(resolve_network_path(spec.network))
-        variants = timed_variants(network, {layer: get_variant(name) for layer, name in spec.variants.items()})
-        return cls(spec, spec.runs(), settings, network, None, variants,
-                   {"git": git_state(), "sources": kernel_sources_of(variants)})
-
-    def skeleton(self, index: int) -> dict:
-        """A measurement before measuring: identity and provenance; `failed` until measured."""
-        run = self.runs[index]
-        return {"measurement_id": uuid.uuid4().hex, "job_id": self.spec.job_id, "run_key": run.run_key,
-                "spec": run.to_dict(), "sweep": self.spec.sweep, **self.provenance,
-                "grid": {"job_key": self.spec.job_key, "index": index, "settings": len(self.runs),
-                         "valid": self.settings.valid, "search": self.spec.search},
-                "clocks": {"sm_mhz": None, "memory_mhz": None}, "clocks_after": None, "energy": None, "throttle": None,
-                "note": None, "environment": None, "stopping": None,
-                "status": "failed", "error": None, "profiler": None, "started_at": utc_now(),
-                "accuracy": None, "max_rel_err": None, "tolerance": None, "images": None,
-                "timings": {"op_time_ms": {}, "h2d_ms": None, "d2h_ms": None, "compute_ms": None, "forward_ms": None,
-                            "overlap": None, "streams_used": None, "total_s": None, "compile_ms": None},
-                "phases_s": {}, "floors": {}, "samples": [], "builds": [], "kernels": [], "memcpys": [], "files": {}}
 
 
 # -- resuming -----------------------------------------------------------------------------------
@@ -147,24 +71,25 @@ class ResumeStore:
         """Whether an earlier run of the job left settings behind (without reading them)."""
         return cls.dir_of(out_path).is_dir()
 
-    def load(self) -> dict[str, dict]:
+    def load(self) -> dict[str, Measurement]:
         """run_key -> measurement of this key; files of another key (older code) are removed."""
         found = {}
         for path in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
             try:
                 saved = json.loads(path.read_text())
-            except (OSError, ValueError):
-                saved = {}
-            if saved.get("resume_key") == self.key and isinstance(saved.get("measurement"), dict):
-                found[saved["measurement"]["run_key"]] = saved["measurement"]
+                measurement = Measurement.from_json(saved["measurement"]) if saved["resume_key"] == self.key else None
+            except (OSError, ValueError, LookupError, TypeError):  # unreadable, or not a measurement
+                measurement = None
+            if measurement is not None:
+                found[measurement.run_key] = measurement
             else:
                 path.unlink(missing_ok=True)
         return found
 
-    def put(self, measurement: dict) -> None:
-        path = self.dir / f"{measurement['run_key']}.json"
+    def put(self, measurement: Measurement) -> None:
+        path = self.dir / f"{measurement.run_key}.json"
         with writing(path):
-            write_json_atomic(path, {"resume_key": self.key, "measurement": measurement})
+            write_json_atomic(path, {"resume_key": self.key, "measurement": measurement.to_json()})
 
     def clear(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -174,7 +99,7 @@ def resume_key(ctx: JobContext) -> str:
     """What a stored setting must have been measured from to count as measured: the job, its
     kernel sources, its variants' registry entries, and the network and weights files."""
     files = [p for p in (ctx.network.path, ctx.network.weights_path) if p is not None]
-    return canonical_hash({"job": ctx.spec.job_key, "sources": ctx.provenance["sources"],
+    return canonical_hash({"job": ctx.spec.job_key, "sources": ctx.sources,
                            "registry": {v.name: v.entry_hash for v in ctx.variants.values()},
                            "files": {str(p): hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in files}})
 
@@ -184,7 +109,8 @@ PROFILERS = ("nsys", "auto", "events")  # what a spec may ask for (the experimen
 NSYS_MISSING_NOTE = "nsys not found: timed with CUDA events"
 
 
-def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None, backend: Backend | None = None) -> dict:
+def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None,
+            backend: Backend | None = None) -> ResultFile:
     """Measure the job's settings and write its result file; returns what it wrote. A setting's
     failure is stored, never raised; a spec whose settings cannot be worked out raises ConvsweepError,
     and a machine that cannot run the job raises MachineError, with no result file at `out_path`.
@@ -213,7 +139,7 @@ def no_result_on_machine_error(out_path: Path) -> Iterator[None]:
         raise
 
 
-def _run_job(spec: JobSpec, out_path: Path, process_age: float | None, backend: Backend | None) -> dict:
+def _run_job(spec: JobSpec, out_path: Path, process_age: float | None, backend: Backend | None) -> ResultFile:
     started, started_at = time.perf_counter(), utc_now()
     remove_stale_temporaries(out_path)
     if spec.profiler not in PROFILERS:
@@ -238,9 +164,9 @@ def _run_job(spec: JobSpec, out_path: Path, process_age: float | None, backend: 
         print(f"{spec.job_id}: {len(ctx.runs)} of {ctx.settings.valid} valid settings"
               + (f", {len(ctx.runs) - len(todo)} of them measured before" if len(todo) < len(ctx.runs) else ""),
               flush=True)
-        fresh: list[dict] = []
+        fresh: list[Measurement] = []
 
-        def keep(measurement: dict) -> None:
+        def keep(measurement: Measurement) -> None:
             resume.put(measurement)
             fresh.append(measurement)
 
@@ -256,34 +182,32 @@ def _run_job(spec: JobSpec, out_path: Path, process_age: float | None, backend: 
             shared = measure_settings(ctx, todo, backend or Backend(), keep)
             if spec.profiler == "auto" and on_gpu:
                 for m in fresh:
-                    m["profiler_note"] = NSYS_MISSING_NOTE
+                    m.profiler_note = NSYS_MISSING_NOTE
     shared = {"process_start": process_age, **shared} if process_age is not None else shared
     wall = (process_age or 0.0) + time.perf_counter() - started
     _share_job_time(fresh, shared, wall)
-    by_key = {**stored, **{m["run_key"]: m for m in fresh}}
-    result = {"format": FORMAT, "job_id": spec.job_id, "job_key": spec.job_key, "job": spec.to_dict(),
-              "sweep": spec.sweep, "settings": {"valid": ctx.settings.valid, "measured": len(fresh),
-                                                "resumed": len(ctx.runs) - len(todo)},
-              "started_at": started_at, "total_s": wall, "phases_s": {k: finite(v) for k, v in shared.items()},
-              "files": files, "measurements": [by_key[run.run_key] for run in ctx.runs]}
-    with writing(out_path):
-        write_json_atomic(out_path, result)
+    by_key = {**stored, **{m.run_key: m for m in fresh}}
+    result = ResultFile(FORMAT, spec.job_id, spec.job_key, spec.to_dict(), spec.sweep,
+                        SettingCounts(ctx.settings.valid, len(fresh), len(ctx.runs) - len(todo)),
+                        started_at, wall, {k: finite(v) for k, v in shared.items()}, files,
+                        [by_key[run.run_key] for run in ctx.runs])
+    result.write(out_path)
     resume.clear()
     return result
 
 
-def _share_job_time(fresh: list[dict], shared: dict, wall: float) -> None:
+def _share_job_time(fresh: list[Measurement], shared: dict, wall: float) -> None:
     """Give each setting measured now an equal share of what the job spent on all of them (process
     start, loading, the GPU context, compiling, nsys): its phases gain the shared phases over n, and
     its total_s is its own time plus 1/n of the rest, so a job's settings add up to its wall time."""
     if not fresh:
         return
     n = len(fresh)
-    rest = max(0.0, wall - sum(m["timings"]["total_s"] or 0.0 for m in fresh))
+    rest = max(0.0, wall - sum(m.timings.total_s or 0.0 for m in fresh))
     for m in fresh:
-        m["phases_s"] = {k: finite(v) for k, v in {**{k: v / n for k, v in shared.items() if v is not None},
-                                                    **m["phases_s"]}.items()}
-        m["timings"]["total_s"] = (m["timings"]["total_s"] or 0.0) + rest / n
+        m.phases_s = {k: finite(v) for k, v in {**{k: v / n for k, v in shared.items() if v is not None},
+                                                 **m.phases_s}.items()}
+        m.timings.total_s = (m.timings.total_s or 0.0) + rest / n
 
 
 # -- under nsys ---------------------------------------------------------------------------------
@@ -319,7 +243,7 @@ class ProfiledChild:
 
 
 def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
-                        keep: Callable[[dict], None]) -> tuple[dict, dict]:
+                        keep: Callable[[Measurement], None]) -> tuple[dict, dict]:
     """Wait for the child, then give each setting the kernel and copy records of its NVTX range. A
     setting the child never finished (it crashed) is stored as failed; nsys failing fails every
     setting with its message; the child's machine failing (its `machine` line) is raised as the job's,
@@ -327,7 +251,8 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
     spec = ctx.spec
     sqlite_path, problem, wall, lines = child.wait()
     inner_shared = next((line["shared"] for line in lines if "shared" in line), {})
-    measured = {m["grid"]["index"]: m for line in lines if (m := line.get("measurement"))}
+    finished = [Measurement.from_json(line["measurement"]) for line in lines if "measurement" in line]
+    measured = {m.grid.index: m for m in finished}
     machine = next((line["machine"] for line in lines if "machine" in line), None)
     if machine is not None:
         for m in measured.values():  # settings known without the machine (compile errors): kept to resume
@@ -345,33 +270,34 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
     for i in todo:
         m = measured.get(i)
         if m is None:
-            m = ctx.skeleton(i)
-            m.update(error=problem or "the measuring process ended before this setting (it crashed: see the job log)",
-                     environment=environment())
-            m["timings"]["total_s"] = 0.0
-        elif m["status"] != "failed":
-            _apply_nsys(m, summaries.get(i), problem, (m.get("stopping") or {}).get("samples", spec.repeats))
-        m["files"] = files
+            m = ctx.measurement(i)
+            m.error = problem or "the measuring process ended before this setting (it crashed: see the job log)"
+            m.environment = environment()
+            m.timings.total_s = 0.0
+        elif m.status != "failed":
+            _apply_nsys(m, summaries.get(i), problem, m.stopping.samples if m.stopping else spec.repeats)
+        m.files = files
         keep(m)
-    own = sum(v for v in inner_shared.values() if v) + sum(m["timings"]["total_s"] or 0 for m in measured.values())
+    own = sum(v for v in inner_shared.values() if v) + sum(m.timings.total_s or 0 for m in measured.values())
     return {**inner_shared, "profile": max(0.0, wall - own), "nsys_read": read_s}, files
 
 
-def _apply_nsys(m: dict, summary: dict | None, problem: str | None, repeats: int) -> None:
-    """Replace a setting's event timings with its nsys records; keep the event forward pass beside
-    them. `repeats`: the timed passes the child took (the stopping rule's count)."""
+def _apply_nsys(m: Measurement, summary: dict | None, problem: str | None, repeats: int) -> None:
+    """Replace a setting's event timings with its nsys records (nsys.summarize_settings's summary);
+    keep the event forward pass beside them. `repeats`: the timed passes the child took (the
+    stopping rule's count)."""
     seen = summary["repeats_seen"] if summary else 0
     if problem or seen != repeats:
-        m.update(status="failed", error=problem or f"nsys report holds {seen} timed repeats of this setting, "
-                                                    f"expected {repeats}")
+        m.status = "failed"
+        m.error = problem or f"nsys report holds {seen} timed repeats of this setting, expected {repeats}"
         return
-    timings = m["timings"]
-    event_forward = timings.get("forward_ms")
-    timings.update({k: finite(summary[k]) for k in ("h2d_ms", "d2h_ms", "compute_ms", "forward_ms", "overlap",
-                                                     "streams_used")})
-    timings["op_time_ms"] = {k: finite(v) for k, v in summary["op_time_ms"].items()}
-    timings["event_forward_ms"] = event_forward
-    m.update(profiler="nsys", samples=summary["samples"], kernels=summary["kernels"], memcpys=summary["memcpys"])
+    t, event_forward = m.timings, m.timings.forward_ms
+    t.h2d_ms, t.d2h_ms, t.compute_ms, t.forward_ms, t.overlap, t.streams_used = (
+        finite(summary[k]) for k in ("h2d_ms", "d2h_ms", "compute_ms", "forward_ms", "overlap", "streams_used"))
+    t.op_time_ms = {k: finite(v) for k, v in summary["op_time_ms"].items()}
+    t.event_forward_ms = event_forward
+    m.profiler, m.kernels, m.memcpys = "nsys", summary["kernels"], summary["memcpys"]
+    m.samples = [Sample.from_json(s) for s in summary["samples"]]
 
 
 def read_progress(path: Path) -> list[dict]:
@@ -405,7 +331,7 @@ def measure_to_file(spec: JobSpec, todo: list[int] | None, out_path: Path) -> No
 
         indices = list(range(len(ctx.runs))) if todo is None else todo
         try:
-            shared = measure_settings(ctx, indices, Backend(), lambda m: write({"measurement": m}))
+            shared = measure_settings(ctx, indices, Backend(), lambda m: write({"measurement": m.to_json()}))
         except MachineError as e:
             write({"machine": str(e)})
             raise

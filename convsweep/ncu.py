@@ -32,8 +32,9 @@ from .config import JobSpec
 from .errors import MachineError, writing
 from .fileio import write_json_atomic
 from .gpulock import bind_free_gpu
-from .job import no_result_on_machine_error, read_progress, utc_now
+from .job import no_result_on_machine_error, read_progress
 from .provenance import git_state
+from .record import Measurement, utc_now
 from .variants import get_variant
 
 FORMAT = "ncu-1"
@@ -273,7 +274,7 @@ def _profile_job(spec: JobSpec, out_path: Path, log, required: bool) -> dict:
     machine = next((line["machine"] for line in lines if "machine" in line), None)
     if machine is not None:  # the child could not open a GPU: ncu's own words would only say it saw no kernel
         raise MachineError(machine)
-    measured = [line["measurement"] for line in lines if "measurement" in line]
+    measured = [Measurement.from_json(line["measurement"]) for line in lines if "measurement" in line]
     if problem is not None:
         result["reason"] = problem
     else:
@@ -284,7 +285,7 @@ def _profile_job(spec: JobSpec, out_path: Path, log, required: bool) -> dict:
             result["reason"] = "cannot read the report: no ncu_report module (pip install ncu-report)"
         else:
             result.update(status="ok", profiles=[p.record() for p in profiles], files={"ncu_report": str(report)},
-                          environment=next((m["environment"] for m in measured if m.get("environment")), None))
+                          environment=next((m.environment for m in measured if m.environment), None))
     return _write_profile(out_path, result, started)
 
 

@@ -3,9 +3,8 @@
 `GpuNetwork` compiles and uploads once, owns one set of activation buffers per lane (one lane
 per stream), and `enqueue` puts one chunk of images through every step on a stream, each step
 enqueued by its layer kind (convsweep.layers). `pipeline_pass` runs a batch host to host in
-chunks over several streams, and `capture_pass` records such a pass once as a CUDA graph to
-replay. Timing is the caller's business: the runner only marks layers
-(NVTX ranges, optional events).
+chunks over several streams (convsweep.timing's GraphReplay records one once, as a CUDA graph, to
+replay). Timing is the caller's business: the runner only marks layers (NVTX ranges, optional events).
 """
 from __future__ import annotations
 
@@ -20,10 +19,11 @@ import numpy as np
 
 from .compile import LAYERS_SOURCE, CompiledModule, compile_all, compile_source, compile_variant
 from .errors import DeviceError, ShapeError
-from .gpu import CapturedGraph, DeviceArray, Gpu, count_devices
+from .gpu import DeviceArray, Gpu, count_devices
 from .layers import LAYER_KINDS
 from .network import Network, Step
 from .provenance import GpuMonitor
+from .timing import FLUSH, Observer, gpu_observers
 from .variants import ConvShape, Variant
 
 try:
@@ -35,10 +35,6 @@ except ImportError:  # NVTX is optional outside nsys; ranges are only labels
 
     def nvtx_range(name: str):
         return contextlib.nullcontext()
-
-
-# The NVTX range, and the events key, of the L2 flushes of a cold-cache pass (Gpu.l2_flusher).
-FLUSH = "l2 flush"
 
 
 class ConvOp:
@@ -250,6 +246,8 @@ class Backend:
     compile_all: Callable[..., AbstractContextManager] = compile_all
     monitor: Callable[..., GpuMonitor] = GpuMonitor  # (CUDA uuid, PCI bus id) -> a context manager
     clock: Callable[[], float] = time.perf_counter  # seconds; what the stopping rule and the energy window read
+    # (gpu, monitor, run spec, clock) -> what watches a setting's timed passes (timing.gpu_observers)
+    observers: Callable[..., list[Observer]] = gpu_observers
     devices: Callable[[], int] = count_devices  # GPUs the driver sees; MachineError (no GPU or driver) where none
 
 
@@ -321,11 +319,3 @@ def pipeline_pass(gpu: Gpu, net: GpuNetwork, streams: list, chunks: list[tuple[i
         streams[0].wait(gpu.event(s))
     end = gpu.event(streams[0])
     return start, h2d_end, d2h_start, end
-
-
-def capture_pass(gpu: Gpu, net: GpuNetwork, streams: list, chunks: list[tuple[int, int]],
-                 buffers: PipelineBuffers) -> CapturedGraph:
-    """One pipeline_pass captured as a CUDA graph (its fork and join over the streams included), for
-    `graph.launch(streams[0])` to replay: one host call a pass instead of a few per chunk, which at
-    small batches is what a pass would otherwise wait on. The host buffers must be page-locked."""
-    return gpu.capture(streams[0], lambda: pipeline_pass(gpu, net, streams, chunks, buffers))

@@ -7,7 +7,8 @@ import numpy as np
 from convsweep.gpu import DeviceArray
 from convsweep.network import reference_forward
 from convsweep.reference import conv2d_reference, maxpool2d_reference
-from convsweep.runner import FLUSH, Backend
+from convsweep.runner import Backend
+from convsweep.timing import FLUSH
 
 
 class NoBuilds:
@@ -146,6 +147,44 @@ class FakeGraph:
         self.enqueue()
 
 
+class ScriptedEvent:
+    """An event that reads the next time (ms) of its GPU's script when recorded; it logs its
+    recording and each wait for it."""
+
+    def __init__(self, t, log):
+        self.t, self.log = t, log
+        log.append(("event", t))
+
+    def __sub__(self, other):
+        return self.t - other.t
+
+    def sync(self):
+        self.log.append(("sync", self.t))
+
+
+class ScriptedGpu(FakeGpu):
+    """A FakeGpu whose events read `times` (ms) in turn, and which keeps in `log`, in order, what a
+    timer does with it: events recorded, waits, captures and L2 flushes; `graphs`: what it captured."""
+
+    def __init__(self, times):
+        super().__init__()
+        self.times, self.log, self.graphs = iter(times), [], []
+
+    def event(self, stream):
+        return ScriptedEvent(next(self.times), self.log)
+
+    def capture(self, stream, enqueue):
+        self.log.append(("capture",))
+        self.graphs.append(FakeGraph(enqueue))
+        return self.graphs[-1]
+
+    def l2_flusher(self):
+        def flush(stream):
+            self.log.append(("flush",))
+
+        return flush
+
+
 class FakeConvOp:
     """A variant's kernels as numpy: restrict_unroll computes a wrong answer, naive leaves the last image unwritten."""
 
@@ -185,12 +224,12 @@ class FakeGpuNetwork:
         assert n <= self.capacity
         for layer in self.timed:
             if flush is not None:
-                begin = FakeEvent()
+                begin = self.gpu.event(stream)
                 flush(stream)
                 if events is not None:
-                    events.setdefault(FLUSH, []).append((begin, FakeEvent()))
+                    events.setdefault(FLUSH, []).append((begin, self.gpu.event(stream)))
             if events is not None:
-                events.setdefault(layer.name, []).append((FakeEvent(), FakeEvent()))
+                events.setdefault(layer.name, []).append((self.gpu.event(stream), self.gpu.event(stream)))
         self.gpu.read(logits.rows(0, n))[...] = reference_forward(self.network, self.weights, self.gpu.read(x.rows(0, n)),
                                                                    dtype=np.float32)
 

@@ -297,14 +297,15 @@ def test_jobs_pipeline_over_a_fake_gpu(streams, memory):
                    variants={"conv1": "naive", "conv2": "naive"}, params={"conv1": {}, "conv2": {}}, batch=40,
                    streams=streams, host_memory=memory, repeats=2, warmup=1, profiler="events")
     result = measure(spec, backend=FAKE)
-    assert result["status"] == "ok", result["error"]
-    metrics = sorted({s["metric"] for s in result["samples"]})
+    assert result.status == "ok", result.error
+    metrics = sorted({s.metric for s in result.samples})
     if streams == 1:  # one chunk, one stream: copies, compute and per-layer op times are measurable
         assert metrics == ["compute_ms", "d2h_ms", "forward_ms", "h2d_ms", "op_time_ms"]
-        assert result["timings"]["forward_ms"] == pytest.approx(sum(result["timings"][k] for k in ("h2d_ms", "compute_ms", "d2h_ms")))
+        t = result.timings
+        assert t.forward_ms == pytest.approx(t.h2d_ms + t.compute_ms + t.d2h_ms)
     else:
         assert metrics == ["forward_ms"]
-    assert len([s for s in result["samples"] if s["metric"] == "forward_ms"]) == 2
+    assert len([s for s in result.samples if s.metric == "forward_ms"]) == 2
 
 
 def test_bench_cli_with_a_bad_file_is_one_line(tmp_path):

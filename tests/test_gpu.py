@@ -153,13 +153,13 @@ def spec(profiler: str, **over) -> RunSpec:
     return RunSpec(**base)
 
 
-def run_job(run: RunSpec, out) -> dict:
-    """`run` as a lone job; its one measurement."""
+def run_job(run: RunSpec, out):
+    """`run` as a lone job; its one measurement (a convsweep.record.Measurement)."""
     from convsweep.job import run_job as run_one_job
 
     result = run_one_job(JobSpec.for_run(run, SWEEP), out)
-    assert len(result["measurements"]) == 1
-    return result["measurements"][0]
+    assert len(result.measurements) == 1
+    return result.measurements[0]
 
 
 def reference_accuracy(batch: int) -> float:
@@ -176,14 +176,14 @@ def reference_accuracy(batch: int) -> float:
 
 def test_network_on_gpu_with_events(tmp_path):
     result = run_job(spec("events"), tmp_path / "r.json")
-    assert result["status"] == "ok", result["error"]
-    assert result["profiler"] == "events"
-    assert result["accuracy"] == pytest.approx(reference_accuracy(512))
-    t = result["timings"]
-    assert all(t["op_time_ms"][k] > 0 for k in ("conv1", "conv2"))
-    assert 0 < t["h2d_ms"] < t["forward_ms"] and t["compute_ms"] > t["op_time_ms"]["conv2"]
-    assert {b["variant"] for b in result["builds"]} == {"naive", "layers"}
-    assert result["environment"]["gpu"] and result["environment"]["nvrtc"]
+    assert result.status == "ok", result.error
+    assert result.profiler == "events"
+    assert result.accuracy == pytest.approx(reference_accuracy(512))
+    t = result.timings
+    assert all(t.op_time_ms[k] > 0 for k in ("conv1", "conv2"))
+    assert 0 < t.h2d_ms < t.forward_ms and t.compute_ms > t.op_time_ms["conv2"]
+    assert {b["variant"] for b in result.builds} == {"naive", "layers"}
+    assert result.environment["gpu"] and result.environment["nvrtc"]
 
 
 @pytest.mark.parametrize("profiler", ["events", "nsys"])
@@ -193,22 +193,22 @@ def test_repeats_auto_stops_by_its_rule_and_nsys_holds_every_pass(profiler, tmp_
         pytest.skip("nsys is not installed")
     rule = {"max_noise": 0.005, "min_samples": 10, "min_time_s": 0.05, "timeout_s": 5, "max_samples": 40}
     result = run_job(spec(profiler, repeats="auto", stopping=rule), tmp_path / "r.json")
-    assert result["status"] == "ok", result["error"]
-    stopping = result["stopping"]
-    assert stopping["rule"] == "auto" and stopping["reason"] in ("converged", "timeout", "max_samples")
-    assert 1 <= stopping["samples"] <= 40 and (stopping["samples"] >= 10 or stopping["reason"] == "timeout")
-    passes = {s["repeat"] for s in result["samples"] if s["metric"] == "op_time_ms"}
-    assert passes == set(range(stopping["samples"]))  # under nsys: every pass the rule took is in the report
+    assert result.status == "ok", result.error
+    stopping = result.stopping
+    assert stopping.rule == "auto" and stopping.reason in ("converged", "timeout", "max_samples")
+    assert 1 <= stopping.samples <= 40 and (stopping.samples >= 10 or stopping.reason == "timeout")
+    passes = {s.repeat for s in result.samples if s.metric == "op_time_ms"}
+    assert passes == set(range(stopping.samples))  # under nsys: every pass the rule took is in the report
 
 
 def test_energy_is_known_when_the_timed_part_spans_the_counters_steps(tmp_path):
     """30 passes of batch 10000 (tens of milliseconds each): NVML's energy counter steps several times."""
     result = run_job(spec("events", batch=10000, repeats=30), tmp_path / "r.json")
-    assert result["status"] == "ok", result["error"]
-    energy = result["energy"]
+    assert result.status == "ok", result.error
+    energy = result.energy
     assert energy is not None and energy["passes"] == 30
     assert 20 < energy["watts"] < 1000  # an H100 idles near 70 W and is capped at 700 W
-    assert energy["joules_per_pass"] == pytest.approx(energy["watts"] * result["phases_s"]["timed"] / 30)
+    assert energy["joules_per_pass"] == pytest.approx(energy["watts"] * result.phases_s["timed"] / 30)
 
 
 @pytest.mark.parametrize("profiler", ["events", "nsys"])
@@ -217,11 +217,11 @@ def test_a_short_timed_part_gets_its_energy_from_untimed_passes_after_it(profile
     if profiler == "nsys" and find_nsys() is None:
         pytest.skip("nsys is not installed")
     result = run_job(spec(profiler, batch=100, repeats=5), tmp_path / "r.json")
-    assert result["status"] == "ok", result["error"]
-    energy = result["energy"]
+    assert result.status == "ok", result.error
+    energy = result.energy
     assert energy is not None and energy["passes"] == 5 and energy["extra_passes"] > 0
-    assert 20 < energy["watts"] < 1000 and 0 < result["phases_s"]["energy"] <= 0.5 + 0.1
-    assert len([s for s in result["samples"] if s["metric"] == "forward_ms"]) == 5
+    assert 20 < energy["watts"] < 1000 and 0 < result.phases_s["energy"] <= 0.5 + 0.1
+    assert len([s for s in result.samples if s.metric == "forward_ms"]) == 5
 
 
 @pytest.mark.parametrize("profiler", ["events", "nsys"])
@@ -234,39 +234,39 @@ def test_cold_cache_flushes_l2_outside_the_times_and_nvml_reads_clocks_and_energ
     warm = run_job(spec(profiler, batch=100, repeats=20), tmp_path / "warm.json")
     cold = run_job(spec(profiler, batch=100, repeats=20, cache="cold"), tmp_path / "cold.json")
     for m in (warm, cold):
-        assert m["status"] == "ok", m["error"]
-        assert m["clocks_after"]["sm_mhz"] > 0 and m["throttle"] is not None
+        assert m.status == "ok", m.error
+        assert m.clocks_after["sm_mhz"] > 0 and m.throttle is not None
         # 20 passes of under a millisecond: too short for the energy counter's steps, most likely
-        assert m["energy"] is None or (m["energy"]["passes"] == 20 and 20 < m["energy"]["watts"] < 1000)
-    flushes = [s["value"] for s in cold["samples"] if s["metric"] == "l2_flush_ms"]
+        assert m.energy is None or (m.energy["passes"] == 20 and 20 < m.energy["watts"] < 1000)
+    flushes = [s.value for s in cold.samples if s.metric == "l2_flush_ms"]
     assert len(flushes) == 20 and min(flushes) > 0
-    assert not [s for s in warm["samples"] if s["metric"] == "l2_flush_ms"]
+    assert not [s for s in warm.samples if s.metric == "l2_flush_ms"]
     # The flushes (two of 2 x 50 MB each per pass) are out of the pass's compute: reading batch 100's
     # few MB from DRAM instead of L2 costs the layers far less than the flushes take. (Not the forward
     # time: its pageable copies vary by more than a flush from run to run; the lent H100 once showed
     # warm 0.57 ms, cold 0.78 ms under nsys, and warm 0.95, cold 0.68 the next time.)
-    assert cold["timings"]["compute_ms"] < warm["timings"]["compute_ms"] + 0.5 * min(flushes)
-    assert cold["max_rel_err"] == pytest.approx(warm["max_rel_err"], rel=1e-6)  # the same answer
+    assert cold.timings.compute_ms < warm.timings.compute_ms + 0.5 * min(flushes)
+    assert cold.max_rel_err == pytest.approx(warm.max_rel_err, rel=1e-6)  # the same answer
 
 
 @pytest.mark.skipif(find_nsys() is None, reason="nsys is not installed")
 def test_job_under_nsys_reads_the_report(tmp_path):
     out = tmp_path / "job.json"
     result = run_job(spec("nsys", repeats=4), out)
-    assert result["status"] == "ok", result["error"]
-    assert result["profiler"] == "nsys"
-    report, export = result["files"]["nsys_report"], result["files"]["nsys_sqlite"]
+    assert result.status == "ok", result.error
+    assert result.profiler == "nsys"
+    report, export = result.files["nsys_report"], result.files["nsys_sqlite"]
     with sqlite3.connect(export) as db:
         kernels = db.execute("SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
     assert kernels > 0 and report.endswith(".nsys-rep")
-    conv = {k["layer"]: k for k in result["kernels"] if k["name"] == "conv_forward"}
+    conv = {k["layer"]: k for k in result.kernels if k["name"] == "conv_forward"}
     assert set(conv) == {"conv1", "conv2"} and all(k["launches"] == 4 for k in conv.values())
-    assert {k["layer"] for k in result["kernels"] if k["name"] == "maxpool2d"} == {"pool1", "pool2"}
-    t = result["timings"]
+    assert {k["layer"] for k in result.kernels if k["name"] == "maxpool2d"} == {"pool1", "pool2"}
+    t = result.timings
     for layer in ("conv1", "conv2"):
-        assert t["op_time_ms"][layer] == pytest.approx(conv[layer]["median_ms"], rel=1e-6)
-    assert t["forward_ms"] > t["h2d_ms"] > 0 and t["overlap"] == 0.0
-    assert len([s for s in result["samples"] if s["metric"] == "op_time_ms"]) == 2 * 4
+        assert t.op_time_ms[layer] == pytest.approx(conv[layer]["median_ms"], rel=1e-6)
+    assert t.forward_ms > t.h2d_ms > 0 and t.overlap == 0.0
+    assert len([s for s in result.samples if s.metric == "op_time_ms"]) == 2 * 4
     assert json.loads(out.read_text())["measurements"][0]["profiler"] == "nsys"
 
 
@@ -275,10 +275,10 @@ def test_network_with_each_variant_classifies_like_the_reference(tmp_path, varia
     """Status ok means: logits within tolerance, and fp32-class runs predict the reference's class
     on >= 99.9% of images, fp16-class runs keep the accuracy within 0.5 points (job.check_logits)."""
     result = run_job(spec("events", batch=2000, repeats=1, variants={"conv1": variant, "conv2": variant}), tmp_path / "r.json")
-    assert result["status"] == "ok", result["error"]
+    assert result.status == "ok", result.error
     if REGISTRY[variant].precision != "fp16":
-        assert result["prediction_agreement"] >= 0.999
-    assert abs(result["accuracy"] - reference_accuracy(2000)) <= 0.005
+        assert result.prediction_agreement >= 0.999
+    assert abs(result.accuracy - reference_accuracy(2000)) <= 0.005
 
 
 @pytest.mark.parametrize("batch, streams, chunk", [(1, 1, None), (7, 1, None), (7, 3, 2), (10001, 1, None),
@@ -293,15 +293,15 @@ def test_fused_network_runs_any_batch_and_any_chunking(batch, streams, chunk):
                chunk_images=chunk, variants={"conv1": "fp16_fused_network", "conv2": "fp16_fused_network"},
                params={"conv1": {"BLOCKS": 132}})
     result = measure(run, keep_logits=True)
-    assert result["status"] == "ok", result["error"]
-    assert np.isfinite(result["logits"]).all() and result["logits"].shape == (batch, 10)
-    assert result["max_rel_err"] <= REGISTRY["fp16_fused_network"].tolerance
-    assert abs(result["accuracy"] - reference_accuracy(batch)) <= 0.005 + 1 / batch
-    op_time = result["timings"]["op_time_ms"]
+    assert result.status == "ok", result.error
+    assert np.isfinite(result.logits).all() and result.logits.shape == (batch, 10)
+    assert result.max_rel_err <= REGISTRY["fp16_fused_network"].tolerance
+    assert abs(result.accuracy - reference_accuracy(batch)) <= 0.005 + 1 / batch
+    op_time = result.timings.op_time_ms
     assert list(op_time) == ["conv1"]
     if streams == 1:  # one stream's layers can be told apart by events; several streams' cannot (None)
         assert op_time["conv1"] > 0
-    assert {b["variant"] for b in result["builds"]} == {"fp16_fused_network", "layers"}
+    assert {b["variant"] for b in result.builds} == {"fp16_fused_network", "layers"}
 
 
 @pytest.mark.parametrize("variants, batch, streams, chunk", [
@@ -310,12 +310,13 @@ def test_fused_network_runs_any_batch_and_any_chunking(batch, streams, chunk):
     ({"conv1": "fp16_sliding_window", "conv2": "fp16_sliding_window"}, 301, 2, 64),
 ])
 def test_a_captured_pass_runs_only_when_replayed_and_matches_float64(gpu, variants, batch, streams, chunk):
-    """capture_pass records a chunked pass over several streams as one CUDA graph: capturing runs
-    nothing (the logits stay poisoned), each replay writes them all again, checked against float64."""
+    """A chunked pass over several streams captured as one CUDA graph (what timing.GraphReplay
+    replays): capturing runs nothing (the logits stay poisoned), each replay writes them all again,
+    checked against float64."""
     from convsweep.checks import check_logits
     from convsweep.inputs import load_batch
     from convsweep.network import load_network
-    from convsweep.runner import ConvPlan, GpuNetwork, capture_pass, pass_chunks, pipeline_buffers, poison_logits
+    from convsweep.runner import ConvPlan, GpuNetwork, pass_chunks, pipeline_buffers, pipeline_pass, poison_logits
     from convsweep.config import ROOT
     from convsweep.variants import get_variant
 
@@ -328,7 +329,7 @@ def test_a_captured_pass_runs_only_when_replayed_and_matches_float64(gpu, varian
         lanes = [gpu.stream() for _ in range(streams)]
         net = GpuNetwork(gpu, network, inputs.weights, plan, streams, chunk)
         buffers = pipeline_buffers(gpu, network, inputs.images, "pinned", lanes[0])
-        graph = capture_pass(gpu, net, lanes, chunks, buffers)
+        graph = gpu.capture(lanes[0], lambda: pipeline_pass(gpu, net, lanes, chunks, buffers))
         gpu.device.sync()
         assert np.isnan(buffers.logits_host).all()  # captured, not run
         for _ in range(2):
@@ -350,10 +351,10 @@ def test_other_workloads_run_and_match_float64(tmp_path, network, variant, batch
     job = spec("events", network=network, dataset="random", batch=batch, repeats=2,
                variants={"conv1": variant}, params={"conv1": {}})
     result = run_job(job, tmp_path / "r.json")
-    assert result["status"] == "ok", result["error"]
-    assert result["accuracy"] is None and result["timings"]["op_time_ms"]["conv1"] > 0
+    assert result.status == "ok", result.error
+    assert result.accuracy is None and result.timings.op_time_ms["conv1"] > 0
     if "fp64" in network:
-        assert result["max_rel_err"] < 1e-12
+        assert result.max_rel_err < 1e-12
 
 
 def test_streams_with_pinned_memory_give_the_same_logits():
@@ -362,9 +363,9 @@ def test_streams_with_pinned_memory_give_the_same_logits():
     one = measure(spec("events", batch=3000, repeats=1, variants={"conv1": "naive", "conv2": "naive"}), keep_logits=True)
     for streams, memory in ((4, "pinned"), (3, "registered")):
         many = measure(spec("events", batch=3000, repeats=1, streams=streams, host_memory=memory), keep_logits=True)
-        assert many["status"] == "ok", many["error"]
-        np.testing.assert_array_equal(many["logits"], one["logits"])  # same kernels, same order per image
-        assert many["timings"]["forward_ms"] > 0 and many["timings"]["h2d_ms"] is None  # not measurable: null
+        assert many.status == "ok", many.error
+        np.testing.assert_array_equal(many.logits, one.logits)  # same kernels, same order per image
+        assert many.timings.forward_ms > 0 and many.timings.h2d_ms is None  # not measurable: null
 
 
 @pytest.mark.skipif(find_nsys() is None, reason="nsys is not installed")
@@ -372,19 +373,19 @@ def test_streams_overlap_copies_with_kernels_under_nsys(tmp_path):
     # Chunks of 1000 images: each takes the GPU longer than Python takes to enqueue it, so the pass is
     # GPU-bound. (4 streams x 250-image chunks measured host-bound once: 19.5 ms > h2d + compute + d2h.)
     result = run_job(spec("nsys", batch=8000, repeats=2, streams=2, host_memory="pinned"), tmp_path / "r.json")
-    assert result["status"] == "ok", result["error"]
-    t = result["timings"]
-    assert t["overlap"] > 0 and t["streams_used"] >= 2
-    assert t["forward_ms"] < t["h2d_ms"] + t["compute_ms"] + t["d2h_ms"]  # overlap shortens the pass
+    assert result.status == "ok", result.error
+    t = result.timings
+    assert t.overlap > 0 and t.streams_used >= 2
+    assert t.forward_ms < t.h2d_ms + t.compute_ms + t.d2h_ms  # overlap shortens the pass
 
 
 def test_a_job_records_the_gpu_it_ran_on_and_its_clocks(tmp_path):
     result = run_job(spec("events", repeats=2), tmp_path / "r.json")
-    assert result["status"] == "ok", result["error"]
-    env, clocks = result["environment"], result["clocks"]
+    assert result.status == "ok", result.error
+    env, clocks = result.environment, result.clocks
     assert env["gpu_uuid"].startswith("GPU-") and env["driver"] and env["cuda_driver"]
     assert clocks["sm_mhz"] > 0 and clocks["memory_mhz"] > 0
-    assert set(result["sources"]) == {"kernels/naive.cu", "kernels/layers.cu"}
+    assert set(result.sources) == {"kernels/naive.cu", "kernels/layers.cu"}
 
 
 def test_two_timed_jobs_on_one_gpu_take_turns(tmp_path):
@@ -429,19 +430,19 @@ def test_a_grid_job_measures_each_setting_as_its_own_run(tmp_path, profiler):
     if profiler == "nsys" and find_nsys() is None:
         pytest.skip("nsys is not installed")
     result = run_one_job(grid_job(profiler), tmp_path / "grid.json")
-    ms = result["measurements"]
-    assert [m["status"] for m in ms] == ["ok"] * 5, [m["error"] for m in ms]
-    assert all(m["profiler"] == profiler for m in ms)
-    blocks = [m["spec"]["params"]["conv1"]["BLOCK"] for m in ms]
+    ms = result.measurements
+    assert [m.status for m in ms] == ["ok"] * 5, [m.error for m in ms]
+    assert all(m.profiler == profiler for m in ms)
+    blocks = [m.params["conv1"]["BLOCK"] for m in ms]
     assert blocks == [64, 128, 256, 512, 1024]
     for m, block in zip(ms, blocks):
-        assert all(m["timings"]["op_time_ms"][layer] > 0 for layer in ("conv1", "conv2"))
+        assert all(m.timings.op_time_ms[layer] > 0 for layer in ("conv1", "conv2"))
         if profiler == "nsys":
-            conv = [k for k in m["kernels"] if k["name"] == "conv_forward"]
+            conv = [k for k in m.kernels if k["name"] == "conv_forward"]
             assert {k["layer"] for k in conv} == {"conv1", "conv2"} and all(k["launches"] == 3 for k in conv)
             assert all(k["block"][0] == block for k in conv)  # this setting's kernels, no other's
-            assert m["files"]["nsys_report"] == result["files"]["nsys_report"]
-    assert sum(m["timings"]["total_s"] for m in ms) == pytest.approx(result["total_s"])
+            assert m.files["nsys_report"] == result.files["nsys_report"]
+    assert sum(m.timings.total_s for m in ms) == pytest.approx(result.total_s)
 
 
 def test_auto_arch_from_nvml_is_the_devices_own():

@@ -205,16 +205,16 @@ def test_any_failure_while_storing_one_file_leaves_nothing_of_it_and_the_rest_go
                                                                                   exc):
     """Raised late in the file's transaction, after its own sweep, environment and build rows were
     inserted: rolled back whole, the file's one line, and the next file stored."""
-    import convsweep.store.ingest as ingest
+    import convsweep.record as record
 
-    real = ingest.conv_layers
+    real = record.conv_layers
 
     def failing(variants, floors, op_time_ms):
         if "poison" in variants.values():
             raise exc
         return real(variants, floors, op_time_ms)
 
-    monkeypatch.setattr(ingest, "conv_layers", failing)
+    monkeypatch.setattr(record, "conv_layers", failing)
     bad = make_result("poison", 9, experiment="poisoned")
     bad["environment"]["hostname"] = "poisoned"
     paths = write_results(tmp_path, [bad, *standard_results()[:2]])

@@ -12,11 +12,13 @@ import time
 
 import pytest
 
+from convsweep import context as context_mod
 from convsweep import job as job_mod
 from convsweep.config import JobSpec, RunSpec
 from convsweep.errors import CompileError, ConvsweepError, MachineError, writing
 from convsweep.gpu import gpu_available, no_gpu
 from convsweep.job import run_job as run_one_job
+from convsweep.record import Measurement, SettingCounts
 
 from fake_gpu import FAKE, FakeEvent, FakeGpuNetwork, SteadyClock
 
@@ -32,30 +34,30 @@ def spec(**over) -> JobSpec:
     return JobSpec.for_run(RunSpec(**base), sweep=SWEEP)
 
 
-def run_job(job: JobSpec, out, **kwargs) -> dict:
+def run_job(job: JobSpec, out, **kwargs) -> Measurement:
     """A lone job's one measurement."""
     result = run_one_job(job, out, **kwargs)
-    assert len(result["measurements"]) == 1
-    return result["measurements"][0]
+    assert len(result.measurements) == 1
+    return result.measurements[0]
 
 
 def test_reference_job_writes_a_complete_result(tmp_path):
     out = tmp_path / "r.json"
     job = run_one_job(spec(), out, process_age=None)
-    assert json.loads(out.read_text()) == json.loads(json.dumps(job))
-    assert job["format"] == 3 and job["job_id"] == spec().job_id and job["job_key"] == spec().job_key
-    assert job["settings"] == {"valid": 1, "measured": 1, "resumed": 0}
-    stored = job["measurements"][0]
-    assert stored["status"] == "ok", stored["error"]
-    assert stored["profiler"] == "cpu" and stored["grid"]["index"] == 0
-    assert stored["max_rel_err"] < 1e-5 and 0.8 < stored["accuracy"] <= 1.0
-    assert set(stored["timings"]["op_time_ms"]) == {"conv1", "conv2"}
-    assert all(v > 0 for v in stored["timings"]["op_time_ms"].values())
-    assert stored["timings"]["h2d_ms"] is None  # not measurable on the CPU: null, never guessed
-    assert len([s for s in stored["samples"] if s["metric"] == "op_time_ms"]) == 2 * 2
-    assert stored["run_key"] == spec().runs()[0].run_key and stored["job_id"] == spec().job_id
-    assert stored["images"] == {"batch": 40, "unique": 5000, "cycled": False}
-    assert stored["floors"]["conv2"]["flops"] == 2 * 40 * 16 * 34 * 34 * 4 * 49
+    assert json.loads(out.read_text()) == json.loads(json.dumps(job.to_json()))
+    assert job.format == 3 and job.job_id == spec().job_id and job.job_key == spec().job_key
+    assert job.settings == SettingCounts(valid=1, measured=1, resumed=0)
+    stored = job.measurements[0]
+    assert stored.status == "ok", stored.error
+    assert stored.profiler == "cpu" and stored.grid.index == 0
+    assert stored.max_rel_err < 1e-5 and 0.8 < stored.accuracy <= 1.0
+    assert set(stored.timings.op_time_ms) == {"conv1", "conv2"}
+    assert all(v > 0 for v in stored.timings.op_time_ms.values())
+    assert stored.timings.h2d_ms is None  # not measurable on the CPU: null, never guessed
+    assert len([s for s in stored.samples if s.metric == "op_time_ms"]) == 2 * 2
+    assert stored.run_key == spec().runs()[0].run_key and stored.job_id == spec().job_id
+    assert stored.images == {"batch": 40, "unique": 5000, "cycled": False}
+    assert stored.floors["conv2"]["flops"] == 2 * 40 * 16 * 34 * 34 * 4 * 49
     assert not list(tmp_path.glob(".*tmp"))  # the atomic write left nothing behind
 
 
@@ -63,21 +65,21 @@ def test_process_age_is_the_start_phase_and_counted_in_total_s(tmp_path):
     t = time.perf_counter()
     result = run_job(spec(profiler="events"), tmp_path / "r.json", process_age=1.5)
     wall = time.perf_counter() - t
-    phases = result["phases_s"]
+    phases = result.phases_s
     assert phases["process_start"] == 1.5  # not replaced by the measured phases
     assert {"load", "warmup", "timed", "check"} <= set(phases)
-    assert sum(phases.values()) <= result["timings"]["total_s"] <= 1.5 + wall
+    assert sum(phases.values()) <= result.timings.total_s <= 1.5 + wall
 
 
 def test_batches_larger_than_the_set_cycle_and_say_so(tmp_path):
     result = run_job(spec(batch=5003, repeats=1, warmup=0), tmp_path / "r.json")
-    assert result["status"] == "ok" and result["images"]["cycled"] is True
+    assert result.status == "ok" and result.images["cycled"] is True
 
 
 def test_missing_dataset_is_a_stored_failure(tmp_path):
     bad = spec(dataset={"name": "fashion", "images": str(tmp_path / "nope-images.gz"), "labels": str(tmp_path / "nope-labels.gz")})
     result = run_job(bad, tmp_path / "r.json")
-    assert result["status"] == "failed" and "nope-images.gz" in result["error"]
+    assert result.status == "failed" and "nope-images.gz" in result.error
     assert json.loads((tmp_path / "r.json").read_text())["measurements"][0]["status"] == "failed"
 
 
@@ -94,10 +96,10 @@ def test_random_workloads_run_on_the_cpu_reference(tmp_path):
     job = spec(network="networks/fp64_stride5.yaml", dataset="random", variants={"conv1": "reference"},
                params={"conv1": {}}, batch=16)
     result = run_job(job, tmp_path / "r.json")
-    assert result["status"] == "ok", result["error"]
-    assert result["accuracy"] is None and result["prediction_agreement"] is None
-    assert result["max_rel_err"] < 1e-12  # float64 network, float64 CPU reference
-    assert result["floors"]["conv1"]["bytes"] == 8 * (16 * 100 * 100 + 10 * 25 + 10 + 16 * 10 * 20 * 20)
+    assert result.status == "ok", result.error
+    assert result.accuracy is None and result.prediction_agreement is None
+    assert result.max_rel_err < 1e-12  # float64 network, float64 CPU reference
+    assert result.floors["conv1"]["bytes"] == 8 * (16 * 100 * 100 + 10 * 25 + 10 + 16 * 10 * 20 * 20)
 
 
 def test_each_run_is_a_new_measurement_with_its_provenance(tmp_path):
@@ -108,16 +110,16 @@ def test_each_run_is_a_new_measurement_with_its_provenance(tmp_path):
 
     first = run_job(spec(batch=8, repeats=1, warmup=0), tmp_path / "r.json")
     again = run_job(spec(batch=8, repeats=1, warmup=0), tmp_path / "r.json")
-    assert first["run_key"] == again["run_key"] and first["measurement_id"] != again["measurement_id"]
-    assert len(first["measurement_id"]) == 32
+    assert first.run_key == again.run_key and first.measurement_id != again.measurement_id
+    assert len(first.measurement_id) == 32
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
     if head.returncode == 0:
-        assert first["git"]["commit"] == head.stdout.strip() and isinstance(first["git"]["dirty"], bool)
-    assert first["clocks"] == {"sm_mhz": None, "memory_mhz": None}  # no GPU timed: null, never guessed
-    assert first["sources"] == {}  # the CPU reference runs no kernel
+        assert first.git["commit"] == head.stdout.strip() and isinstance(first.git["dirty"], bool)
+    assert first.clocks == {"sm_mhz": None, "memory_mhz": None}  # no GPU timed: null, never guessed
+    assert first.sources == {}  # the CPU reference runs no kernel
     gpu_job = run_job(spec(variants={"conv1": "naive", "conv2": "naive"}, batch=8), tmp_path / "g.json", backend=FAKE)
     # Known before anything compiles, so even a run that failed says what code it tried
-    assert gpu_job["sources"] == {"kernels/naive.cu": source_hash(KERNELS_DIR / "naive.cu"),
+    assert gpu_job.sources == {"kernels/naive.cu": source_hash(KERNELS_DIR / "naive.cu"),
                                   "kernels/layers.cu": source_hash(KERNELS_DIR / "layers.cu")}
 
 
@@ -177,24 +179,24 @@ def fresh_grid_network():
 def test_a_grid_job_stores_every_setting_and_its_failures_beside_the_others(tmp_path):
     job = grid_job()
     result = run_one_job(job, tmp_path / "grid.json", process_age=0.5, backend=GRID)
-    ms = result["measurements"]
-    assert [m["spec"]["params"]["conv1"]["BLOCK"] for m in ms] == BLOCKS  # grid order
-    assert all(m["spec"]["params"]["conv2"] == m["spec"]["params"]["conv1"] for m in ms)  # the grid ties the layers
-    assert [m["status"] for m in ms] == ["ok", "ok", "ok", "incorrect", "failed"]
-    assert "tolerance" in ms[3]["error"] and ms[4]["error"].startswith("kernels/naive.cu:12: error: BLOCK too large")
-    assert len({m["run_key"] for m in ms}) == len({m["measurement_id"] for m in ms}) == 5
-    assert [r.run_key for r in job.runs()] == [m["run_key"] for m in ms]
+    ms = result.measurements
+    assert [m.params["conv1"]["BLOCK"] for m in ms] == BLOCKS  # grid order
+    assert all(m.params["conv2"] == m.params["conv1"] for m in ms)  # the grid ties the layers
+    assert [m.status for m in ms] == ["ok", "ok", "ok", "incorrect", "failed"]
+    assert "tolerance" in ms[3].error and ms[4].error.startswith("kernels/naive.cu:12: error: BLOCK too large")
+    assert len({m.run_key for m in ms}) == len({m.measurement_id for m in ms}) == 5
+    assert [r.run_key for r in job.runs()] == [m.run_key for m in ms]
     for i, m in enumerate(ms):
-        assert m["job_id"] == job.job_id and m["grid"] == {"job_key": job.job_key, "index": i, "settings": 5,
-                                                           "valid": 5, "search": {"strategy": "grid"}}
-        if m["status"] != "failed":
-            assert len([s for s in m["samples"] if s["metric"] == "op_time_ms"]) == 2 * 2
-            assert m["timings"]["op_time_ms"]["conv1"] > 0 and m["environment"]["gpu"] == "Fake H100"
+        assert m.job_id == job.job_id and m.grid.to_json() == {"job_key": job.job_key, "index": i, "settings": 5,
+                                                               "valid": 5, "search": {"strategy": "grid"}}
+        if m.status != "failed":
+            assert len([s for s in m.samples if s.metric == "op_time_ms"]) == 2 * 2
+            assert m.timings.op_time_ms["conv1"] > 0 and m.environment["gpu"] == "Fake H100"
     assert GridNetwork.built == BLOCKS  # one process measured them all, one after another
     # The job's time is shared out: the settings' total_s add up to its wall time, process start included.
-    assert sum(m["timings"]["total_s"] for m in ms) == pytest.approx(result["total_s"])
-    assert all(m["phases_s"]["process_start"] == pytest.approx(0.1) for m in ms)
-    assert result["settings"] == {"valid": 5, "measured": 5, "resumed": 0}
+    assert sum(m.timings.total_s for m in ms) == pytest.approx(result.total_s)
+    assert all(m.phases_s["process_start"] == pytest.approx(0.1) for m in ms)
+    assert result.settings == SettingCounts(valid=5, measured=5, resumed=0)
     assert not (tmp_path / "grid.partial").exists()
 
 
@@ -210,8 +212,8 @@ def test_a_setting_cannot_pass_with_the_logits_of_the_one_before(tmp_path):
             super().enqueue(stream, lane, x, logits, n, events, flush)
 
     backend = type(FAKE)(gpu=FAKE.gpu, conv_op=FAKE.conv_op, network=Silent, compile_all=FAKE.compile_all)
-    ms = run_one_job(grid_job(), tmp_path / "grid.json", backend=backend)["measurements"]
-    assert ms[3]["status"] == "incorrect" and "NaN" in ms[3]["error"]
+    ms = run_one_job(grid_job(), tmp_path / "grid.json", backend=backend).measurements
+    assert ms[3].status == "incorrect" and "NaN" in ms[3].error
 
 
 def test_an_interrupted_grid_measures_only_what_is_missing_when_run_again(tmp_path):
@@ -228,10 +230,10 @@ def test_an_interrupted_grid_measures_only_what_is_missing_when_run_again(tmp_pa
     GridNetwork.built, GridNetwork.interrupt_at = [], None
     result = run_one_job(grid_job(), out, backend=GRID)
     assert GridNetwork.built == [256, 512, 1024]  # only the settings without a stored result
-    assert result["settings"] == {"valid": 5, "measured": 3, "resumed": 2}
-    ms = result["measurements"]
-    assert [m["status"] for m in ms] == ["ok", "ok", "ok", "incorrect", "failed"]
-    assert {m["run_key"]: m["measurement_id"] for m in ms[:2]} == first  # the same measurements, not new ones
+    assert result.settings == SettingCounts(valid=5, measured=3, resumed=2)
+    ms = result.measurements
+    assert [m.status for m in ms] == ["ok", "ok", "ok", "incorrect", "failed"]
+    assert {m.run_key: m.measurement_id for m in ms[:2]} == first  # the same measurements, not new ones
     assert not (tmp_path / "grid.partial").exists()
 
     # Once the file is written the job is done: running it again is a new measurement of every setting.
@@ -245,19 +247,19 @@ def test_an_edited_kernel_remeasures_every_setting_of_an_interrupted_grid(tmp_pa
     GridNetwork.interrupt_at = 256
     with pytest.raises(KeyboardInterrupt):
         run_one_job(grid_job(), out, backend=GRID)
-    real = job_mod.kernel_sources_of
-    monkeypatch.setattr(job_mod, "kernel_sources_of",
+    real = context_mod.kernel_sources_of
+    monkeypatch.setattr(context_mod, "kernel_sources_of",
                         lambda variants: {name: "edited" for name in real(variants)})
     GridNetwork.built, GridNetwork.interrupt_at = [], None
     result = run_one_job(grid_job(), out, backend=GRID)
-    assert GridNetwork.built == BLOCKS and result["settings"]["resumed"] == 0
-    assert all(m["sources"]["kernels/naive.cu"] == "edited" for m in result["measurements"])
+    assert GridNetwork.built == BLOCKS and result.settings.resumed == 0
+    assert all(m.sources["kernels/naive.cu"] == "edited" for m in result.measurements)
 
 
 def test_a_failure_before_any_setting_runs_is_every_settings_failure(tmp_path):
     missing = {"name": "fashion", "images": str(tmp_path / "nope-images.gz"), "labels": str(tmp_path / "nope-labels.gz")}
-    ms = run_one_job(grid_job(dataset=missing), tmp_path / "grid.json", backend=GRID)["measurements"]
-    assert len(ms) == 5 and all(m["status"] == "failed" and "nope-images.gz" in m["error"] for m in ms)
+    ms = run_one_job(grid_job(dataset=missing), tmp_path / "grid.json", backend=GRID).measurements
+    assert len(ms) == 5 and all(m.status == "failed" and "nope-images.gz" in m.error for m in ms)
     assert GridNetwork.built == []
 
 
@@ -267,9 +269,9 @@ def test_a_random_search_measures_its_seeded_sample(tmp_path):
     picked = [r.params["conv1"]["BLOCK"] for r in job.runs()]
     assert len(picked) == 3 and picked == sorted(picked, key=BLOCKS.index)  # grid order
     assert [r.params for r in grid_job(search=search, batch=48).runs()] == [r.params for r in job.runs()]
-    ms = run_one_job(job, tmp_path / "grid.json", backend=GRID)["measurements"]
-    assert [m["spec"]["params"]["conv1"]["BLOCK"] for m in ms] == picked == GridNetwork.built
-    assert all(m["grid"]["valid"] == 5 and m["grid"]["search"] == search for m in ms)
+    ms = run_one_job(job, tmp_path / "grid.json", backend=GRID).measurements
+    assert [m.params["conv1"]["BLOCK"] for m in ms] == picked == GridNetwork.built
+    assert all(m.grid.valid == 5 and m.grid.search == search for m in ms)
 
 
 # -- the slow starts first: light imports, nsys started before the job has prepared -----------------
@@ -323,9 +325,9 @@ def test_under_nsys_a_fresh_job_starts_its_child_for_every_setting_at_once(tmp_p
 def test_under_nsys_a_resumed_job_asks_its_child_for_the_missing_settings_only(tmp_path, fake_nsys):
     out = tmp_path / "runs" / "grid.json"
     job = grid_job(profiler="nsys")
-    ctx = job_mod.JobContext.open(job)
-    kept = ctx.skeleton(0)
-    kept["timings"]["total_s"] = 0.0
+    ctx = context_mod.JobContext.open(job)
+    kept = ctx.measurement(0)
+    kept.timings.total_s = 0.0
     job_mod.ResumeStore(out, job_mod.resume_key(ctx)).put(kept)
     with pytest.raises(MachineError):
         run_one_job(job, out)
@@ -336,23 +338,23 @@ def test_under_nsys_a_resumed_job_asks_its_child_for_the_missing_settings_only(t
 # -- repeats auto: the stopping rule decides, and each measurement says why it stopped ------------
 def test_repeats_auto_samples_each_setting_until_its_rule_stops(tmp_path):
     rule = {"max_noise": 0.005, "min_samples": 4, "min_time_s": 0.0, "timeout_s": 15}
-    ms = run_one_job(grid_job(repeats="auto", stopping=rule), tmp_path / "grid.json", backend=GRID)["measurements"]
+    ms = run_one_job(grid_job(repeats="auto", stopping=rule), tmp_path / "grid.json", backend=GRID).measurements
     for m in ms[:4]:  # the fake clock's passes are all alike: quiet at once, so the fourth sample ends it
-        forward = [s["value"] for s in m["samples"] if s["metric"] == "forward_ms"]
+        forward = [s.value for s in m.samples if s.metric == "forward_ms"]
         assert len(forward) == 4 and len(set(forward)) == 1
-        assert m["stopping"] == {"rule": "auto", "reason": "converged", "samples": 4, "noise": 0.0,
-                                 "measured_s": pytest.approx(sum(forward) / 1e3)}
-        assert m["spec"]["repeats"] == "auto" and m["spec"]["stopping"] == rule
-    assert ms[4]["status"] == "failed" and ms[4]["stopping"] is None  # never timed
+        assert m.stopping.to_json() == {"rule": "auto", "reason": "converged", "samples": 4, "noise": 0.0,
+                                        "measured_s": pytest.approx(sum(forward) / 1e3)}
+        assert m.spec["repeats"] == "auto" and m.spec["stopping"] == rule
+    assert ms[4].status == "failed" and ms[4].stopping is None  # never timed
 
 
 def test_a_fixed_count_says_so_and_a_timeout_stops_the_cpu_reference(tmp_path):
     fixed = run_job(spec(), tmp_path / "fixed.json")
-    assert fixed["stopping"]["rule"] == "fixed" and fixed["stopping"]["samples"] == 2
+    assert fixed.stopping.rule == "fixed" and fixed.stopping.samples == 2
     rule = {"max_noise": 1e-9, "min_samples": 50, "min_time_s": 0.0, "timeout_s": 0.05}  # cannot converge
     timed_out = run_job(spec(repeats="auto", stopping=rule), tmp_path / "auto.json")
-    assert timed_out["status"] == "ok" and timed_out["stopping"]["reason"] == "timeout"
-    assert 1 <= timed_out["stopping"]["samples"] < 50
+    assert timed_out.status == "ok" and timed_out.stopping.reason == "timeout"
+    assert 1 <= timed_out.stopping.samples < 50
 
 
 # -- what the numbers were measured under: cache state, clocks, slowdowns, energy ----------------
@@ -362,18 +364,18 @@ def test_a_cold_job_writes_over_l2_before_every_conv_layer_and_times_around_it(t
     FakeGpu.flushes = 0
     job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=3, warmup=1, cache="cold")
     assert job.job_id.endswith(f"-pageable-cold-{job.job_key[:10]}") and job.runs()[0].to_dict()["cache"] == "cold"
-    m = run_one_job(job, tmp_path / "cold.json", backend=FAKE)["measurements"][0]
-    assert m["status"] == "ok" and m["spec"]["cache"] == "cold"
+    m = run_one_job(job, tmp_path / "cold.json", backend=FAKE).measurements[0]
+    assert m.status == "ok" and m.spec["cache"] == "cold"
     assert FakeGpu.flushes == 2 * (1 + 3)  # two conv layers, warm-up and timed passes alike
     # Every fake event ticks 0.25: a pass is start, h2d end, 2 x (flush pair, layer pair), d2h start,
     # end = 12 events, 2.75 from start to end; the two flushes (0.25 each) are left out of the pass.
-    forward = [s["value"] for s in m["samples"] if s["metric"] == "forward_ms"]
+    forward = [s.value for s in m.samples if s.metric == "forward_ms"]
     assert forward == [pytest.approx(2.75 - 0.5)] * 3
-    assert [s["value"] for s in m["samples"] if s["metric"] == "l2_flush_ms"] == [pytest.approx(0.5)] * 3
+    assert [s.value for s in m.samples if s.metric == "l2_flush_ms"] == [pytest.approx(0.5)] * 3
     warm = run_one_job(grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=3),
-                       tmp_path / "warm.json", backend=FAKE)["measurements"][0]
-    assert FakeGpu.flushes == 8 and "cache" not in warm["spec"]  # warm: no flush, and the spec of before
-    assert not [s for s in warm["samples"] if s["metric"] == "l2_flush_ms"]
+                       tmp_path / "warm.json", backend=FAKE).measurements[0]
+    assert FakeGpu.flushes == 8 and "cache" not in warm.spec  # warm: no flush, and the spec of before
+    assert not [s for s in warm.samples if s.metric == "l2_flush_ms"]
 
 
 class SlowingMonitor:
@@ -407,15 +409,15 @@ class SlowingMonitor:
 def test_a_setting_records_its_clocks_slowdowns_and_energy(tmp_path):
     job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=20)
     backend = dataclasses.replace(FAKE, monitor=SlowingMonitor)
-    m = run_one_job(job, tmp_path / "r.json", backend=backend)["measurements"][0]
-    assert m["status"] == "ok"
-    assert m["clocks"] == {"sm_mhz": 1980, "memory_mhz": 2619}
-    assert m["clocks_after"] == {"sm_mhz": 1755, "memory_mhz": 2619}
-    assert m["throttle"] == {"reasons": ["sw_power_cap"], "repeats": [1, 3]}
-    assert m["note"] == "2 of 20 timed passes ran with the clocks held down (sw_power_cap)"
+    m = run_one_job(job, tmp_path / "r.json", backend=backend).measurements[0]
+    assert m.status == "ok"
+    assert m.clocks == {"sm_mhz": 1980, "memory_mhz": 2619}
+    assert m.clocks_after == {"sm_mhz": 1755, "memory_mhz": 2619}
+    assert m.throttle == {"reasons": ["sw_power_cap"], "repeats": [1, 3]}
+    assert m.note == "2 of 20 timed passes ran with the clocks held down (sw_power_cap)"
     # The counter steps 2.5 J each pass: about 2.5 J a pass (the fake's passes are not all equally long).
-    assert m["energy"]["passes"] == 20 and m["energy"]["joules_per_pass"] == pytest.approx(2.5, rel=0.5)
-    assert m["energy"]["joules"] == pytest.approx(m["energy"]["watts"] * m["phases_s"]["timed"])
+    assert m.energy["passes"] == 20 and m.energy["joules_per_pass"] == pytest.approx(2.5, rel=0.5)
+    assert m.energy["joules"] == pytest.approx(m.energy["watts"] * m.phases_s["timed"])
 
 
 class SteppingEveryEighthRead(SlowingMonitor):
@@ -433,19 +435,19 @@ def test_a_timed_part_too_short_for_the_counter_is_followed_by_untimed_passes(tm
     job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=3,
                    energy_window_s=window_s)
     backend = dataclasses.replace(FAKE, monitor=SteppingEveryEighthRead, clock=SteadyClock(0.001))
-    m = run_one_job(job, tmp_path / "r.json", backend=backend)["measurements"][0]
-    assert m["status"] == "ok" and m["stopping"]["samples"] == 3
+    m = run_one_job(job, tmp_path / "r.json", backend=backend).measurements[0]
+    assert m.status == "ok" and m.stopping.samples == 3
     if window_s == 0:
-        assert m["energy"] is None and "energy" not in m["phases_s"]
+        assert m.energy is None and "energy" not in m.phases_s
         return
-    energy = m["energy"]
+    energy = m.energy
     # Readings 1-4 bracket the timed passes; the counter steps at the 8th, 16th and 24th. The 8th and
     # 16th lie 8 passes apart, fewer than MIN_SPAN_PASSES: the power is known at the 24th, 20 passes on.
     assert energy["passes"] == 3 and energy["extra_passes"] == 20
-    assert m["phases_s"]["energy"] == pytest.approx(20 * 0.002 + 0.001)  # two clock reads a pass, one to end
+    assert m.phases_s["energy"] == pytest.approx(20 * 0.002 + 0.001)  # two clock reads a pass, one to end
     assert energy["watts"] == pytest.approx(2 * 20.0 / (16 * 2 * 0.001))  # 40 J over 16 passes of 2 ms
-    assert energy["joules_per_pass"] == pytest.approx(energy["watts"] * m["phases_s"]["timed"] / 3)
-    assert len([s for s in m["samples"] if s["metric"] == "forward_ms"]) == 3  # the untimed passes are no samples
+    assert energy["joules_per_pass"] == pytest.approx(energy["watts"] * m.phases_s["timed"] / 3)
+    assert len([s for s in m.samples if s.metric == "forward_ms"]) == 3  # the untimed passes are no samples
 
 
 def test_the_energy_window_bounds_the_untimed_passes(tmp_path):
@@ -453,60 +455,24 @@ def test_the_energy_window_bounds_the_untimed_passes(tmp_path):
     job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=3,
                    energy_window_s=0.0105)
     backend = dataclasses.replace(FAKE, monitor=SteppingEveryEighthRead, clock=SteadyClock(0.001))
-    m = run_one_job(job, tmp_path / "r.json", backend=backend)["measurements"][0]
-    assert m["status"] == "ok" and m["energy"] is None
+    m = run_one_job(job, tmp_path / "r.json", backend=backend).measurements[0]
+    assert m.status == "ok" and m.energy is None
     # Five passes (two reads each) began inside the 10.5 ms; the check that ended it and the phase's read add 2 ms.
-    assert m["phases_s"]["energy"] == pytest.approx(0.012)
-
-
-def test_energy_is_the_power_between_the_counters_steps_or_not_known():
-    from convsweep.measure import EnergyCounter
-
-    def counter(step_s, pass_s, passes, watts=150.0):
-        """Passes of pass_s; the driver adds watts x step_s to the counter every step_s."""
-        c = EnergyCounter()
-        for i in range(passes + 1):
-            now = 0.001 + i * pass_s
-            c.read(round(1e6 + int(now / step_s) * watts * step_s * 1000), now)
-        return c.record(passes * pass_s, passes)
-
-    # 100 ms steps, 2 ms passes, 200 passes: 0.4 s timed, four steps seen
-    energy = counter(0.1, 0.002, 200)
-    assert energy["watts"] == pytest.approx(150.0, rel=0.03)
-    assert energy["joules_per_pass"] == pytest.approx(150.0 * 0.002, rel=0.03)
-    # five passes of 2 ms: the counter stepped at most once, and nothing is guessed
-    assert counter(0.1, 0.002, 5) is None
-    # five passes of 40 ms: two steps 2-3 passes apart, too few to tell the power within a step
-    assert counter(0.1, 0.04, 5) is None
-    assert EnergyCounter().record(1.0, 10) is None  # no counter
-
-
-def test_the_energy_counter_is_read_per_pass_only_where_a_power_can_come_of_it():
-    """Fewer timed passes than the counter's span, and no energy window: no reading can give a
-    power (so a job does not spend NVML's milliseconds a pass on it); more passes, or a window, can."""
-    from convsweep.measure import EnergyCounter
-
-    few = EnergyCounter.MIN_SPAN_PASSES - 1
-    assert not EnergyCounter.can_tell(few, 0)
-    assert EnergyCounter.can_tell(few, 0.5) and EnergyCounter.can_tell(EnergyCounter.MIN_SPAN_PASSES, 0)
-    c = EnergyCounter()  # whatever the readings of so few passes, watts stays unknown
-    for i in range(few + 1):
-        c.read(1_000_000 + 5_000 * i, 0.001 + 0.05 * i)  # a step after every pass
-    assert c.watts(few) is None
+    assert m.phases_s["energy"] == pytest.approx(0.012)
 
 
 def test_without_nvml_nothing_is_guessed(tmp_path):
     m = run_one_job(grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}]), tmp_path / "r.json",
-                    backend=FAKE)["measurements"][0]
-    assert m["status"] == "ok"
-    assert (m["throttle"], m["note"], m["energy"]) == (None, None, None)
-    assert m["clocks_after"] == {"sm_mhz": None, "memory_mhz": None}
+                    backend=FAKE).measurements[0]
+    assert m.status == "ok"
+    assert (m.throttle, m.note, m.energy) == (None, None, None)
+    assert m.clocks_after == {"sm_mhz": None, "memory_mhz": None}
 
 
 def test_a_fused_network_job_times_one_layer_and_builds_one_variant(tmp_path):
     """fp16_fused_network at conv1 computes conv2 too: the job has one timed layer, one op time, one
     variant build (layers.cu aside), even when the spec names conv2 as well."""
-    from convsweep.job import JobContext
+    from convsweep.context import JobContext
     from convsweep.measure import build_requests
 
     job = spec(variants={"conv1": "fp16_fused_network", "conv2": "fp16_fused_network"},
@@ -517,11 +483,11 @@ def test_a_fused_network_job_times_one_layer_and_builds_one_variant(tmp_path):
     assert [b.name for b in builds] == ["layers", "fp16_fused_network"]
     assert dict(builds[1].macros)["N2_FIXED"] == 10 and dict(builds[1].macros)["BLOCKS"] == 132
     m = run_job(job, tmp_path / "r.json", backend=FAKE)
-    assert m["status"] == "ok", m["error"]
-    assert list(m["timings"]["op_time_ms"]) == ["conv1"] and list(m["floors"]) == ["conv1"]
-    assert {s["layer"] for s in m["samples"] if s["metric"] == "op_time_ms"} == {"conv1"}
+    assert m.status == "ok", m.error
+    assert list(m.timings.op_time_ms) == ["conv1"] and list(m.floors) == ["conv1"]
+    assert {s.layer for s in m.samples if s.metric == "op_time_ms"} == {"conv1"}
     # the floor of a kernel that runs the whole network: the images, every weight and the logits
-    assert m["floors"]["conv1"]["bytes"] == 4 * (24 * 86 * 86 + 4 * 49 + 4 + 16 * 4 * 49 + 16 + 1024 * 32 + 32
+    assert m.floors["conv1"]["bytes"] == 4 * (24 * 86 * 86 + 4 * 49 + 4 + 16 * 4 * 49 + 16 + 1024 * 32 + 32
                                                  + 32 * 10 + 10 + 24 * 10)
 
 
@@ -555,8 +521,8 @@ def test_a_job_opens_the_gpu_only_under_its_lock_and_closes_it_before_letting_go
 
     backend = Backend(gpu=WatchedGpu, conv_op=FAKE.conv_op, network=FAKE.network, compile_all=FAKE.compile_all)
     job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=2, warmup=0)
-    m = run_one_job(job, tmp_path / "job.json", backend=backend)["measurements"][0]
-    assert m["status"] == "ok", m["error"]
+    m = run_one_job(job, tmp_path / "job.json", backend=backend).measurements[0]
+    assert m.status == "ok", m.error
     assert seen == [("open", True, f"GPU-{FakeGpu.uuid}"), ("close", True, None)]
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
     import fcntl  # let go after the job: another process could take it now
@@ -564,22 +530,20 @@ def test_a_job_opens_the_gpu_only_under_its_lock_and_closes_it_before_letting_go
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def test_a_job_opens_nvml_once_for_its_gpu(tmp_path, monkeypatch):
+def test_a_job_opens_nvml_once_for_its_gpu(tmp_path):
     """NVML's opening (~0.03 s on the lent H100's host) happens while the job holds the GPU: once,
     the environment's GPU identity read through the job's own monitor."""
-    from convsweep import provenance
+    from convsweep.provenance import GpuMonitor
 
     opened = []
-    original = provenance.GpuMonitor.__init__
 
-    def counted(self, *args, **kwargs):
+    def counted(*args):
         opened.append(args)
-        original(self, *args, **kwargs)
+        return GpuMonitor(*args)
 
-    monkeypatch.setattr(provenance.GpuMonitor, "__init__", counted)
     job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64, 128]}}], repeats=2, warmup=0)
-    ms = run_one_job(job, tmp_path / "job.json", backend=GRID)["measurements"]
-    assert [m["status"] for m in ms] == ["ok", "ok"] and len(opened) == 1
+    ms = run_one_job(job, tmp_path / "job.json", backend=dataclasses.replace(GRID, monitor=counted)).measurements
+    assert [m.status for m in ms] == ["ok", "ok"] and len(opened) == 1
 
 
 # -- the machine, not the code: no result, one line, the job fails ---------------------------------
@@ -621,16 +585,17 @@ def test_a_kernel_that_does_not_compile_is_a_result_even_where_no_gpu_opens(tmp_
     backend = dataclasses.replace(NO_GPU, compile_all=block_1024_does_not_compile)
     with pytest.raises(MachineError):
         run_one_job(grid_job(), out, backend=backend)
-    kept = [json.loads(p.read_text())["measurement"] for p in (tmp_path / "grid.partial").glob("*.json")]
-    assert [(m["spec"]["params"]["conv1"]["BLOCK"], m["status"]) for m in kept] == [(1024, "failed")]
-    assert kept[0]["error"].startswith("kernels/naive.cu:12: error: BLOCK too large") and not out.exists()
+    kept = [Measurement.from_json(json.loads(p.read_text())["measurement"])
+            for p in (tmp_path / "grid.partial").glob("*.json")]
+    assert [(m.params["conv1"]["BLOCK"], m.status) for m in kept] == [(1024, "failed")]
+    assert kept[0].error.startswith("kernels/naive.cu:12: error: BLOCK too large") and not out.exists()
 
     result = run_one_job(grid_job(), out, backend=GRID)  # a machine with a GPU: the other four
-    assert result["settings"] == {"valid": 5, "measured": 4, "resumed": 1} and GridNetwork.built == [64, 128, 256, 512]
+    assert result.settings == SettingCounts(valid=5, measured=4, resumed=1) and GridNetwork.built == [64, 128, 256, 512]
 
     alone = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [1024]}}])
-    ms = run_one_job(alone, tmp_path / "alone.json", backend=backend)["measurements"]
-    assert [m["status"] for m in ms] == ["failed"] and "BLOCK too large" in ms[0]["error"]
+    ms = run_one_job(alone, tmp_path / "alone.json", backend=backend).measurements
+    assert [m.status for m in ms] == ["failed"] and "BLOCK too large" in ms[0].error
 
 
 @pytest.fixture
@@ -657,14 +622,14 @@ def test_without_a_gpu_the_job_says_so_before_it_asks_for_nsys(tmp_path, no_nsys
 
 
 def test_profiler_auto_times_with_events_where_nsys_is_missing_and_says_so(tmp_path, no_nsys):
-    ms = run_one_job(grid_job(profiler="auto"), tmp_path / "grid.json", backend=FAKE)["measurements"]
-    assert {(m["status"], m["profiler"], m["profiler_note"]) for m in ms} == \
+    ms = run_one_job(grid_job(profiler="auto"), tmp_path / "grid.json", backend=FAKE).measurements
+    assert {(m.status, m.profiler, m.profiler_note) for m in ms} == \
         {("ok", "events", "nsys not found: timed with CUDA events")}
 
 
 def test_a_cpu_job_needs_neither_nsys_nor_a_gpu(tmp_path, no_nsys):
     m = run_job(spec(profiler="nsys"), tmp_path / "r.json", backend=NO_GPU)
-    assert m["status"] == "ok" and m["profiler"] == "cpu" and "profiler_note" not in m
+    assert m.status == "ok" and m.profiler == "cpu" and "profiler_note" not in m.to_json()
 
 
 def test_an_unknown_profiler_is_the_specs_error_not_the_machines(tmp_path):
@@ -756,4 +721,4 @@ def test_a_full_disk_stops_the_job_with_one_line_and_keeps_the_settings_it_finis
     (small_disk / "filler").unlink()
     GridNetwork.built = []
     result = run_one_job(grid_job(), out, backend=GRID)
-    assert result["settings"] == {"valid": 5, "measured": 3, "resumed": 2} and GridNetwork.built == [256, 512, 1024]
+    assert result.settings == SettingCounts(valid=5, measured=3, resumed=2) and GridNetwork.built == [256, 512, 1024]

@@ -27,8 +27,9 @@ from convsweep.config import JobSpec, RunSpec
 from convsweep.errors import StoreError
 from convsweep.config import variant_label
 from convsweep.fileio import canonical_hash
-from convsweep.job import FORMAT, run_job
+from convsweep.job import run_job
 from convsweep.query import run_query
+from convsweep.record import FORMAT, ResultFile
 from convsweep.paths import MIGRATIONS_DIR
 from convsweep.schema import load_schema
 from convsweep.store.engine import SCHEMA_REVISION
@@ -479,7 +480,7 @@ def test_ingest_racing_an_uncommitted_insert_of_the_same_run(engine):
     result = make_result()
     outcomes = []
     with Session(_writer(engine)) as other, other.begin():
-        other.add(_run_row(other, result, None, "other"))
+        other.add(_run_row(other, ResultFile.from_json(result).measurements[0], None, "other"))
         other.flush()
         racer = threading.Thread(target=lambda: outcomes.append(ingest_result(engine, result, None).unchanged))
         racer.start()
@@ -585,7 +586,7 @@ def test_bad_urls_are_one_line_store_errors():
 
 
 def test_the_result_schema_is_valid_and_lists_the_formats_ingest_takes_oldest_first():
-    """job.FORMAT, what jobs write, is the newest of these: the list must end with it."""
+    """record.FORMAT, what jobs write, is the newest of these: the list must end with it."""
     schema = load_schema("result")
     Draft202012Validator.check_schema(schema)
     formats = schema["properties"]["format"]["enum"]
@@ -607,7 +608,7 @@ def test_results_a_job_writes_are_stored(engine, tmp_path):
     with Session(engine) as session:
         runs = {run.status: run for run in session.scalars(select(Run))}
         assert (runs["ok"].dataset, runs["failed"].dataset) == ("mnist5k", "fashion")
-        assert (runs["ok"].job_key, runs["ok"].grid["index"]) == (ok["job_key"], 0)
+        assert (runs["ok"].job_key, runs["ok"].grid["index"]) == (ok.job_key, 0)
         assert [(t.layer_index, t.layer) for t in runs["ok"].layer_times] == [(0, "conv1"), (1, "conv2")]
         assert all(t.op_time_ms > 0 for t in runs["ok"].layer_times)
 

@@ -17,6 +17,7 @@ from ..checks import normwise_error
 from ..errors import failure_message
 from ..network import Network
 from ..numbers import finite, median
+from ..timing import TorchEvents, sample
 from .config import BenchConfig
 from ..inputs import Batch
 from .measure import Timing
@@ -54,18 +55,8 @@ def torch_mode(torch, mode: str, benchmark: bool):
 
 def torch_samples(torch, stream, fn, timing: Timing) -> list[float]:
     """Like measure.event_samples, with torch.cuda.Event on a torch stream."""
-    with torch.cuda.stream(stream):
-        for _ in range(timing.warmup):
-            fn()
-        pairs = []
-        for _ in range(timing.repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            fn()
-            end.record(stream)
-            pairs.append((start, end))
-    stream.synchronize()
-    return [start.elapsed_time(end) for start, end in pairs]
+    timer = TorchEvents(torch, stream, sync_each=False)
+    return sample(timer, lambda marks: fn(), timing.rule(), warmup=timing.warmup).samples_ms
 
 
 def torch_inputs(torch, mode: str, tensors: list):

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..config import JobSpec, RunSpec, variant_label
 from ..nsys import find_nsys
 from ..paths import ROOT, relative_to_root
+from ..record import ResultFile
 from .config import BenchConfig
 
 
@@ -47,19 +48,22 @@ def run_harness(config: BenchConfig, best: dict[str, dict] | None, batch: int, p
                 proc = subprocess.run([sys.executable, "-m", "convsweep.cli", "run-job", "--spec", text, "--out", str(path)],
                                       capture_output=True, text=True, cwd=ROOT)
                 wall = time.perf_counter() - t
-                job = json.loads(path.read_text()) if path.is_file() else {}
-                result = (job.get("measurements") or [{}])[0]  # the job's one setting
-                builds = result.get("builds") or []
-                records.append({"run": i, "wall_s": wall, "returncode": proc.returncode,
-                                "status": result.get("status", "failed"),
-                                "error": result.get("error") or (None if result else (proc.stderr.strip().splitlines() or ["no result"])[-1]),
-                                "total_s": job.get("total_s"), "profiler": result.get("profiler"),
-                                "phases_s": result.get("phases_s"), "compile_ms": (result.get("timings") or {}).get("compile_ms"),
-                                "cache_hits": [b.get("cache_hit") for b in builds],
-                                "forward_ms": (result.get("timings") or {}).get("forward_ms")})
+                job = ResultFile.from_json(json.loads(path.read_text())) if path.is_file() else None
+                records.append({"run": i, "wall_s": wall, "returncode": proc.returncode, **_outcome(job, proc.stderr)})
             cached = records[-1]
             if cached["status"] == "ok" and not all(cached["cache_hits"] or [False]):
                 cached["error"] = "the repeated job did not hit the compile cache"
             out[profiler] = {"job_id": spec.job_id, "variant": variant_label(spec.variants),
                              "runs": records}
     return out
+
+
+def _outcome(job: ResultFile | None, stderr: str) -> dict:
+    """What a harness run's result file says of the job's one setting; no file (None): its stderr's last line."""
+    if job is None:
+        return {"status": "failed", "error": (stderr.strip().splitlines() or ["no result"])[-1], "total_s": None,
+                "profiler": None, "phases_s": None, "compile_ms": None, "cache_hits": [], "forward_ms": None}
+    m = job.measurements[0]
+    return {"status": m.status, "error": m.error, "total_s": job.total_s, "profiler": m.profiler,
+            "phases_s": m.phases_s, "compile_ms": m.timings.compile_ms, "cache_hits": m.cache_hits(),
+            "forward_ms": m.timings.forward_ms}

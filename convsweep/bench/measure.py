@@ -20,8 +20,10 @@ from ..gpu import DeviceArray
 from ..inputs import Batch
 from ..network import Layer
 from ..reference import conv2d_reference, maxpool2d_reference
-from ..runner import Backend, ConvPlan, capture_pass, pass_chunks, pipeline_buffers, pipeline_pass
+from ..runner import Backend, ConvPlan, pass_chunks, pipeline_buffers, pipeline_pass
 from ..config import variant_label
+from ..stats import StoppingRule
+from ..timing import CudaEvents, GraphReplay, sample
 from ..variants import ConvShape, get_variant
 from .config import BenchConfig, Candidate
 from .report import network_traffic, pick_best
@@ -36,18 +38,16 @@ class Timing:
     repeats: int
     stream: Any
 
+    def rule(self) -> StoppingRule:
+        """A fresh rule that stops after `repeats` samples (a rule keeps the samples it took)."""
+        return StoppingRule(repeats=self.repeats)
+
 
 def event_samples(gpu, timing: Timing, run: Callable[[], None], min_warmup: int = 0) -> list[float]:
-    """Warm up, then `repeats` runs each between two events on the stream; ms per run."""
-    for _ in range(max(timing.warmup, min_warmup)):
-        run()
-    pairs = []
-    for _ in range(timing.repeats):
-        start = gpu.event(timing.stream)
-        run()
-        pairs.append((start, gpu.event(timing.stream)))
-    pairs[-1][1].sync()
-    return [end - start for start, end in pairs]
+    """Warm up, then `repeats` runs each between two events on the stream, all enqueued before any
+    is read; ms per run."""
+    timer = CudaEvents(gpu, timing.stream, sync_each=False)
+    return sample(timer, lambda marks: run(), timing.rule(), warmup=max(timing.warmup, min_warmup)).samples_ms
 
 
 def measure_ceilings(gpu, timing: Timing, copy_bytes: int) -> dict:
@@ -215,21 +215,14 @@ def measure_end_to_end(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan,
         streams = [gpu.stream() for _ in range(e2e["streams"])]
         net = backend.network(gpu, network, inputs.weights, plan, len(streams), rec["chunk_images"])
         buffers = pipeline_buffers(gpu, network, inputs.images, e2e["host_memory"], streams[0])
-        graph = capture_pass(gpu, net, streams, chunks, buffers) if e2e["graph"] else None
+        # Each pass waits for its end: the logits are on the host only then, and the next pass reuses the buffers.
+        timer = GraphReplay(gpu, streams[0]) if e2e["graph"] else CudaEvents(gpu, streams[0], span_from_pass=True)
 
-        def one_pass() -> float:
-            if graph is None:
-                start, _, _, end = pipeline_pass(gpu, net, streams, chunks, buffers)
-            else:
-                start = gpu.event(streams[0])
-                graph.launch(streams[0])
-                end = gpu.event(streams[0])
-            end.sync()  # the logits are on the host only now; the next pass reuses the buffers
-            return end - start
+        def one_pass(marks: dict):
+            start, _, _, end = pipeline_pass(gpu, net, streams, chunks, buffers)
+            return start, end
 
-        for _ in range(timing.warmup):
-            one_pass()
-        rec["samples_ms"] = [one_pass() for _ in range(timing.repeats)]
+        rec["samples_ms"] = sample(timer, one_pass, timing.rule(), warmup=timing.warmup).samples_ms
         rec.update(check_logits(np.array(buffers.logits_host), inputs.reference, inputs.dataset.labels, inputs.idx,
                                 plan.variants.values()).record())
     except Exception as e:

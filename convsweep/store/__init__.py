@@ -13,7 +13,7 @@ import importlib
 _HOME = {
     "engine": ["alembic_config", "make_engine", "migrate", "one_line", "open_store", "resolve_url", "show_url",
                "sqlite_path"],
-    "ingest": ["build_key", "check_result", "ingest_files", "ingest_result", "measurement_id", "read_result"],
+    "ingest": ["check_result", "ingest_files", "ingest_result", "read_result"],
     "ingest_report": ["IngestReport"],
     "models": ["Base", "Build", "Environment", "KernelProfile", "KernelStat", "LayerTime", "Memcpy", "Phase", "Run",
                "Sample", "Sweep"],
