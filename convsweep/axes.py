@@ -34,6 +34,10 @@ class Axis:
     id_part: spec value -> its piece of the job id ("" leaves it out).
     heading: how tables and figures name the axis.
     numeric: whether tables align its values as numbers.
+    applies: (value, cell, on_gpu) -> whether a cell of the product runs at all with this value (`cell`:
+      axis -> value; `on_gpu`: its variants run on the GPU); the expansion leaves the others out.
+    refuse: (value, experiment) -> the one line that refuses an experiments.yaml value together with
+      the experiment's other keys (None: fine); the planner adds file and key.
     describe: spec value -> what a figure's series name gains from it ("" at the value every run had before
       the axis existed); None for an axis that sets no series apart (figures take the fastest over it,
       or draw along it).
@@ -51,6 +55,8 @@ class Axis:
     from_config: Callable[[Any], Any] = field(default=lambda value: value)
     id_part: Callable[[Any], str] = field(default=lambda value: "")
     numeric: bool = False
+    applies: Callable[[Any, dict, bool], bool] = field(default=lambda value, cell, on_gpu: True)
+    refuse: Callable[[Any, dict], str | None] = field(default=lambda value, experiment: None)
     describe: Callable[[Any], str] | None = None
 
     @property
@@ -102,6 +108,8 @@ AXES: tuple[Axis, ...] = (
          "the L2 size is written over before each conv layer, outside its timing, as nvbench does); cold "
          "applies to GPU variants at one stream, other cells run warm only",
          "L2", default="warm", config_default=["warm"], id_part=lambda v: "-cold" if v == "cold" else "",
+         # L2 is the GPU's, and a flush on one stream would hit the others' kernels
+         applies=lambda v, cell, on_gpu: v == "warm" or (on_gpu and cell["streams"] == 1),
          describe=lambda v: "cold L2" if v == "cold" else ""),
 )
 
@@ -113,6 +121,20 @@ OMITTED_AT_DEFAULT: dict[str, Any] = {axis.name: axis.default for axis in AXES i
 CELL_COLUMNS: tuple[str, ...] = ("experiment", "variant", *NAMES)
 # The axes whose values set a figure's series apart (a cold L2 run is not the warm one's point).
 SERIES_AXES: tuple[Axis, ...] = tuple(axis for axis in AXES if axis.describe is not None)
+
+
+def applies(cell: dict[str, Any], on_gpu: bool) -> bool:
+    """Whether a cell of the product runs: every axis's value applies to it (Axis.applies)."""
+    return all(axis.applies(cell[axis.name], cell, on_gpu) for axis in AXES)
+
+
+def refusal(experiment: dict[str, Any]) -> tuple[str, str] | None:
+    """(experiments.yaml key, why) of the first axis value the experiment's other keys rule out."""
+    for axis in AXES:
+        for value in experiment[axis.key]:
+            if (why := axis.refuse(value, experiment)) is not None:
+                return axis.key, why
+    return None
 
 
 def job_id_part(values: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
+from . import axes
 from .axes import AXES, NAMES, OMITTED_AT_DEFAULT, Axis, job_id_part
 from .errors import ConfigError, ConvsweepError, DataError, ShapeError
 from .fileio import canonical_hash
@@ -289,6 +290,8 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
         conv_names = [layer.name for layer in net.conv_layers]
         search = _search(exp, f"{where}.search")
         sweep = {"experiment": name, "config_hash": canonical_hash(exp), "config_path": str(config.path)}
+        if (refused := axes.refusal(exp)) is not None:
+            raise ConfigError(f"{where}.{refused[0]}: {refused[1]}")
         for grid_name, values in exp.get("params", {}).items():
             if grid_name not in registry:
                 raise ConfigError(f"{where}.params.{grid_name}: unknown variant '{grid_name}'")
@@ -305,8 +308,8 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
                                if not registry[var].is_cpu})
             for values in itertools.product(*([axis.from_config(v) for v in exp[axis.key]] for axis in AXES)):
                 cell = dict(zip(NAMES, values))
-                if cell["cache"] == "cold" and not (on_gpu and cell["streams"] == 1):
-                    continue  # L2 is the GPU's, and a flush on one stream would hit the others' kernels
+                if not axes.applies(cell, on_gpu):
+                    continue
                 if on_gpu:
                     _check_device_memory(net, steps, cell["batch"], cell["streams"], cell["chunk_images"],
                                          f"{where}.batches")
