@@ -122,7 +122,10 @@ def assert_latest_run_shows_every_run_column(connection: Connection) -> None:
 def test_schema_revision_is_alembics_head():
     """engine.SCHEMA_REVISION lets an up-to-date database open without Alembic: it must name the
     newest migration, or a new migration would never run."""
-    assert SCHEMA_REVISION == ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+    scripts = ScriptDirectory(str(MIGRATIONS_DIR))
+    assert SCHEMA_REVISION == scripts.get_current_head()
+    # It is read from the files' names: each file is named for its revision.
+    assert all(Path(script.path).name.startswith(f"{script.revision}_") for script in scripts.walk_revisions())
 
 
 def test_opening_an_up_to_date_store_does_not_import_alembic(db_url):

@@ -21,10 +21,11 @@ from convsweep.paths import DEFAULT_DB_URL, MIGRATIONS_DIR
 if TYPE_CHECKING:
     from alembic.config import Config
 
-# The newest migration in db/migrations/versions (a test ties the two): a database already there
-# is opened without importing Alembic, ~0.45 s of every ingest, report and sweep start on the
-# lent GPU's host.
-SCHEMA_REVISION = "0009"
+# The newest migration in db/migrations/versions, read from the files' names (NNNN_what.py, each
+# file's revision its number; a test ties the two), so a migration is one new file: a database
+# already there is opened without importing Alembic, ~0.45 s of every ingest, report and sweep start
+# on the lent GPU's host.
+SCHEMA_REVISION = max(path.name[:4] for path in (MIGRATIONS_DIR / "versions").glob("[0-9][0-9][0-9][0-9]_*.py"))
 
 PG_CONNECT_TIMEOUT_S = 5
 SQLITE_BUSY_TIMEOUT_MS = 30_000
