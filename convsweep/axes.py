@@ -34,6 +34,7 @@ class Axis:
     id_part: spec value -> its piece of the job id ("" leaves it out).
     heading: how tables and figures name the axis.
     numeric: whether tables align its values as numbers.
+    shown_at_default: whether summary.md gives it a column where every run has its default value.
     applies: (value, cell, on_gpu) -> whether a cell of the product runs at all with this value (`cell`:
       axis -> value; `on_gpu`: its variants run on the GPU); the expansion leaves the others out.
     refuse: (value, experiment) -> the one line that refuses an experiments.yaml value together with
@@ -55,6 +56,7 @@ class Axis:
     from_config: Callable[[Any], Any] = field(default=lambda value: value)
     id_part: Callable[[Any], str] = field(default=lambda value: "")
     numeric: bool = False
+    shown_at_default: bool = True
     applies: Callable[[Any, dict, bool], bool] = field(default=lambda value, cell, on_gpu: True)
     refuse: Callable[[Any, dict], str | None] = field(default=lambda value, experiment: None)
     describe: Callable[[Any], str] | None = None
@@ -98,7 +100,8 @@ AXES: tuple[Axis, ...] = (
          "images per pipeline chunk (each chunk: H2D, every layer, D2H, on the streams in turn); auto (a "
          "spec's null) = the whole batch for one stream, else 4 chunks per stream",
          "chunk (images)", default=None, config_default=["auto"],
-         from_config=lambda v: None if v == "auto" else v, id_part=lambda v: f"-c{v}" if v else "", numeric=True),
+         from_config=lambda v: None if v == "auto" else v, id_part=lambda v: f"-c{v}" if v else "", numeric=True,
+         shown_at_default=False),
     Axis("host_memory", "host_memory", str, {"enum": ["pageable", "pinned", "registered"]},
          {"enum": ["pageable", "pinned", "registered"]},
          "the host memory the batch and the logits live in: pageable, pinned or registered",
@@ -135,6 +138,13 @@ def refusal(experiment: dict[str, Any]) -> tuple[str, str] | None:
             if (why := axis.refuse(value, experiment)) is not None:
                 return axis.key, why
     return None
+
+
+def shown(runs: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The axes a table of every run gives a column: each one shown at its default, and any other
+    where some run has another value."""
+    return tuple(axis.name for axis in AXES if axis.shown_at_default or axis.required
+                 or any(run.get(axis.name, axis.default) != axis.default for run in runs))
 
 
 def job_id_part(values: dict[str, Any]) -> str:

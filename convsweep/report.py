@@ -427,10 +427,11 @@ def summary_markdown(experiment: Experiment) -> str:
                for variant in {run["variant"] for run in experiment.runs})
     runs = sorted(experiment.runs, key=lambda r: (r["variant"], axes.sort_key(r), r["forward_ms"] is None,
                                                    r["forward_ms"] or 0.0))
-    columns = ["variant", *(["setting"] if grid else []), *axes.NAMES, "status",
+    cell_axes = axes.shown(experiment.runs)
+    columns = ["variant", *(["setting"] if grid else []), *cell_axes, "status",
                "op_time_1_ms", "op time 1 ±%", "op_time_2_ms", "op time 2 ±%", "forward_ms", "forward ±%",
                "total_s", "accuracy"]
-    rows = [[run["variant"], *([tunables(run["params"])] if grid else []), *cell(run), run["status"],
+    rows = [[run["variant"], *([tunables(run["params"])] if grid else []), *(run[name] for name in cell_axes), run["status"],
              run["op_time_1_ms"], _spread(run["op_time_1_spread"]),
              run["op_time_2_ms"], _spread(run["op_time_2_spread"]), run["forward_ms"], _spread(run["forward_spread"]),
              run["total_s"], run["accuracy"]] for run in runs]

@@ -1,8 +1,10 @@
 import copy
+import re
 
 import pytest
 import yaml
 
+from convsweep.axes import AXES
 from convsweep.config import JobSpec, expand_config, load_config, validate
 from convsweep.errors import ConfigError
 from convsweep.fileio import canonical_hash
@@ -408,7 +410,7 @@ def test_a_sweep_of_too_many_jobs_is_refused_before_it_is_expanded(tmp_path, mon
     monkeypatch.setattr(config, "MAX_JOBS", 5)
     data = copy.deepcopy(BASE)
     data["experiments"]["e1"].update(batches=[1, 2, 3], streams=[1, 2])
-    axes = r"\(variants x batches x streams x chunk_images x host_memory x cache\)"
+    axes = re.escape("(" + " x ".join(["variants", *(axis.key for axis in AXES)]) + ")")
     with pytest.raises(ConfigError, match=rf"experiments.e1: the sweep's axes {axes} multiply to more than 5 jobs; split"):
         expand_config(load_config(write(tmp_path, data)))
 
