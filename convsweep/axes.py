@@ -114,6 +114,23 @@ AXES: tuple[Axis, ...] = (
          # L2 is the GPU's, and a flush on one stream would hit the others' kernels
          applies=lambda v, cell, on_gpu: v == "warm" or (on_gpu and cell["streams"] == 1),
          describe=lambda v: "cold L2" if v == "cold" else ""),
+    Axis("timer", "timer", str, {"enum": ["events", "graph"]}, {"enum": ["events", "graph"]},
+         "how a timed pass is timed: events (CUDA events around the enqueued pass, and around each conv layer "
+         "and copy; nsys's records where it profiles) or graph (the pass captured once as a CUDA graph, each "
+         "timed pass one replay between two events: the whole pass only, with the host's launch calls out of "
+         "it, as the bench times its end-to-end row); graph applies to GPU variants, a warm L2 and pinned or "
+         "registered host memory, and is timed with events where the profiler is auto",
+         "timer", default="events", config_default=["events"], id_part=lambda v: "-graph" if v == "graph" else "",
+         shown_at_default=False,
+         # a captured pass cannot write over L2 between its layers, nor copy from pageable memory
+         applies=lambda v, cell, on_gpu: v == "events" or (on_gpu and cell["cache"] == "warm"
+                                                            and cell["host_memory"] != "pageable"),
+         refuse=lambda v, exp: None if v == "events" else
+         "timer graph replays a captured pass, which nsys cannot split into layers: use profiler auto or events"
+         if exp["profiler"] == "nsys" else
+         "timer graph replays a captured pass, and a copy from pageable memory cannot be captured: add pinned "
+         "or registered to host_memory" if set(exp["host_memory"]) == {"pageable"} else None,
+         describe=lambda v: "graph replay" if v == "graph" else ""),
 )
 
 BY_NAME: dict[str, Axis] = {axis.name: axis for axis in AXES}

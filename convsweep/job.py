@@ -145,7 +145,9 @@ def _run_job(spec: JobSpec, out_path: Path, process_age: float | None, backend: 
     if spec.profiler not in PROFILERS:
         raise ConvsweepError(f"profiler: expected one of {', '.join(PROFILERS)}, got {spec.profiler!r}")
     on_gpu = not all(get_variant(name).is_cpu for name in spec.variants.values())
-    nsys_path = nsys_mod.find_nsys() if spec.profiler in ("nsys", "auto") and on_gpu else None
+    # A graph replay is timed whole (convsweep.axes, timer): nsys could not split it into layers.
+    profiled = spec.profiler in ("nsys", "auto") and on_gpu and spec.timer == "events"
+    nsys_path = nsys_mod.find_nsys() if profiled else None
     if spec.profiler == "nsys" and on_gpu and nsys_path is None:
         if backend is None:
             from .runner import Backend
@@ -180,7 +182,7 @@ def _run_job(spec: JobSpec, out_path: Path, process_age: float | None, backend: 
             from .runner import Backend
 
             shared = measure_settings(ctx, todo, backend or Backend(), keep)
-            if spec.profiler == "auto" and on_gpu:
+            if spec.profiler == "auto" and profiled:
                 for m in fresh:
                     m.profiler_note = NSYS_MISSING_NOTE
     shared = {"process_start": process_age, **shared} if process_age is not None else shared

@@ -37,7 +37,7 @@ from .provenance import GpuMonitor, environment, host_environment, host_gpu_arch
 from .record import Measurement, Sample, Stopping, Timings
 from .runner import Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks, pipeline_buffers, pipeline_pass, poison_logits
 from .stats import StoppingRule
-from .timing import FLUSH, CudaEvents, EnergyObserver, HostClock, L2FlushObserver, sample
+from .timing import FLUSH, CudaEvents, EnergyObserver, GraphReplay, HostClock, L2FlushObserver, sample
 from .variants import Variant
 
 
@@ -269,7 +269,9 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measureme
         marks.update(h2d=[(start, h2d_end)], compute=[(h2d_end, d2h_start)], d2h=[(d2h_start, end)])
         return start, end
 
-    timer = CudaEvents(gpu, streams[0], span_from_pass=True)
+    # timer (convsweep.axes): each pass's own events, or one replay of the pass captured once, timed whole.
+    events = run.timer == "events"
+    timer = CudaEvents(gpu, streams[0], span_from_pass=True) if events else GraphReplay(gpu, streams[0])
     sampled = sample(timer, one_pass, StoppingRule.of(run.repeats, run.stopping), observers, run.warmup,
                      backend.clock, nvtx_range)
     samples = []
@@ -277,6 +279,8 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measureme
         samples.append(Sample("forward_ms", None, n, reading.ms))  # a cold pass's L2 flushes left out
         if flush is not None:
             samples.append(Sample("l2_flush_ms", None, n, sampled.observed["l2_flush_ms"][n]))
+        if not events:
+            continue  # a replay has no events of its own inside
         if len(chunks) == 1:  # with several chunks the copies of one interleave with others' kernels
             samples += [Sample("h2d_ms", None, n, reading.marked_ms("h2d")),
                         Sample("compute_ms", None, n, reading.marked_ms("compute") - reading.marked_ms(FLUSH)),

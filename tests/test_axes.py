@@ -15,6 +15,7 @@ from sqlalchemy import Integer, String
 from convsweep import axes, compare, report
 from convsweep.axes import AXES, NAMES
 from convsweep.config import JobSpec, RunSpec, expand_config, load_config
+from convsweep.errors import ConfigError
 from convsweep.paths import ROOT, SCHEMAS_DIR
 from convsweep.schema import load_schema, schema_file
 from convsweep.store.models import Run
@@ -113,14 +114,56 @@ def test_stored_job_files_keep_their_ids(path):
 
 def test_the_expansion_is_the_product_of_the_axes(tmp_path):
     values = {"batches": [100, 1000], "streams": [1, 2], "chunk_images": ["auto", 50],
-              "host_memory": ["pageable", "pinned"], "cache": ["warm", "cold"]}
+              "host_memory": ["pageable", "pinned"], "cache": ["warm", "cold"], "timer": ["events", "graph"]}
     path = tmp_path / "experiments.yaml"
     path.write_text(yaml.safe_dump({"experiments": {"e": {"variants": ["naive"], "repeats": 1, **values}}}))
     jobs = expand_config(load_config(path))
+
+    def runs(cell: dict) -> bool:  # cold: one stream; a graph: a warm L2 and page-locked memory
+        return (cell["cache"] == "warm" or cell["streams"] == 1) and \
+            (cell["timer"] == "events" or (cell["cache"] == "warm" and cell["host_memory"] != "pageable"))
+
     product = {cell for cell in itertools.product(*([axis.from_config(v) for v in values[axis.key]] for axis in AXES))
-               if cell[NAMES.index("cache")] == "warm" or cell[NAMES.index("streams")] == 1}  # cold: one stream
+               if runs(dict(zip(NAMES, cell)))}
     assert {tuple(getattr(job, name) for name in NAMES) for job in jobs} == product
-    assert len(jobs) == len(product) == 24
+    assert len(jobs) == len(product) == 24 + 8
+
+
+def test_an_axis_value_the_experiment_rules_out_is_one_line(tmp_path):
+    path = tmp_path / "experiments.yaml"
+    for extra, why in [({"profiler": "nsys"}, "nsys cannot split into layers"),
+                       ({"host_memory": ["pageable"]}, "a copy from pageable memory cannot be captured")]:
+        exp = {"variants": ["naive"], "batches": [100], "host_memory": ["pinned"], "timer": ["graph"], **extra}
+        path.write_text(yaml.safe_dump({"experiments": {"e": exp}}))
+        with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: experiments\.e\.timer: timer graph .*{why}"):
+            expand_config(load_config(path))
+    path.write_text(yaml.safe_dump({"experiments": {"e": {"variants": ["reference"], "batches": [10], "host_memory": ["pinned"],
+                                                          "timer": ["events", "graph"]}}}))
+    assert [job.timer for job in expand_config(load_config(path))] == ["events"]  # the CPU has no graph to replay
+
+
+def test_a_graph_timed_job_captures_its_pass_once_and_times_each_replay_whole(tmp_path):
+    """timer graph on a fake GPU: one capture, every warm-up and timed pass a replay; the forward is
+    all it can time (no event inside a replay), the spec says how it was timed, and profiler auto
+    times it with events, with nothing to say about nsys."""
+    from fake_gpu import FAKE, FakeGpu
+
+    from convsweep.job import run_job
+
+    run = RunSpec(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
+                  variants={"conv1": "naive", "conv2": "naive"}, params={"conv1": {}, "conv2": {}}, batch=40,
+                  streams=2, host_memory="pinned", repeats=3, warmup=1, profiler="auto", timer="graph")
+    job = JobSpec.for_run(run)
+    assert job.job_id.endswith(f"-s2-pinned-graph-{job.job_key[:10]}") and run.to_dict()["timer"] == "graph"
+    before = FakeGpu.captures
+    m = run_job(job, tmp_path / "graph.json", backend=FAKE).measurements[0]
+    assert m.status == "ok", m.error
+    assert FakeGpu.captures == before + 1 and m.spec["timer"] == "graph"
+    assert [s.metric for s in m.samples] == ["forward_ms"] * 3
+    assert m.timings.forward_ms > 0 and m.timings.op_time_ms == {"conv1": None, "conv2": None}
+    assert m.profiler == "events" and m.profiler_note is None
+    assert m.run_columns()["timer"] == "graph"
+    assert "timer" not in JobSpec.for_run(RunSpec(**{**run.to_dict(), "timer": "events"})).to_dict()  # old hashes
 
 
 def test_compare_and_report_tell_cells_apart_by_the_axes():
@@ -129,13 +172,14 @@ def test_compare_and_report_tell_cells_apart_by_the_axes():
     assert report.CELL_COLUMNS == tuple((axis.name, axis.heading) for axis in AXES)
     assert report.SEEDS_CSV_COLUMNS[2:2 + len(AXES)] == [axis.heading for axis in AXES]
     assert axes.columns("r") in report.RUNS_SQL and axes.order_by("r") in report.RUNS_SQL
-    run = {"batch": 100, "streams": 1, "chunk_images": None, "host_memory": "pinned", "cache": "cold"}
+    run = {"batch": 100, "streams": 1, "chunk_images": None, "host_memory": "pinned", "cache": "cold", "timer": "events"}
     assert report.cell(run) == tuple(run[name] for name in NAMES)
 
 
 def test_series_are_set_apart_by_the_axes_that_describe_them():
     assert axes.series_suffix({"cache": "cold", "batch": 100}) == ", cold L2"
     assert axes.series_suffix({"cache": "warm"}) == "" and not axes.set_apart({"cache": "warm"})
+    assert axes.series_suffix({"cache": "warm", "timer": "graph"}) == ", graph replay"
     assert axes.cell_text({"batch": 1000, "streams": 1, "chunk_images": 250, "host_memory": "pinned",
                            "cache": "cold"}) == "b1000 s1 c250 pinned cold"
 
