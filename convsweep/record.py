@@ -262,6 +262,8 @@ class Measurement(Part):
             "tolerance": self.tolerance, "images_unique": images.get("unique"), "cycled": images.get("cycled"),
             "h2d_ms": timings.h2d_ms, "d2h_ms": timings.d2h_ms, "compute_ms": timings.compute_ms,
             "forward_ms": timings.forward_ms, "forward_spread": self.spreads().get(("forward_ms", None)),
+            "forward_min_ms": min((s.value for s in self.samples or [] if s.metric == "forward_ms" and s.layer is None),
+                                  default=None),
             "overlap": timings.overlap, "total_s": timings.total_s, "compile_ms": timings.compile_ms,
             "phases": self.phases_s, "floors": self.floors, "files": self.files, "started_at": self.started_at,
             "source_hash": canonical_hash(sources) if sources else None, "sources": sources,

@@ -1232,3 +1232,29 @@ def test_migrating_a_0006_database_calls_its_runs_warm_and_back(db_url):
         assert row_counts(engine) == before
     finally:
         engine.dispose()
+
+
+def test_ingest_and_migration_0011_store_each_runs_fastest_pass(db_url):
+    """forward_min_ms: the fastest forward sample of a run, from the record at ingest, and filled
+    from the stored samples for runs of a database made before it."""
+    results = standard_results()
+    before = stored_the_old_way(db_url, "0010", results)
+    engine = open_store(db_url)
+    try:
+        new = make_result("tiled", 5000)
+        ingest_result(engine, new, None)
+        with engine.connect() as connection:
+            fastest = dict(connection.execute(select(Run.measurement_id, Run.forward_min_ms)).all())
+            assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+            assert_latest_run_shows_every_run_column(connection)
+        for result in [*results, new]:
+            forward = [s["value"] for s in result["samples"] if s["metric"] == "forward_ms" and s.get("layer") is None]
+            assert fastest[result["measurement_id"]] == (pytest.approx(min(forward)) if forward else None)
+        assert any(value is not None for value in fastest.values())
+        migrate(engine, "0010", downgrade=True)
+        with engine.connect() as connection:
+            assert "forward_min_ms" not in {c["name"] for c in inspect(connection).get_columns("run")}
+            assert_latest_run_shows_every_run_column(connection)
+        assert row_counts(engine)["run"] == before["run"] + 1
+    finally:
+        engine.dispose()

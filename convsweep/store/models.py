@@ -150,6 +150,7 @@ class Run(AxisColumns, Base):
     forward_ms: Mapped[float | None] = mapped_column(Float)
     # How noisy forward_ms is: its samples' median absolute deviation over their median (null: none).
     forward_spread: Mapped[float | None] = mapped_column(Float)
+    forward_min_ms: Mapped[float | None] = mapped_column(Float)  # the fastest timed pass (what a floor bounds)
     stop_reason: Mapped[str | None] = mapped_column(String)  # fixed, converged, timeout or max_samples (the stopping rule)
     overlap: Mapped[float | None] = mapped_column(Float)
     total_s: Mapped[float | None] = mapped_column(Float)

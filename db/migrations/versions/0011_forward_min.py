@@ -1,0 +1,66 @@
+"""run.forward_min_ms: the fastest timed forward pass of a run (its forward_ms samples' minimum),
+beside the median forward_ms. The floor a time is held against is a bound on every pass, so the
+fastest pass is what a check for "faster than the hardware allows" reads; the bench reports min_ms
+for the same reason. Runs stored before get theirs from their stored samples.
+
+latest_run is recreated (PostgreSQL expands its r.* when it is made), and run_summary over it; their
+SQL is 0007's, written out here so that this file keeps its meaning whatever later files say.
+
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-11-25
+"""
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0011"
+down_revision: str | None = "0010"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+LATEST_RUN_SQL = """
+CREATE VIEW latest_run AS
+SELECT ranked.*, o.op_time_1_ms, o.op_time_2_ms, o.op_time_1_spread, o.op_time_2_spread
+FROM (SELECT r.*,
+             ROW_NUMBER() OVER (PARTITION BY r.run_key
+                                ORDER BY r.started_at DESC NULLS LAST, r.id DESC) AS measurement_rank
+      FROM run r) ranked
+JOIN run_op_time o ON o.run_id = ranked.id
+WHERE ranked.measurement_rank = 1
+"""
+
+RUN_SUMMARY_SQL = """
+CREATE VIEW run_summary AS
+SELECT r.experiment, r.variant, r.batch, r.streams, r.host_memory, r.status,
+       r.op_time_1_ms, r.op_time_2_ms, r.forward_ms, r.total_s, r.accuracy, r.max_rel_err,
+       r.profiler, r.prediction_agreement, r.job_id, r.started_at, r.id AS run_id,
+       r.op_time_1_spread, r.op_time_2_spread, r.forward_spread, r.cache, r.note
+FROM latest_run r
+"""
+
+
+def _drop_views() -> None:
+    op.execute("DROP VIEW IF EXISTS run_summary")
+    op.execute("DROP VIEW IF EXISTS latest_run")
+
+
+def _create_views() -> None:
+    op.execute(LATEST_RUN_SQL)
+    op.execute(RUN_SUMMARY_SQL)
+
+
+def upgrade() -> None:
+    _drop_views()
+    op.add_column("run", sa.Column("forward_min_ms", sa.Float(), nullable=True))
+    op.execute("""
+UPDATE run SET forward_min_ms = (SELECT MIN(s.value) FROM sample s
+                                 WHERE s.run_id = run.id AND s.metric = 'forward_ms' AND s.layer IS NULL)""")
+    _create_views()
+
+
+def downgrade() -> None:
+    _drop_views()
+    op.drop_column("run", "forward_min_ms")
+    _create_views()
