@@ -111,6 +111,7 @@ class Gpu:
         self._owned: list = []  # buffers, streams, events: closed in reverse order
         self._registered: list[int] = []
         self._modules: dict = {}
+        self._l2_scratch: DeviceArray | None = None  # l2_flusher's buffer
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -222,8 +223,11 @@ class Gpu:
     def l2_flusher(self) -> Callable[[object], None]:
         """A function that, enqueued on a stream, writes over a buffer of twice the L2 size, so the
         next kernel finds none of its inputs in L2 (nvbench's cold measurements write one L2's
-        worth; twice leaves no line to the cache's hashing). The buffer lives until close()."""
-        scratch = self.alloc((2 * self.l2_bytes // 4,), np.uint32)
+        worth; twice leaves no line to the cache's hashing). One buffer per GPU, made on first use
+        (every cold setting of a job shares it), lives until close()."""
+        if self._l2_scratch is None:
+            self._l2_scratch = self.alloc((2 * self.l2_bytes // 4,), np.uint32)
+        scratch = self._l2_scratch
         return lambda stream: self.fill(scratch, 0, stream)
 
     def module(self, build, private: bool = False):
