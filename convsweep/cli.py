@@ -268,10 +268,13 @@ def cmd_query(args) -> None:
 
 
 def cmd_compare(args) -> None:
-    from .compare import any_slower, compare, render
+    from .compare import DEFAULT, any_slower, compare, render
 
-    result = compare(args.db, args.a, args.b, metric=args.metric, threshold=args.threshold, db_b=args.db_b,
-                     cpu=args.cpu)
+    a, b = args.a or DEFAULT[0], args.b or DEFAULT[1]
+    if not (args.a and args.b):
+        print(f"compare: {a} -> {b}" + (": each job's newest measurement against the one before it"
+                                         if (a, b) == DEFAULT else ""), file=sys.stderr)
+    result = compare(args.db, a, b, metric=args.metric, threshold=args.threshold, db_b=args.db_b, cpu=args.cpu)
     print(render(result, args.format))
     if any_slower(result):
         raise SystemExit(1)
@@ -435,12 +438,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("compare", help="B against A, job by job: ratio of medians, its interval, SAME/FASTER/SLOWER/UNSURE",
-                       description="A and B select stored runs: sweep:N, commit:SHA, experiment:NAME, results:DIR "
-                                   "(a sweep's results directory), runs:LO-HI, or the bare value. Each matched job gets "
-                                   "the ratio of B's median to A's over the stored samples, a 95% bootstrap interval "
-                                   "and a verdict. Exit status 1 when any job is SLOWER beyond the threshold.")
-    p.add_argument("a", help="the baseline selection")
-    p.add_argument("b", help="the selection compared with it")
+                       description="A and B select stored runs: latest and previous (each job's newest measurement, "
+                                   "and the one before it), sweep:N, commit:SHA, a git revision (HEAD~1, HEAD, or "
+                                   "rev:NAME), experiment:NAME, results:DIR (a sweep's results directory), runs:LO-HI, "
+                                   "or the bare value; with none, previous and latest. Each matched job gets the ratio "
+                                   "of B's median to A's over the stored samples, a 95%% bootstrap interval and a "
+                                   "verdict. Exit status 1 when any job is SLOWER beyond the threshold.")
+    p.add_argument("a", nargs="?", help="the baseline selection (default: previous)")
+    p.add_argument("b", nargs="?", help="the selection compared with it (default: latest)")
     p.add_argument("--db", help=DB_HELP)
     p.add_argument("--db-b", metavar="URL",
                    help="SQLAlchemy URL of the result store B is read from, when not --db's "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,12 @@ from .store import resolve_url, show_url
 # each layer (a mixed label stands for several).
 CELL = (*CELL_COLUMNS, "profiler", "network", "dataset", "variants")
 _RUN_COLUMNS = ", ".join(("id", *CELL, "params", "git_commit"))
-_KINDS = ("sweep", "commit", "experiment", "results", "runs")
-_SELECTION_FORMS = "sweep:N, commit:SHA, experiment:NAME, results:DIR or runs:LO-HI (or the bare value)"
+_KINDS = ("sweep", "commit", "experiment", "results", "runs", "rev")
+_SELECTION_FORMS = ("latest, previous, sweep:N, commit:SHA, rev:REVISION (HEAD~1, a branch), experiment:NAME, "
+                    "results:DIR or runs:LO-HI (or the bare value)")
+# Per-job selections: of each job's ok measurements in id order, the newest, or the one before it.
+PER_JOB = {"latest": -1, "previous": -2}
+DEFAULT = ("previous", "latest")  # `convsweep compare` alone: each job's newest measurement against the one before
 METRICS = ("op_time", "forward_ms")  # and each conv layer's name
 
 
@@ -57,6 +62,10 @@ class Selection:
         kind, sep, value = text.partition(":")
         if not text.strip() or (sep and kind in _KINDS and not value.strip()):  # `commit:` would select every run
             raise ConvsweepError(f"empty selection{f' {text!r}' if text.strip() else ''}: expected {_SELECTION_FORMS}")
+        if text in PER_JOB:
+            return cls(text, "")
+        if sep and kind == "rev" or re.fullmatch(r"(HEAD|@)([~^][0-9]*)*", text):
+            return cls("commit", _git_commit(value if sep else text))
         if sep and kind in _KINDS:
             return cls(kind, value)
         if text.isdigit():
@@ -68,6 +77,8 @@ class Selection:
         return cls("experiment", text)
 
     def condition(self, name: str) -> tuple[str, dict[str, Any]]:
+        if self.kind in PER_JOB:  # every run: _newest_ok_runs picks per job
+            return "1 = 1", {}
         if self.kind == "sweep":
             return f"sweep_id = :{name}", {name: _integer(self.value, "a sweep id")}
         if self.kind == "commit":
@@ -83,7 +94,16 @@ class Selection:
                 {f"{name}_lo": _integer(lo, "a run id"), f"{name}_hi": _integer(hi or lo, "a run id")})
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.value}"
+        return f"{self.kind}:{self.value}" if self.value else self.kind
+
+
+def _git_commit(revision: str) -> str:
+    """The commit a git revision names in the repository here (HEAD~1, a branch, a tag), in full."""
+    proc = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ConvsweepError(f"{revision!r} names no commit of a git repository here")
+    return proc.stdout.strip()
 
 
 def _integer(text: str, what: str) -> int:
@@ -95,11 +115,12 @@ def _integer(text: str, what: str) -> int:
 def _newest_ok_runs(db: str | None, selection: Selection) -> list[dict]:
     condition, params = selection.condition("sel")
     _, runs = fetch_dicts(db, f"SELECT {_RUN_COLUMNS} FROM run WHERE status = 'ok' AND {condition} ORDER BY id", params)
-    newest: dict[tuple, dict] = {}
+    by_job: dict[tuple, list[dict]] = {}
     for run in runs:
         run["variants"], run["params"] = json_column(run["variants"]), json_column(run["params"]) or {}
-        newest[(_cell(run), json.dumps(run["params"], sort_keys=True))] = run  # later ids win
-    return list(newest.values())
+        by_job.setdefault((_cell(run), json.dumps(run["params"], sort_keys=True)), []).append(run)
+    pick = PER_JOB.get(selection.kind, -1)  # the newest, or for `previous` the one before it
+    return [measured[pick] for measured in by_job.values() if len(measured) >= -pick]
 
 
 def _cell(run: dict) -> tuple:

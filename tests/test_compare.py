@@ -196,13 +196,58 @@ def test_an_unknown_metric_lists_the_ones_there_are(db_url, capsys):
 
 
 @pytest.mark.parametrize("a, b, message", [
-    ("", "", "compare: A: empty selection: expected sweep:N, commit:SHA, experiment:NAME, results:DIR or runs:LO-HI "
-             "(or the bare value)"),
-    ("aaaaaaa", "  ", "compare: B: empty selection: expected sweep:N, "),
-    ("aaaaaaa", "commit:", "compare: B: empty selection 'commit:': expected sweep:N, "),  # else every run
+    ("", "", "compare: A: empty selection: expected latest, previous, sweep:N, commit:SHA, rev:REVISION (HEAD~1, a "
+             "branch), experiment:NAME, results:DIR or runs:LO-HI (or the bare value)"),
+    ("aaaaaaa", "  ", "compare: B: empty selection: expected latest, previous, sweep:N, "),
+    ("aaaaaaa", "commit:", "compare: B: empty selection 'commit:': expected latest, previous, "),  # else every run
 ])
 def test_an_empty_selection_is_one_line_saying_what_is_expected(db_url, a, b, message):
     two_commits(db_url, [stored("naive", "a" * 40, noisy(40.0, 5, 0.003, 1))], [])
     with pytest.raises(ConvsweepError) as caught:
         compare(db_url, a, b)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_previous_and_latest_select_per_job_and_are_the_default(db_url, capsys):
+    """After an edit and a rerun, `convsweep compare` alone holds each job's newest measurement against
+    the one before it: no ids to look up. A job measured once is only in latest; an incorrect run never
+    stands for a job."""
+    engine = open_store(db_url)
+    for result in [
+        stored("naive", "a" * 40, noisy(40.0, 10, 0.003, 1)), stored("tiled", "a" * 40, noisy(20.0, 10, 0.003, 2)),
+        stored("naive", "a" * 40, noisy(40.0, 10, 0.003, 3)),  # rerun, unchanged
+        stored("tiled", "a" * 40, noisy(26.0, 10, 0.003, 4)),  # rerun after an edit: slower
+        stored("tiled", "a" * 40, noisy(10.0, 10, 0.003, 5), status="incorrect"),
+        stored("fused", "a" * 40, noisy(9.0, 10, 0.003, 6)),  # measured once
+    ]:
+        ingest_result(engine, result)
+    engine.dispose()
+    assert Selection.parse("latest") == Selection("latest", "") and str(Selection.parse("previous")) == "previous"
+    result = compare(db_url, "previous", "latest")
+    assert {row["variant"]: row["verdict"] for row in result["rows"]} == {"naive": SAME, "tiled": SLOWER}
+    assert result["only_a"] == 0 and result["only_b"] == 1
+    with pytest.raises(SystemExit) as exit_status:
+        cli_main(["compare", "--db", db_url])
+    assert exit_status.value.code == 1
+    out, err = capsys.readouterr()
+    assert err.strip() == "compare: previous -> latest: each job's newest measurement against the one before it"
+    assert "1 SAME, 1 SLOWER; 1 job only in B" in out
+
+
+def test_a_git_revision_selects_the_runs_measured_at_its_commit(db_url, tmp_path, monkeypatch):
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    for n in (1, 2):
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", f"edit {n}")
+    first, second = git("rev-parse", "HEAD~1"), git("rev-parse", "HEAD")
+    two_commits(db_url, [stored("tiled", first, noisy(20.0, 10, 0.003, 1))],
+                [stored("tiled", second, noisy(30.0, 10, 0.003, 2))])
+    monkeypatch.chdir(tmp_path)
+    assert Selection.parse("HEAD~1") == Selection("commit", first) == Selection.parse("rev:HEAD^")
+    assert [row["verdict"] for row in compare(db_url, "HEAD~1", "HEAD")["rows"]] == [SLOWER]
+    with pytest.raises(ConvsweepError, match=r"^compare: A: 'HEAD~5' names no commit of a git repository here$"):
+        compare(db_url, "HEAD~5", "HEAD")
