@@ -114,7 +114,7 @@ def check_sweep(tmp_path: Path, config_db_url: str, env: dict):
     after = runs(url)
     assert len(after) == 3 and len({r.run_key for r in after}) == 2
     assert "convsweep: cpu-sweep: 2 of 2 jobs finished; settings stored: 2 ok, 0 failed, 0 incorrect; report: " \
-           f"results/cpu-sweep/report.md" in again.stderr
+           "results/cpu-sweep/report.md" in again.stderr
 
     # A result deleted, and nothing else: measured again, stored and reported.
     next(exp_dir.glob("runs/reference-b64-*.json")).unlink()
