@@ -27,7 +27,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .axes import BY_NAME, CELL_COLUMNS
+from .axes import BY_NAME, CELL_COLUMNS, shown
 from .config import tunables_text
 from .errors import ConvsweepError, StoreError
 from .fileio import json_column
@@ -252,11 +252,13 @@ def render(result: dict, fmt: str = "table") -> str:
     def pct(x):
         return "" if x is None else f"{(x - 1) * 100:+.1f}%"
 
-    rows = [[*("auto" if r[c] is None else str(r[c]) for c in CELL_COLUMNS), r["setting"], pct(r["ratio"]),
+    # The cell's columns, less the axes every row has at a default no table shows (convsweep.axes.shown).
+    cell = [c for c in CELL_COLUMNS if c not in BY_NAME or c in shown(result["rows"])]
+    rows = [[*("auto" if r[c] is None else str(r[c]) for c in cell), r["setting"], pct(r["ratio"]),
              "" if r["low"] is None else f"[{pct(r['low'])}, {pct(r['high'])}]", r["verdict"],
              f"{r['samples_a']}/{r['samples_b']}", f"{r['run_a']} -> {r['run_b']}"] for r in result["rows"]]
-    headings = [BY_NAME[column].heading if column in BY_NAME else column for column in CELL_COLUMNS]
-    numeric = [column in BY_NAME and BY_NAME[column].numeric for column in CELL_COLUMNS]
+    headings = [BY_NAME[column].heading if column in BY_NAME else column for column in cell]
+    numeric = [column in BY_NAME and BY_NAME[column].numeric for column in cell]
     table = tabulate(rows, headers=[*headings, "setting", f"B vs A ({result['metric']})", "95% interval", "verdict",
                                     "samples A/B", "runs"], tablefmt="github", disable_numparse=True,
                      colalign=[*("right" if n else "left" for n in numeric), *["left"] * 6])
