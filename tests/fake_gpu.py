@@ -247,3 +247,41 @@ class SteadyClock:
     def __call__(self) -> float:
         self.now += self.step_s
         return self.now
+
+
+class SlowingMonitor:
+    """NVML as a script: the clocks drop from 1980 to 1755 MHz, the power cap holds them down after
+    passes 1 and 3, and the energy counter gains 2500 mJ per reading (`energy_reads` counts them). It
+    knows no GPU by UUID or driver (None, as NVML where it cannot tell). A Backend's `monitor` (it takes
+    the GPU's UUID and PCI bus id, and is a context manager), or an observer's monitor as it is."""
+
+    uuid = driver = None
+
+    def __init__(self, uuid=None, pci_bus_id=None):
+        self.readings, self.energy, self.energy_reads = 0, 1_000_000, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def clocks(self):
+        return {"sm_mhz": 1980 if self.readings == 0 else 1755, "memory_mhz": 2619}
+
+    def slowdowns(self):
+        self.readings += 1
+        return 0x4 if self.readings in (2, 4) else 0
+
+    def energy_mj(self):
+        self.energy_reads += 1
+        self.energy += 2500
+        return self.energy
+
+
+class SteppingEveryEighthRead(SlowingMonitor):
+    """An energy counter that steps 20 J every eighth reading: three timed passes cannot tell the power."""
+
+    def energy_mj(self):
+        self.energy_reads += 1
+        return 1_000_000 + self.energy_reads // 8 * 20_000

@@ -20,7 +20,7 @@ from convsweep.gpu import gpu_available, no_gpu
 from convsweep.job import run_job as run_one_job
 from convsweep.record import Measurement, SettingCounts
 
-from fake_gpu import FAKE, FakeEvent, FakeGpuNetwork, SteadyClock
+from fake_gpu import FAKE, FakeEvent, FakeGpuNetwork, SlowingMonitor, SteadyClock, SteppingEveryEighthRead
 
 SWEEP = {"experiment": "t", "config_hash": "h", "config_path": "x.yaml"}
 
@@ -378,34 +378,6 @@ def test_a_cold_job_writes_over_l2_before_every_conv_layer_and_times_around_it(t
     assert not [s for s in warm.samples if s.metric == "l2_flush_ms"]
 
 
-class SlowingMonitor:
-    """NVML as a fake: the clocks drop from 1980 to 1755 MHz, the power cap holds them down after
-    passes 1 and 3, and the energy counter gains 2500 mJ per reading. It knows no GPU by UUID or
-    driver (None, as NVML where it cannot tell)."""
-
-    uuid = driver = None
-
-    def __init__(self, uuid, pci_bus_id=None):
-        self.readings, self.energy = 0, 1_000_000
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
-
-    def clocks(self):
-        return {"sm_mhz": 1980 if self.readings == 0 else 1755, "memory_mhz": 2619}
-
-    def slowdowns(self):
-        self.readings += 1
-        return 0x4 if self.readings in (2, 4) else 0
-
-    def energy_mj(self):
-        self.energy += 2500
-        return self.energy
-
-
 def test_a_setting_records_its_clocks_slowdowns_and_energy(tmp_path):
     job = grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=20)
     backend = dataclasses.replace(FAKE, monitor=SlowingMonitor)
@@ -418,14 +390,6 @@ def test_a_setting_records_its_clocks_slowdowns_and_energy(tmp_path):
     # The counter steps 2.5 J each pass: about 2.5 J a pass (the fake's passes are not all equally long).
     assert m.energy["passes"] == 20 and m.energy["joules_per_pass"] == pytest.approx(2.5, rel=0.5)
     assert m.energy["joules"] == pytest.approx(m.energy["watts"] * m.phases_s["timed"])
-
-
-class SteppingEveryEighthRead(SlowingMonitor):
-    """An energy counter that steps 20 J every eighth reading: three timed passes cannot tell the power."""
-
-    def energy_mj(self):
-        self.energy_reads = getattr(self, "energy_reads", 0) + 1
-        return 1_000_000 + self.energy_reads // 8 * 20_000
 
 
 @pytest.mark.parametrize("window_s", [0.5, 0.0])

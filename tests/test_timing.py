@@ -15,7 +15,7 @@ from convsweep.timing import (CudaEvents, EnergyCounter, EnergyObserver, GraphRe
                               L2FlushObserver, Observer, TorchEvents, sample)
 from convsweep.variants import get_variant
 
-from fake_gpu import FakeGpuNetwork, ScriptedGpu, SteadyClock
+from fake_gpu import FakeGpuNetwork, ScriptedGpu, SlowingMonitor, SteadyClock, SteppingEveryEighthRead
 
 
 class Watcher(Observer):
@@ -267,26 +267,6 @@ def test_a_cold_pass_flushes_l2_before_each_conv_layer_and_leaves_the_flushes_ou
     assert all(len(r.marks[FLUSH]) == 2 for r in sampled.readings)
 
 
-class ScriptedMonitor:
-    """NVML as a script: the clocks drop from 1980 to 1755 MHz, the power cap holds them down after
-    passes 1 and 3, and the energy counter gains 2500 mJ per reading."""
-
-    def __init__(self):
-        self.readings, self.energy, self.energy_reads = 0, 1_000_000, 0
-
-    def clocks(self):
-        return {"sm_mhz": 1980 if self.readings == 0 else 1755, "memory_mhz": 2619}
-
-    def slowdowns(self):
-        self.readings += 1
-        return 0x4 if self.readings in (2, 4) else 0
-
-    def energy_mj(self):
-        self.energy_reads += 1
-        self.energy += 2500
-        return self.energy
-
-
 class NoNvml:
     def clocks(self):
         return {"sm_mhz": None, "memory_mhz": None}
@@ -307,7 +287,7 @@ def timed_on_events(observers, repeats, clock):
 
 
 def test_health_and_energy_observers_make_a_settings_records():
-    monitor, clock = ScriptedMonitor(), SteadyClock(0.001)
+    monitor, clock = SlowingMonitor(), SteadyClock(0.001)
     health, energy = HealthObserver(monitor), EnergyObserver(monitor, 0.0, clock)
     sampled = timed_on_events([health, energy], 20, clock)
     observed = sampled.observed
@@ -326,14 +306,6 @@ def test_without_nvml_nothing_is_guessed():
     observed = timed_on_events([HealthObserver(NoNvml()), EnergyObserver(NoNvml(), 0.5, clock)], 3, clock).observed
     assert observed == {"clocks": {"sm_mhz": None, "memory_mhz": None}, "clocks_after": {"sm_mhz": None, "memory_mhz": None},
                         "throttle": None, "note": None, "energy": None}
-
-
-class SteppingEveryEighthRead(ScriptedMonitor):
-    """An energy counter that steps 20 J every eighth reading: three timed passes cannot tell the power."""
-
-    def energy_mj(self):
-        self.energy_reads += 1
-        return 1_000_000 + self.energy_reads // 8 * 20_000
 
 
 @pytest.mark.parametrize("window_s", [0.5, 0.0])
@@ -394,6 +366,6 @@ def test_the_energy_counter_is_read_per_pass_only_where_a_power_can_come_of_it()
         c.read(1_000_000 + 5_000 * i, 0.001 + 0.05 * i)  # a step after every pass
     assert c.watts(few) is None
     for repeats, reads in ((few, 0), (EnergyCounter.MIN_SPAN_PASSES, EnergyCounter.MIN_SPAN_PASSES + 1)):
-        monitor, clock = ScriptedMonitor(), SteadyClock(0.001)
+        monitor, clock = SlowingMonitor(), SteadyClock(0.001)
         timed_on_events([EnergyObserver(monitor, 0.0, clock)], repeats, clock)
         assert monitor.energy_reads == reads
