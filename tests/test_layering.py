@@ -16,24 +16,23 @@ from convsweep.paths import MIGRATIONS_DIR, ROOT
 FIGURES_DIR = ROOT / "convsweep" / "figures"
 
 
+def loaded_packages(modules: str, packages: tuple[str, ...]) -> list[str]:
+    """The modules of `packages` a fresh interpreter has loaded after importing `modules`."""
+    code = (f"import sys\nimport {modules}\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {packages!r}))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return ast.literal_eval(proc.stdout)
+
+
 def test_the_planner_the_command_line_and_the_report_load_without_matplotlib():
     """The Snakefile plans through plan (which checks the bench file), every command starts in cli,
     and report imports the figure registry: matplotlib loads only when a figure is drawn."""
-    code = ("import sys\n"
-            "import convsweep.plan, convsweep.cli, convsweep.report, convsweep.figures\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
+    assert loaded_packages("convsweep.plan, convsweep.cli, convsweep.report, convsweep.figures", ("matplotlib",)) == []
 
 
 def test_the_reading_vocabulary_loads_neither_the_database_nor_matplotlib():
-    code = ("import sys\n"
-            "import convsweep.reading\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'sqlalchemy')))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
+    assert loaded_packages("convsweep.reading", ("matplotlib", "sqlalchemy")) == []
 
 
 def convsweep_imports(path: Path) -> set[str]:
