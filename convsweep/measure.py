@@ -37,7 +37,7 @@ from .provenance import GpuMonitor, environment, host_environment, host_gpu_arch
 from .record import Measurement, Sample, Stopping, Timings
 from .runner import Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks, pipeline_buffers, pipeline_pass, poison_logits
 from .stats import StoppingRule
-from .timing import FLUSH, CudaEvents, EnergyObserver, GraphReplay, HostClock, L2FlushObserver, sample
+from .timing import FLUSH, EnergyObserver, HostClock, L2FlushObserver, pipeline_timer, sample
 from .variants import Variant
 
 
@@ -271,7 +271,7 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measureme
 
     # timer (convsweep.axes): each pass's own events, or one replay of the pass captured once, timed whole.
     events = run.timer == "events"
-    timer = CudaEvents(gpu, streams[0], span_from_pass=True) if events else GraphReplay(gpu, streams[0])
+    timer = pipeline_timer(gpu, streams[0], graph=not events)
     sampled = sample(timer, one_pass, StoppingRule.of(run.repeats, run.stopping), observers, run.warmup,
                      backend.clock, nvtx_range)
     samples = []

@@ -142,6 +142,13 @@ class GraphReplay(CudaEvents):
         return super().time(self._replay(one_pass))
 
 
+def pipeline_timer(gpu, stream, graph: bool) -> CudaEvents:
+    """How a pipelined pass (runner.pipeline_pass, which returns its own first and last events) is
+    timed, for jobs (`timer:`) and the bench's end-to-end row alike: between those events, or as one
+    replay of it captured once."""
+    return GraphReplay(gpu, stream) if graph else CudaEvents(gpu, stream, span_from_pass=True)
+
+
 def _torch_ms(begin, end) -> float:
     return begin.elapsed_time(end)
 

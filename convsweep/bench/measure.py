@@ -23,7 +23,7 @@ from ..reference import conv2d_reference, maxpool2d_reference
 from ..runner import Backend, ConvPlan, pass_chunks, pipeline_buffers, pipeline_pass
 from ..config import variant_label
 from ..stats import StoppingRule
-from ..timing import CudaEvents, GraphReplay, sample
+from ..timing import CudaEvents, pipeline_timer, sample
 from ..variants import ConvShape, get_variant
 from .config import BenchConfig, Candidate
 from .report import network_traffic, pick_best
@@ -216,7 +216,7 @@ def measure_end_to_end(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan,
         net = backend.network(gpu, network, inputs.weights, plan, len(streams), rec["chunk_images"])
         buffers = pipeline_buffers(gpu, network, inputs.images, e2e["host_memory"], streams[0])
         # Each pass waits for its end: the logits are on the host only then, and the next pass reuses the buffers.
-        timer = GraphReplay(gpu, streams[0]) if e2e["graph"] else CudaEvents(gpu, streams[0], span_from_pass=True)
+        timer = pipeline_timer(gpu, streams[0], e2e["graph"])
 
         def one_pass(marks: dict):
             start, _, _, end = pipeline_pass(gpu, net, streams, chunks, buffers)
