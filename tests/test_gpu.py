@@ -249,6 +249,20 @@ def test_cold_cache_flushes_l2_outside_the_times_and_nvml_reads_clocks_and_energ
     assert cold.max_rel_err == pytest.approx(warm.max_rel_err, rel=1e-6)  # the same answer
 
 
+@pytest.mark.parametrize("variants, streams", [({"conv1": "fp16_fused_network"}, 4),
+                                              ({"conv1": "naive", "conv2": "naive"}, 1)])
+def test_a_graph_timed_job_replays_a_correct_pass_and_times_it_whole(tmp_path, variants, streams):
+    """timer graph (convsweep.axes): the pass captured once, each timed pass a replay whose logits are
+    checked against float64 like any pass's; only the whole forward is timed, and profiler auto times
+    it with events (nsys cannot split a replay into layers)."""
+    graph = run_job(spec("auto", variants=variants, params={layer: {} for layer in variants}, batch=100,
+                         streams=streams, host_memory="pinned", repeats=20, timer="graph"), tmp_path / "graph.json")
+    assert graph.status == "ok", graph.error
+    assert graph.spec["timer"] == "graph" and graph.profiler == "events" and graph.profiler_note is None
+    assert {s.metric for s in graph.samples} == {"forward_ms"} and len(graph.samples) == 20
+    assert graph.timings.forward_ms > 0 and all(v is None for v in graph.timings.op_time_ms.values())
+
+
 @pytest.mark.skipif(find_nsys() is None, reason="nsys is not installed")
 def test_job_under_nsys_reads_the_report(tmp_path):
     out = tmp_path / "job.json"
