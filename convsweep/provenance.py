@@ -97,7 +97,8 @@ class GpuMonitor:
                 except pynvml.NVMLError:
                     continue
 
-    def _ask(self, query, *args):
+    def ask(self, query, *args):
+        """NVML's answer to `query` (a pynvml function) about this GPU, or None where it has none."""
         if self._handle is None:
             return None
         try:
@@ -108,7 +109,7 @@ class GpuMonitor:
 
     @property
     def uuid(self) -> str | None:
-        return self._ask(self._nvml.nvmlDeviceGetUUID) if self._nvml else None
+        return self.ask(self._nvml.nvmlDeviceGetUUID) if self._nvml else None
 
     @property
     def driver(self) -> str | None:
@@ -125,8 +126,8 @@ class GpuMonitor:
         nvml = self._nvml
         if nvml is None:
             return {"sm_mhz": None, "memory_mhz": None}
-        return {"sm_mhz": self._ask(nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM),
-                "memory_mhz": self._ask(nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM)}
+        return {"sm_mhz": self.ask(nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM),
+                "memory_mhz": self.ask(nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM)}
 
     def slowdowns(self) -> int | None:
         """The bits of SLOWDOWN_REASONS that hold the clocks down now (0: none), or None where NVML
@@ -136,12 +137,12 @@ class GpuMonitor:
             return None
         query = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        mask = self._ask(query)
+        mask = self.ask(query)
         return None if mask is None else int(mask) & sum(SLOWDOWN_REASONS)
 
     def energy_mj(self) -> int | None:
         """The GPU's energy counter in millijoules since the driver loaded (Volta and newer), or None."""
-        return self._ask(self._nvml.nvmlDeviceGetTotalEnergyConsumption) if self._nvml else None
+        return self.ask(self._nvml.nvmlDeviceGetTotalEnergyConsumption) if self._nvml else None
 
     def close(self) -> None:
         if self._nvml is not None:
