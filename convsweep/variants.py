@@ -11,6 +11,7 @@ import functools
 import itertools
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from .checks import TOLERANCE
 from .errors import ConfigError, ShapeError
 from .expr import evaluate
 from .fileio import canonical_hash
-from .paths import REGISTRY_PATH
+from .paths import REGISTRY_PATH, relative_to_root
 from .schema import validated_file
 
 if TYPE_CHECKING:  # a job process imports this before numpy (which convsweep.layers needs)
@@ -29,6 +30,8 @@ DTYPES = {"float32": 4, "float64": 8}  # element types a network may store; vari
 # Settings one job may measure: at 0.2-0.4 s a setting (docs/throughput.md) about an hour of GPU; the
 # widest grid here is 48. The product of a grid's value lists is checked before it is enumerated.
 MAX_SETTINGS = 10_000
+# os.pathsep-separated variants.yaml files whose entries join the shipped registry (load_registry)
+VARIANTS_ENV = "CONVSWEEP_VARIANTS"
 
 
 @dataclass(frozen=True)
@@ -299,16 +302,44 @@ def _fmt(shape: ConvShape) -> str:
     return f"B={shape.B} C={shape.C} M={shape.M} H={shape.H} W={shape.W} K={shape.K} S={shape.S}{pool}"
 
 
-@functools.lru_cache(maxsize=4)
+def extra_registry_paths() -> tuple[Path, ...]:
+    """The registries $CONVSWEEP_VARIANTS names (os.pathsep-separated; relative ones from the current
+    directory), whose entries join the shipped ones: a user's own kernel directory, the tests' red team."""
+    value = os.environ.get(VARIANTS_ENV, "")
+    return tuple(Path(part).expanduser().absolute() for part in value.split(os.pathsep) if part.strip())
+
+
 def load_registry(path: Path = REGISTRY_PATH) -> dict[str, Variant]:
-    """Parse the registry once per process, check it against workflow/schemas/variants.schema.yaml
-    (which fills the defaults in), then check what a schema cannot see: the .cu files and the
-    tunables' defaults."""
-    path = Path(path)
-    raw = validated_file(path, "variants")
+    """The registry at `path` (the shipped one by default) joined by every file $CONVSWEEP_VARIANTS
+    names; read once per process for each path and value of the variable (a test that sets it sees it)."""
+    return _load_registries(Path(path), extra_registry_paths())
+
+
+@functools.lru_cache(maxsize=8)
+def _load_registries(path: Path, extras: tuple[Path, ...]) -> dict[str, Variant]:
+    """`path`'s entries, then each extra file's; a missing file or a name two files define is one
+    ConfigError line naming the file and the key."""
+    registry = _read_registry(path, path.name)
+    owner = dict.fromkeys(registry, relative_to_root(path))
+    for extra in extras:
+        shown = relative_to_root(extra)
+        if not extra.is_file():
+            raise ConfigError(f"{VARIANTS_ENV}: expected existing variants.yaml files, got {shown!r} (no such file)")
+        for name, variant in _read_registry(extra, shown).items():
+            if name in registry:
+                raise ConfigError(f"{shown}: {name}: expected a name of its own, got one {owner[name]} defines already")
+            registry[name], owner[name] = variant, shown
+    return registry
+
+
+def _read_registry(path: Path, shown: str) -> dict[str, Variant]:
+    """One registry file, checked against workflow/schemas/variants.schema.yaml (which fills the
+    defaults in), then for what a schema cannot see: the .cu files (beside the file) and the tunables'
+    defaults. Errors begin with `shown`, the file as the person who named it knows it."""
+    raw = _validated(path, shown)
     registry = {}
     for name, entry in raw.items():
-        where = f"{path.name}: {name}"
+        where = f"{shown}: {name}"
         source = None
         if not entry["cpu"]:
             source = path.parent / entry["source"]
@@ -327,6 +358,18 @@ def load_registry(path: Path = REGISTRY_PATH) -> dict[str, Variant]:
             launches=tuple(entry.get("launches", ())), compile_time=tuple(entry["compile_time"]),
             constant_weights=entry.get("constant_weights"))
     return registry
+
+
+def _validated(path: Path, shown: str) -> dict:
+    """validated_file's document; its errors name the file by `shown` where that is not the bare name
+    (two registries are both called variants.yaml)."""
+    try:
+        return validated_file(path, "variants")
+    except ConfigError as e:
+        prefix = f"{path.name}: "
+        if shown == path.name or not str(e).startswith(prefix):
+            raise
+        raise ConfigError(f"{shown}: {str(e)[len(prefix):]}") from None
 
 
 def get_variant(name: str) -> Variant:

@@ -7,6 +7,9 @@ pytest_plugins = ["store_fixtures"]
 
 
 def pytest_configure(config):
+    # The shipped registry only: a developer's own kernel directories (convsweep.variants) are not
+    # what the tests are about; a test that wants extra variants (the red team) sets the variable.
+    os.environ.pop("CONVSWEEP_VARIANTS", None)
     # A private cache per test session: tests never depend on what a previous run left behind.
     if "CONVSWEEP_CACHE" not in os.environ:
         cache = config._tmp_path_factory.mktemp("convsweep-cache") if hasattr(config, "_tmp_path_factory") else None

@@ -1,3 +1,6 @@
+import os
+import re
+
 import pytest
 
 from convsweep.checks import TOLERANCE
@@ -203,3 +206,89 @@ def test_a_grid_of_ten_to_the_ten_settings_is_refused_before_it_is_enumerated():
                                           r"value lists\); a job measures at most 10,000$"):
         wide.param_combinations({name: spec["values"] for name, spec in tunables.items()}, "params.wide")
     assert time.perf_counter() - start < 10  # unbounded it took minutes; loose for a loaded host
+
+
+# -- registries of one's own: $CONVSWEEP_VARIANTS ---------------------------------------------------
+def own_registry(directory, text: str, sources=("mine.cu",)):
+    """A variants.yaml in `directory` with the .cu files it names beside it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for source in sources:
+        (directory / source).write_text("")
+    path = directory / "variants.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_registry_named_in_the_environment_joins_the_shipped_one(tmp_path, monkeypatch):
+    from convsweep.variants import VARIANTS_ENV, get_variant
+
+    path = own_registry(tmp_path / "mykernels", f"mine: {{precision: fp32, source: mine.cu, {LAUNCH}}}\n")
+    monkeypatch.setenv(VARIANTS_ENV, str(path))
+    registry = load_registry()
+    assert {"naive", "reference", "mine"} <= set(registry)
+    assert registry["mine"].source == path.parent / "mine.cu"  # beside its own registry, not in kernels/
+    assert get_variant("mine") is registry["mine"]
+
+
+def test_the_environment_is_part_of_the_registry_cache_key(tmp_path, monkeypatch):
+    from convsweep.variants import VARIANTS_ENV
+
+    first = own_registry(tmp_path / "a", f"first: {{precision: fp32, source: mine.cu, {LAUNCH}}}\n")
+    second = own_registry(tmp_path / "b", f"second: {{precision: fp32, source: mine.cu, {LAUNCH}}}\n")
+    monkeypatch.delenv(VARIANTS_ENV, raising=False)
+    assert not {"first", "second"} & set(load_registry())
+    monkeypatch.setenv(VARIANTS_ENV, str(first))
+    assert "first" in load_registry() and "second" not in load_registry()
+    # several files, os.pathsep-separated; empty entries (a trailing separator) are nothing
+    monkeypatch.setenv(VARIANTS_ENV, os.pathsep.join([str(first), "", str(second), ""]))
+    assert {"first", "second"} <= set(load_registry())
+    monkeypatch.delenv(VARIANTS_ENV)
+    assert not {"first", "second"} & set(load_registry())
+
+
+def test_a_relative_path_in_the_environment_is_taken_from_the_current_directory(tmp_path, monkeypatch):
+    from convsweep.variants import VARIANTS_ENV
+
+    own_registry(tmp_path / "mykernels", f"mine: {{precision: fp32, source: mine.cu, {LAUNCH}}}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(VARIANTS_ENV, os.path.join("mykernels", "variants.yaml"))
+    assert load_registry()["mine"].source == tmp_path / "mykernels" / "mine.cu"
+
+
+@pytest.mark.parametrize("text, expected", [
+    (f"naive: {{precision: fp32, source: mine.cu, {LAUNCH}}}",
+     "naive: expected a name of its own, got one kernels/variants.yaml defines already"),
+    (f"a: {{precision: fp64, source: mine.cu, {LAUNCH}}}", "a.precision: expected one of ['fp32', 'tf32', 'fp16']"),
+    (f"a: {{precision: fp32, source: other.cu, {LAUNCH}}}", "a.source: expected an existing .cu file in mykernels/"),
+])
+def test_a_bad_registry_of_ones_own_is_one_line_naming_its_file_and_key(tmp_path, monkeypatch, text, expected):
+    from convsweep.variants import VARIANTS_ENV
+
+    path = own_registry(tmp_path / "mykernels", text)
+    monkeypatch.setenv(VARIANTS_ENV, str(path))
+    with pytest.raises(ConfigError) as info:
+        load_registry()
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: {expected}"), message
+
+
+def test_a_name_two_registries_of_ones_own_define_is_refused(tmp_path, monkeypatch):
+    from convsweep.variants import VARIANTS_ENV
+
+    entry = f"mine: {{precision: fp32, source: mine.cu, {LAUNCH}}}\n"
+    first, second = own_registry(tmp_path / "a", entry), own_registry(tmp_path / "b", entry)
+    monkeypatch.setenv(VARIANTS_ENV, os.pathsep.join([str(first), str(second)]))
+    expected = rf"^{re.escape(str(second))}: mine: expected a name of its own, got one {re.escape(str(first))} defines"
+    with pytest.raises(ConfigError, match=expected):
+        load_registry()
+
+
+def test_a_missing_registry_in_the_environment_names_the_variable_and_the_file(tmp_path, monkeypatch):
+    from convsweep.variants import VARIANTS_ENV
+
+    missing = tmp_path / "nowhere" / "variants.yaml"
+    monkeypatch.setenv(VARIANTS_ENV, str(missing))
+    with pytest.raises(ConfigError, match=rf"^CONVSWEEP_VARIANTS: expected existing variants.yaml files, "
+                                          rf"got '{re.escape(str(missing))}' \(no such file\)$"):
+        load_registry()
