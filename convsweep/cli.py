@@ -437,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run a LeNet job twice with events and twice under nsys (if found) and judge the cached runs' total_s")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("compare", help="B against A, job by job: ratio of medians, its interval, SAME/FASTER/SLOWER/UNSURE",
+    p = sub.add_parser("compare", help="B against A, job by job: ratio of medians, its interval, SAME/FASTER/SLOWER/UNSURE, or SUSPECT",
                        description="A and B select stored runs: latest and previous (each job's newest measurement, "
                                    "and the one before it), sweep:N, commit:SHA, a git revision (HEAD~1, HEAD, or "
                                    "rev:NAME), experiment:NAME, results:DIR (a sweep's results directory), runs:LO-HI, "

@@ -3,7 +3,9 @@
 A and B each select stored runs: `sweep:N`, `commit:SHA`, `experiment:NAME`, `results:DIR` (the
 results directory a sweep wrote, for two runs of one sweep from one clone), `runs:LO-HI` (run
 ids), or the bare value (digits: a sweep id; 7-40 hex digits: a commit; an existing directory;
-else an experiment). In each selection the newest ok run of every job stands for it. Jobs match
+else an experiment). In each selection the newest ok or suspect run of every job stands for it; a
+pair with a suspect run (its times the integrity checks doubt) gets the verdict SUSPECT and its
+reason, never FASTER or SLOWER, and a run measured with fast checks is noted. Jobs match
 by their cell (CELL: the experiment, variant and axes, as report tells cells apart, and what a time
 depends on besides); within a cell that holds several tunable settings on either side, by the
 setting too, so a sweep run again with another tunable compares as the same job. The statistics are
@@ -40,11 +42,14 @@ from .store import resolve_url, show_url
 # differently), the network and dataset (two may share an experiment name across databases), and the variant of
 # each layer (a mixed label stands for several).
 CELL = (*CELL_COLUMNS, "profiler", "network", "dataset", "variants")
-_RUN_COLUMNS = ", ".join(("id", *CELL, "params", "git_commit"))
+_RUN_COLUMNS = ", ".join(("id", *CELL, "params", "git_commit", "status", "error", "checks"))
+SUSPECT = "SUSPECT"  # a verdict beside convsweep.stats': either side's time cannot be trusted
+COMPARED = ("ok", "suspect")  # the statuses whose runs may stand for a job
+REASON_CHARS = 80  # a suspect run's reasons are cut here in the table; --format json has them whole
 _KINDS = ("sweep", "commit", "experiment", "results", "runs", "rev")
 _SELECTION_FORMS = ("latest, previous, sweep:N, commit:SHA, rev:REVISION (HEAD~1, a branch), experiment:NAME, "
                     "results:DIR or runs:LO-HI (or the bare value)")
-# Per-job selections: of each job's ok measurements in id order, the newest, or the one before it.
+# Per-job selections: of each job's ok or suspect measurements in id order, the newest, or the one before it.
 PER_JOB = {"latest": -1, "previous": -2}
 DEFAULT = ("previous", "latest")  # `convsweep compare` alone: each job's newest measurement against the one before
 METRICS = ("op_time", "forward_ms")  # and each conv layer's name
@@ -77,7 +82,7 @@ class Selection:
         return cls("experiment", text)
 
     def condition(self, name: str) -> tuple[str, dict[str, Any]]:
-        if self.kind in PER_JOB:  # every run: _newest_ok_runs picks per job
+        if self.kind in PER_JOB:  # every run: _newest_runs picks per job
             return "1 = 1", {}
         if self.kind == "sweep":
             return f"sweep_id = :{name}", {name: _integer(self.value, "a sweep id")}
@@ -112,9 +117,14 @@ def _integer(text: str, what: str) -> int:
     return int(text)
 
 
-def _newest_ok_runs(db: str | None, selection: Selection) -> list[dict]:
+def _newest_runs(db: str | None, selection: Selection) -> list[dict]:
+    """The run standing for each job of the selection: its newest ok or suspect one (for `previous`, the one
+    before). A suspect run stands for its job rather than being passed over, so a job whose newer measurement
+    cannot be trusted is shown as such, not compared on an older time without a word."""
     condition, params = selection.condition("sel")
-    _, runs = fetch_dicts(db, f"SELECT {_RUN_COLUMNS} FROM run WHERE status = 'ok' AND {condition} ORDER BY id", params)
+    statuses = ", ".join(f"'{status}'" for status in COMPARED)
+    _, runs = fetch_dicts(db, f"SELECT {_RUN_COLUMNS} FROM run WHERE status IN ({statuses}) AND {condition} "
+                              "ORDER BY id", params)
     by_job: dict[tuple, list[dict]] = {}
     for run in runs:
         run["variants"], run["params"] = json_column(run["variants"]), json_column(run["params"]) or {}
@@ -152,10 +162,10 @@ def _samples(db: str | None, run_ids: list[int]) -> dict[str, dict[int, list[flo
 
 
 def _side(db: str | None, selection: Selection, where: str) -> tuple[list[dict], dict[str, dict[int, list[float]]]]:
-    """One side's newest ok runs and their samples by metric, both read from `db`."""
-    runs = _newest_ok_runs(db, selection)
+    """One side's newest ok or suspect runs and their samples by metric, both read from `db`."""
+    runs = _newest_runs(db, selection)
     if not runs:
-        raise ConvsweepError(f"compare: {selection} selects no ok run in {where}")
+        raise ConvsweepError(f"compare: {selection} selects no ok or suspect run in {where}")
     return runs, _samples(db, [run["id"] for run in runs])
 
 
@@ -223,12 +233,16 @@ def compare(db: str | None, a: str, b: str, metric: str = "op_time", threshold: 
     values_a, values_b = samples_a.get(metric, {}), samples_b.get(metric, {})
     rows = []
     for run_a, run_b in pairs:  # run ids are per database: A's and B's may be the same numbers
-        change = compare_samples(values_a.get(run_a["id"], []), values_b.get(run_b["id"], []), threshold)
+        change = asdict(compare_samples(values_a.get(run_a["id"], []), values_b.get(run_b["id"], []), threshold))
+        suspect = _suspect(run_a, run_b)
+        if suspect:
+            change["verdict"] = SUSPECT
         setting_a, setting_b = tunables_text(run_a["params"]), tunables_text(run_b["params"])
         rows.append({
             **{column: run_b[column] for column in CELL_COLUMNS},
             "setting": setting_b if setting_a == setting_b else f"{setting_a} -> {setting_b}",
-            "run_a": run_a["id"], "run_b": run_b["id"], **asdict(change)})
+            "run_a": run_a["id"], "run_b": run_b["id"], **change, "suspect": suspect,
+            "checks_a": run_a["checks"], "checks_b": run_b["checks"]})
     verdicts = [row["verdict"] for row in rows]
     db_a_shown = show_url(resolve_url(db))
     db_b_shown = db_a_shown if db_b is None else show_url(resolve_url(db_b))
@@ -236,6 +250,24 @@ def compare(db: str | None, a: str, b: str, metric: str = "op_time", threshold: 
             "threshold": threshold, "rows": rows, "only_a": only_a, "only_b": only_b,
             "cpu_left_out": 0 if cpu else len(on_cpu),
             "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))}}
+
+
+def _suspect(run_a: dict, run_b: dict) -> str | None:
+    """Why the pair's times cannot be held against each other: each suspect side's reasons, or None."""
+    said = [f"{side} suspect: {run['error'] or 'no reason stored'}"
+            for side, run in (("A", run_a), ("B", run_b)) if run["status"] == "suspect"]
+    return "; ".join(said) or None
+
+
+def _note(row: dict) -> str:
+    """The table's note on a row: why it is SUSPECT (cut to REASON_CHARS), and which side was measured with
+    fast checks (no fresh inputs, no caching test)."""
+    fast = [side for side in ("a", "b") if row.get(f"checks_{side}") == "fast"]
+    notes = [f"fast checks: {' and '.join(side.upper() for side in fast)}"] if fast else []
+    if row.get("suspect"):
+        reason = " ".join(row["suspect"].split())
+        notes.insert(0, reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…")
+    return "; ".join(notes)
 
 
 def any_slower(result: dict) -> bool:
@@ -254,14 +286,18 @@ def render(result: dict, fmt: str = "table") -> str:
 
     # The cell's columns, less the axes every row has at a default no table shows (convsweep.axes.shown).
     cell = [c for c in CELL_COLUMNS if c not in BY_NAME or c in shown(result["rows"])]
+    notes = [_note(r) for r in result["rows"]]
+    noted = any(notes)  # the note column only where a row has one
     rows = [[*("auto" if r[c] is None else str(r[c]) for c in cell), r["setting"], pct(r["ratio"]),
              "" if r["low"] is None else f"[{pct(r['low'])}, {pct(r['high'])}]", r["verdict"],
-             f"{r['samples_a']}/{r['samples_b']}", f"{r['run_a']} -> {r['run_b']}"] for r in result["rows"]]
+             f"{r['samples_a']}/{r['samples_b']}", f"{r['run_a']} -> {r['run_b']}", *([note] if noted else [])]
+            for r, note in zip(result["rows"], notes)]
     headings = [BY_NAME[column].heading if column in BY_NAME else column for column in cell]
     numeric = [column in BY_NAME and BY_NAME[column].numeric for column in cell]
     table = tabulate(rows, headers=[*headings, "setting", f"B vs A ({result['metric']})", "95% interval", "verdict",
-                                    "samples A/B", "runs"], tablefmt="github", disable_numparse=True,
-                     colalign=[*("right" if n else "left" for n in numeric), *["left"] * 6])
+                                    "samples A/B", "runs", *(["note"] if noted else [])],
+                     tablefmt="github", disable_numparse=True,
+                     colalign=[*("right" if n else "left" for n in numeric), *["left"] * (6 + noted)])
     totals = ", ".join(f"{n} {v}" for v, n in result["verdicts"].items())
     unmatched = "".join(f"; {n} job{'s' * (n != 1)} only in {side}"
                         for side, n in (("A", result["only_a"]), ("B", result["only_b"])) if n)

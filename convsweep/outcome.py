@@ -28,11 +28,16 @@ PREFIX = "convsweep: "  # how a job's one-line failure starts (cli.main)
 REASON_CHARS = 80
 # A job's last words are at the end of its log; a long log (a compiler's output, say) is read from here.
 LOG_TAIL_BYTES = 64 * 1024
-STATUSES = ("ok", "failed", "incorrect")
+# A stored setting's statuses in the order the counts name them; suspect (its times cannot be trusted: the
+# integrity checks found a reason) is named only where a setting has it, as a sweep without the checks (the
+# CPU reference) never does.
+STATUSES = ("ok", "suspect", "failed", "incorrect")
+NAMED_AT_ZERO = ("ok", "failed", "incorrect")
+PROBLEMS = ("suspect", "failed", "incorrect")  # statuses whose settings are rows of the table, with their reason
 # Rows in the order a reader acts on them: what to rerun first, then what was stored as a result.
-WHAT_ORDER = ("did not finish", "not stored", "report not made", "failed", "incorrect", "profile did not finish",
-              "profile skipped")
-LATEST_RUNS = "SELECT job_id, status, error FROM latest_run WHERE experiment = :experiment"
+WHAT_ORDER = ("did not finish", "not stored", "report not made", "failed", "incorrect", "suspect",
+              "profile did not finish", "profile skipped")
+LATEST_RUNS = "SELECT job_id, status, error, checks FROM latest_run WHERE experiment = :experiment"
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class Outcome:
     finished: int
     statuses: Counter = field(default_factory=Counter)
     problems: Counter = field(default_factory=Counter)
+    fast_checks: int = 0  # settings measured with `checks: fast` (no fresh inputs, no caching test)
     where: list[Path] = field(default_factory=list)  # the logs of the jobs that did not finish, the files not stored
     report: Path | None = None  # the report, when it is up to date
     partial: bool = False  # the report is over the jobs that finished, written at the end of the sweep
@@ -151,6 +157,7 @@ def collect(url: str, experiment: ExperimentFiles, not_stored: dict[Path, str]) 
         for row in fetch_dicts(url, LATEST_RUNS, {"experiment": experiment.name})[1]:
             if row["job_id"] in stored:
                 outcome.statuses[row["status"]] += 1
+                outcome.fast_checks += row["checks"] == "fast"
                 if row["status"] != "ok":
                     outcome.problems[("setting", row["status"], _cut(row["error"] or "no reason stored"))] += 1
     for job in experiment.jobs:
@@ -202,10 +209,12 @@ def report_what_finished(experiment: ExperimentFiles, outcome: Outcome) -> None:
 
 def render(outcome: Outcome) -> str:
     """A few lines: the counts, then a table of the problems and where to read more (none when all is well)."""
-    statuses = ", ".join(f"{outcome.statuses[s]} {s}" for s in STATUSES)
+    statuses = ", ".join(f"{outcome.statuses[s]} {s}" for s in STATUSES if s in NAMED_AT_ZERO or outcome.statuses[s])
     others = "".join(f", {n} {s}" for s, n in sorted(outcome.statuses.items()) if s not in STATUSES)
+    fast = (f" ({outcome.fast_checks} measured with fast checks: no fresh inputs, no caching test)"
+            if outcome.fast_checks else "")
     head = (f"{PREFIX}{outcome.experiment}: {outcome.finished} of {outcome.jobs} jobs finished; "
-            f"settings stored: {statuses}{others}")
+            f"settings stored: {statuses}{others}{fast}")
     if not outcome.problems:
         return head + (f"; report: {outcome.report}" if outcome.report else "")
     rows = [[f"{n} {unit}{'s' * (n != 1)}", what, why] for (unit, what, why), n in
@@ -215,7 +224,7 @@ def render(outcome: Outcome) -> str:
     if outcome.where:
         more.append(str(outcome.where[0]) + (f" (and {len(outcome.where) - 1} more in {outcome.where[0].parent})"
                                              if len(outcome.where) > 1 else ""))
-    if any(what in ("failed", "incorrect") for _, what, _ in outcome.problems):
+    if any(what in PROBLEMS for _, what, _ in outcome.problems):
         more.append("`convsweep query failures`")
     lines = [head, *("  " + line for line in table.splitlines())]
     if more:

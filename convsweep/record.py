@@ -155,13 +155,33 @@ class Stopping(Part):
 
 
 @dataclass
+class Integrity(Part):
+    """What the integrity checks (convsweep.integrity) found: which `checks` ran (full, or fast: no
+    fresh inputs, no caching test), how many timed passes were checked and the first that failed,
+    how many saw inputs not seen earlier in the run, the caching test, the device state found before
+    timing, work still running after a pass had ended, and the floors the times were held to.
+    `reasons`: each thing that makes the measurement `suspect`, one line each."""
+
+    checks: str  # full | fast
+    checked_passes: int = 0
+    failed_pass: int | None = None  # the first timed pass (repeat number) whose output was wrong
+    fresh_passes: int = 0
+    caching: dict[str, Any] | None = None  # {fresh_ms, repeated_ms, ratio, threshold, passes}; None: not run
+    device_state: dict[str, Any] | None = None  # {persisting_l2_bytes, windows, reset, problem}
+    idle_wait_ms: float | None = None  # the longest the device still worked after a pass's end
+    floor_ms: dict[str, float | None] | None = None  # conv layer (and "forward") -> the physical floor
+    peaks: dict[str, Any] | None = None  # the rates the floors were reckoned at (convsweep.peaks)
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Measurement(Part):
     """One measurement of one setting: identity, provenance, what it was measured under, the check's
     verdict and the times. Fields in the order jobs write them. `logits` (not a field, never written)
     holds the output array where the caller asked to keep it."""
 
-    OPTIONAL = frozenset({"prediction_agreement", "profiler_note"})
-    PARTS = {"grid": GridPlace, "stopping": Stopping, "timings": Timings, "samples": Sample}
+    OPTIONAL = frozenset({"prediction_agreement", "profiler_note", "integrity"})
+    PARTS = {"grid": GridPlace, "stopping": Stopping, "timings": Timings, "samples": Sample, "integrity": Integrity}
 
     measurement_id: str  # uuid4 hex, new each time the setting is measured; the ingest key
     job_id: str
@@ -197,6 +217,7 @@ class Measurement(Part):
     # Last, where jobs have always written them: set once known.
     prediction_agreement: float | None = None
     profiler_note: str | None = None
+    integrity: Integrity | None = None  # GPU measurements since format 3's integrity checks
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -274,7 +295,20 @@ class Measurement(Part):
             "throttled_passes": len(set(throttle["repeats"])) if throttle else None,
             "note": "; ".join(n for n in (self.note, self.profiler_note) if n) or None,
             "energy_j": energy.get("joules"), "energy_per_pass_j": energy.get("joules_per_pass"),
+            **self.integrity_columns(),
         }
+
+    def integrity_columns(self) -> dict[str, Any]:
+        """The integrity checks' columns of the `run` row (all None for a measurement without them:
+        the CPU reference, a failed setting, a file written before the checks)."""
+        found = self.integrity
+        caching = (found.caching or {}) if found else {}
+        floors = (found.floor_ms or {}) if found else {}
+        return {"checks": found.checks if found else None,
+                "checked_passes": found.checked_passes if found else None,
+                "failed_pass": found.failed_pass if found else None,
+                "fresh_passes": found.fresh_passes if found else None,
+                "caching_ratio": caching.get("ratio"), "forward_floor_ms": floors.get("forward")}
 
     def sweep_columns(self) -> dict[str, Any]:
         """The `sweep` row's columns, but created_at."""
@@ -309,9 +343,11 @@ class Measurement(Part):
         variants, params = self.spec["variants"], self.spec.get("params") or {}
         op_time_ms, floors = (self.timings and self.timings.op_time_ms) or {}, self.floors or {}
         spreads = self.spreads()
+        floor_ms = (self.integrity.floor_ms or {}) if self.integrity else {}
         return [{"layer_index": index, "layer": layer, "variant": variants.get(layer), "params": params.get(layer),
                  "op_time_ms": op_time_ms.get(layer), "op_time_spread": spreads.get(("op_time_ms", layer)),
-                 "flops": (floors.get(layer) or {}).get("flops"), "bytes": (floors.get(layer) or {}).get("bytes")}
+                 "flops": (floors.get(layer) or {}).get("flops"), "bytes": (floors.get(layer) or {}).get("bytes"),
+                 "floor_ms": floor_ms.get(layer)}
                 for index, layer in enumerate(conv_layers(variants, floors, op_time_ms))]
 
     def phase_rows(self) -> list[dict[str, Any]]:

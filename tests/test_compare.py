@@ -4,12 +4,12 @@ import json
 import pytest
 
 from convsweep.cli import main as cli_main
-from convsweep.compare import Selection, compare
+from convsweep.compare import SUSPECT, Selection, any_slower, compare
 from convsweep.errors import ConvsweepError
 from convsweep.stats import FASTER, SAME, SLOWER
 from convsweep.store import ingest_result, open_store
 
-from store_fixtures import make_result
+from store_fixtures import integrity_results, make_result
 from test_stats import noisy
 
 
@@ -107,7 +107,7 @@ def test_a_selection_without_runs_is_one_line(db_url):
     engine = open_store(db_url)
     ingest_result(engine, stored("naive", "a" * 40, noisy(40.0, 10, 0.003, 1)))
     engine.dispose()
-    with pytest.raises(ConvsweepError, match=r"^compare: sweep:99 selects no ok run in the database$"):
+    with pytest.raises(ConvsweepError, match=r"^compare: sweep:99 selects no ok or suspect run in the database$"):
         compare(db_url, "99", "a" * 7)
 
 
@@ -131,7 +131,7 @@ def test_b_from_a_database_of_its_own(tmp_path, capsys):
     tiled = next(row for row in result["rows"] if row["variant"] == "tiled")
     assert tiled["ratio"] == pytest.approx(23 / 20, rel=0.01)
     assert (result["db_a"], result["db_b"]) == (db1, db2)
-    with pytest.raises(ConvsweepError, match=r"^compare: results:/m2/results selects no ok run in the database$"):
+    with pytest.raises(ConvsweepError, match=r"^compare: results:/m2/results selects no ok or suspect run in the database$"):
         compare(db1, "results:/m1/results", "results:/m2/results")  # B's selection is not in A's database
 
     with pytest.raises(SystemExit) as exit_status:
@@ -251,3 +251,33 @@ def test_a_git_revision_selects_the_runs_measured_at_its_commit(db_url, tmp_path
     assert [row["verdict"] for row in compare(db_url, "HEAD~1", "HEAD")["rows"]] == [SLOWER]
     with pytest.raises(ConvsweepError, match=r"^compare: A: 'HEAD~5' names no commit of a git repository here$"):
         compare(db_url, "HEAD~5", "HEAD")
+
+
+def test_a_suspect_measurement_is_shown_as_such_and_never_counted_faster(db_url, capsys):
+    """naive re-measured and now suspect (ten times faster, below its floor): SUSPECT with its reason, not
+    FASTER; tiled re-measured with fast checks: compared, and noted."""
+    judged = next(m for job_file in integrity_results() for m in job_file["measurements"] if m["status"] == "suspect")
+    fast = next(m for job_file in integrity_results() for m in job_file["measurements"]
+                if m["integrity"]["checks"] == "fast")["integrity"]
+    a, b = "a" * 40, "b" * 40
+    two_commits(db_url, [stored("naive", a, noisy(40.0, 10, 0.003, 1)), stored("tiled", a, noisy(20.0, 10, 0.003, 2))],
+                [stored("naive", b, noisy(4.0, 10, 0.003, 3), status="suspect", error=judged["error"],
+                        integrity=judged["integrity"]),
+                 stored("tiled", b, noisy(20.0, 10, 0.003, 4), integrity=fast)])
+    result = compare(db_url, a[:7], b[:7])
+    rows = {row["variant"]: row for row in result["rows"]}
+    assert {variant: row["verdict"] for variant, row in rows.items()} == {"naive": SUSPECT, "tiled": SAME}
+    assert rows["naive"]["suspect"] == f"B suspect: {judged['error']}"
+    assert rows["naive"]["ratio"] == pytest.approx(0.1, rel=0.01)  # shown, but no verdict of FASTER
+    assert (rows["tiled"]["checks_a"], rows["tiled"]["checks_b"], rows["tiled"]["suspect"]) == (None, "fast", None)
+    assert result["verdicts"] == {SAME: 1, SUSPECT: 1} and not any_slower(result)
+
+    assert cli_main(["compare", a[:7], b[:7], "--db", db_url]) == 0
+    table = capsys.readouterr().out
+    assert "1 SAME, 1 SUSPECT" in table and "| note" in table
+    naive = next(line for line in table.splitlines() if "| naive " in line)
+    assert "| SUSPECT " in naive and "| B suspect: conv1 took 0.05 ms, below the physical floor" in naive
+    assert "| fast checks: B" in next(line for line in table.splitlines() if "| tiled " in line)
+    # `convsweep compare` alone: naive's newest measurement is the suspect one, held against the one before
+    assert {row["variant"]: row["verdict"] for row in compare(db_url, "previous", "latest")["rows"]} == {
+        "naive": SUSPECT, "tiled": SAME}

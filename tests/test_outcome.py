@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
-from store_fixtures import make_result, write_results
+from store_fixtures import integrity_results, make_result, write_results
 
 from convsweep.outcome import REASON_CHARS, ExperimentFiles, JobFiles, finish_sweep, last_reason
 from convsweep.store import ingest_files, open_store
@@ -172,3 +172,18 @@ def test_a_finished_experiment_is_not_reported_at_the_end(tmp_path, db_url):
     experiment = dataclasses.replace(experiment, report_command=[sys.executable, "-c", "raise SystemExit(3)"])
     said(db_url, experiment)
     assert not experiment.report_log.exists()  # the make_report rule reports it
+
+
+def test_suspect_settings_are_counted_and_each_reason_is_a_row(tmp_path, db_url):
+    """A sweep whose stored settings include a suspect one does not end as if all were well: the count names it,
+    its reason is a row, and the settings measured with fast checks are said."""
+    experiment = experiment_files(tmp_path / "results", integrity_results(), {})
+    experiment = dataclasses.replace(experiment, name="lenet86-integrity")  # the fixtures' experiment
+    lines = said(db_url, experiment).splitlines()
+    assert lines[0] == ("convsweep: lenet86-integrity: 2 of 2 jobs finished; settings stored: 2 ok, 1 suspect, "
+                        "0 failed, 0 incorrect (1 measured with fast checks: no fresh inputs, no caching test)")
+    count, unit, what, why = lines[3].split(None, 3)
+    assert (count, unit, what) == ("1", "setting", "suspect")
+    assert why.startswith("conv1 took 0.05 ms, below the physical floor") and len(why) == REASON_CHARS
+    assert lines[4] == "  more: `convsweep query failures`"
+    assert stored_statuses(db_url) == ["ok", "ok", "suspect"]

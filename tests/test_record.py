@@ -17,9 +17,9 @@ from convsweep.record import (FORMAT, GridPlace, Measurement, ResultFile, Sample
                               build_key)
 from convsweep.schema import load_schema
 from fake_gpu import FAKE
-from store_fixtures import as_format_1, make_job_file, make_result
+from store_fixtures import INTEGRITY_FIXTURES, as_format_1, integrity_results, make_job_file, make_result
 
-FIXTURES = sorted(Path(__file__).parent.glob("fixtures/gpu-results/*.json"))
+FIXTURES = sorted(Path(__file__).parent.glob("fixtures/gpu-results/*.json")) + sorted(INTEGRITY_FIXTURES.glob("*.json"))
 SWEEP = {"experiment": "t", "config_hash": "h", "config_path": "x.yaml"}
 
 
@@ -140,8 +140,9 @@ def column_names(model) -> set[str]:
     return {column.name for column in model.__table__.columns}
 
 
-@pytest.mark.parametrize("data", job_files()[:3] + [make_result(), make_result(status="failed")],
-                         ids=["fixture-0", "fixture-1", "fixture-2", "format-2", "format-2-failed"])
+@pytest.mark.parametrize("data", [*job_files()[:3], integrity_results()[0], make_result(),
+                                  make_result(status="failed")],
+                         ids=["fixture-0", "fixture-1", "fixture-2", "integrity", "format-2", "format-2-failed"])
 def test_a_measurement_names_every_run_column_but_those_the_store_sets(data):
     from convsweep.store.models import Run
 

@@ -15,7 +15,7 @@ from convsweep.cli import main
 from convsweep.errors import ConvsweepError
 from convsweep.ncu import LaunchProfile
 from convsweep.store import ingest_result, open_store
-from store_fixtures import every_layer, make_job_file, make_result
+from store_fixtures import every_layer, integrity_results, make_job_file, make_result
 
 EXPERIMENT = "lenet86-baseline"
 # A 1x1 PNG: report.py embeds and links figures without looking inside them.
@@ -292,3 +292,41 @@ def test_a_report_never_names_a_gpu_that_no_run_opened(tmp_path):
     report.write(url, EXPERIMENT, markdown=tmp_path / "mixed.md")  # the failed runs opened none: left out
     assert (tmp_path / "mixed.md").read_text().split("\n\n")[1].startswith(
         "Measured on NVIDIA H100 80GB HBM3 and the CPU on 2026-11-22")
+
+
+def test_a_suspect_run_is_listed_with_its_reasons_never_fastest_and_fast_checks_are_marked(db_url, tmp_path):
+    """naive BLOCK=128 is suspect and the fastest of all; tiled was measured with fast checks."""
+    engine = open_store(db_url)
+    for job_file in integrity_results():
+        ingest_result(engine, job_file, None)
+    engine.dispose()
+    experiment = "lenet86-integrity"
+    data = report.load(db_url, experiment)
+    [naive_best] = report.fastest(data.runs)["naive"].values()
+    assert naive_best["params"] == every_layer(BLOCK=64) and naive_best["status"] == "ok"
+    report.write(db_url, experiment, markdown=tmp_path / "report.md", tables=tmp_path / "tables",
+                 summary=tmp_path / "summary.md")
+    text = (tmp_path / "report.md").read_text()
+    assert "3 runs, the latest measurement of each setting: 2 ok, 1 suspect. 1 of them measured with fast checks" in text
+    parts = sections(text)
+    naive, tiled = parts["`naive` (the baseline)"], parts["`tiled`"]
+    seeds = naive.split("Not in the table:")[0]
+    assert "BLOCK=64" in seeds and "BLOCK=128" not in seeds and "0.05000" not in seeds
+    assert "- batch 10000 (BLOCK=128): suspect: conv1 took 0.05 ms, below the physical floor of 0.1038 ms" in naive
+    header, _, row = [line for line in tiled.split("### Speedup")[0].splitlines() if line.startswith("|")]
+    assert header.rstrip("| ").endswith("checks") and row.rstrip("| ").endswith("fast")
+    speedup = [line for line in tiled.split("### Speedup")[1].splitlines() if line.startswith("|   10000")]
+    assert speedup and "3.93×" in speedup[0] and speedup[0].rstrip("| ").endswith("fast")  # over naive's ok setting
+
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## Failed or incorrect" not in summary
+    suspect = summary.split("## Suspect")[1]
+    assert "| naive (BLOCK=128), batch 10000 | conv1 took 0.05 ms, below the physical floor" in suspect
+    assert "caching test: passes over inputs seen before took 0.41x" in suspect
+    assert "| status   | checks   |" in summary.split("## Suspect")[0]
+
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "tables" / "seeds.csv").read_text())))
+    by_status = {(row["variant"], row["status"]): row for row in rows}
+    assert [row["checks"] for row in rows] == ["full", "full", "fast"]
+    assert by_status[("naive", "suspect")]["× over naive"] == "" and by_status[("naive", "suspect")]["error"]
+    assert by_status[("tiled", "ok")]["× over naive"] == "3.927"

@@ -56,6 +56,7 @@ from store_fixtures import (
     as_format_1,
     as_reader,
     every_layer,
+    integrity_results,
     make_job_file,
     make_result,
     row_counts,
@@ -71,7 +72,8 @@ RUN_SUMMARY_0001_COLUMNS = [
 RUN_SUMMARY_0002_COLUMNS = RUN_SUMMARY_0001_COLUMNS[:-1] + ["prediction_agreement", "run_id"]
 RUN_SUMMARY_0003_COLUMNS = RUN_SUMMARY_0002_COLUMNS[:-1] + ["job_id", "started_at", "run_id"]
 RUN_SUMMARY_0006_COLUMNS = RUN_SUMMARY_0003_COLUMNS + ["op_time_1_spread", "op_time_2_spread", "forward_spread"]
-RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0006_COLUMNS + ["cache", "note"]
+RUN_SUMMARY_0011_COLUMNS = RUN_SUMMARY_0006_COLUMNS + ["cache", "note"]
+RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0011_COLUMNS + ["error", "checks"]
 LATEST_RUN_0004_OWN_COLUMNS = ["measurement_rank", "op_time_1_ms", "op_time_2_ms"]
 
 
@@ -540,7 +542,7 @@ def test_started_at_with_z_suffix_and_bad_lists(engine):
 def test_wrong_format_and_status_are_refused(engine):
     with pytest.raises(StoreError, match=r"^a\.json: format: expected one of \[1, 2, 3\], got 4$"):
         ingest_result(engine, make_result(format=4), "a.json")
-    with pytest.raises(StoreError, match=r"^b\.json: status: expected one of \['ok', 'incorrect', 'failed'\], got \"great\"$"):
+    with pytest.raises(StoreError, match=r"^b\.json: status: expected one of \['ok', 'suspect', 'incorrect', 'failed'\], got \"great\"$"):
         ingest_result(engine, {**make_result(), "status": "great"}, "b.json")
     with pytest.raises(StoreError, match=r"^c\.json: \(top level\): expected object, got \[1, 2\]$"):
         ingest_result(engine, [1, 2], "c.json")
@@ -696,7 +698,7 @@ def test_a_job_file_whose_measurements_are_partly_stored_adds_only_the_rest(engi
 
 
 @pytest.mark.parametrize("index, section, key, value, message", [
-    (3, None, "status", "great", "measurements[3].status: expected one of ['ok', 'incorrect', 'failed'], got \"great\""),
+    (3, None, "status", "great", "measurements[3].status: expected one of ['ok', 'suspect', 'incorrect', 'failed'], got \"great\""),
     (1, "spec", "batch", 0, "measurements[1].spec.batch: expected at least 1, got 0"),
     (2, "timings", "op_time_ms", {"conv1": "fast"},
      "measurements[2].timings.op_time_ms.conv1: expected ['number', 'null'], got \"fast\""),
@@ -1256,5 +1258,72 @@ def test_ingest_and_migration_0011_store_each_runs_fastest_pass(db_url):
             assert "forward_min_ms" not in {c["name"] for c in inspect(connection).get_columns("run")}
             assert_latest_run_shows_every_run_column(connection)
         assert row_counts(engine)["run"] == before["run"] + 1
+    finally:
+        engine.dispose()
+
+
+def test_ingest_stores_what_the_integrity_checks_found(engine):
+    """A suspect run is stored with its reasons as its error, and each run's checks, passes, caching ratio and
+    floors (the whole pass's on run, each conv layer's on layer_time); runs without the checks store nulls."""
+    fixtures = integrity_results()
+    for job_file in fixtures:
+        ingest_result(engine, job_file, None)
+    ingest_result(engine, make_result("reference", 8, profiler="cpu"), None)
+    found = {m["measurement_id"]: m for job_file in fixtures for m in job_file["measurements"]}
+    with Session(engine) as session:
+        runs = session.scalars(select(Run).order_by(Run.id)).all()
+        for run in runs:
+            measurement = found.get(run.measurement_id)
+            if measurement is None:  # the CPU reference: no checks ran
+                assert (run.checks, run.checked_passes, run.caching_ratio, run.forward_floor_ms) == (None,) * 4
+                assert {lt.floor_ms for lt in run.layer_times} == {None}
+                continue
+            integrity = measurement["integrity"]
+            assert (run.status, run.error) == (measurement["status"], measurement["error"])
+            assert (run.checks, run.checked_passes, run.failed_pass, run.fresh_passes) == (
+                integrity["checks"], integrity["checked_passes"], integrity["failed_pass"], integrity["fresh_passes"])
+            assert run.caching_ratio == (integrity["caching"] or {}).get("ratio")
+            assert run.forward_floor_ms == pytest.approx(integrity["floor_ms"]["forward"])
+            assert {lt.layer: lt.floor_ms for lt in run.layer_times} == pytest.approx(
+                {layer: ms for layer, ms in integrity["floor_ms"].items() if layer != "forward"})
+        assert [(run.variant, run.status, run.checks) for run in runs] == [
+            ("naive", "ok", "full"), ("naive", "suspect", "full"), ("tiled", "ok", "fast"), ("reference", "ok", None)]
+        suspect = next(run for run in runs if run.status == "suspect")
+        assert suspect.error.startswith("conv1 took 0.05 ms, below the physical floor of 0.1038 ms")
+        assert suspect.caching_ratio == pytest.approx(0.41) and suspect.failed_pass is None
+
+
+def test_migrating_a_0011_database_adds_the_integrity_columns_and_back(db_url):
+    """Runs stored before the checks keep what they had and get nulls; new runs store theirs beside them;
+    the views carry the new columns, and a downgrade drops them and keeps every run."""
+    results = standard_results()
+    before = stored_the_old_way(db_url, "0011", results)
+    engine = open_store(db_url)
+    try:
+        with engine.connect() as connection:
+            assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+            assert_latest_run_shows_every_run_column(connection)
+            assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+            assert connection.exec_driver_sql(
+                "SELECT COUNT(*) FROM run WHERE checks IS NOT NULL OR forward_floor_ms IS NOT NULL").scalar() == 0
+            assert connection.exec_driver_sql(
+                "SELECT COUNT(*) FROM layer_time WHERE floor_ms IS NOT NULL").scalar() == 0
+        assert row_counts(engine) == before
+        for job_file in integrity_results():
+            assert ingest_result(engine, job_file, None).added == len(job_file["measurements"])
+        with engine.connect() as connection:
+            stored = connection.exec_driver_sql("SELECT status, checks, error FROM run_summary "
+                                                "WHERE checks IS NOT NULL ORDER BY run_id").all()
+            assert [(status, checks) for status, checks, _ in stored] == [("ok", "full"), ("suspect", "full"),
+                                                                          ("ok", "fast")]
+            assert stored[1][2].startswith("conv1 took 0.05 ms")
+        migrate(engine, "0011", downgrade=True)
+        with engine.connect() as connection:
+            schema = inspect(connection)
+            assert not {"checks", "caching_ratio", "forward_floor_ms"} & {c["name"] for c in schema.get_columns("run")}
+            assert "floor_ms" not in {c["name"] for c in schema.get_columns("layer_time")}
+            assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_0011_COLUMNS
+            assert_latest_run_shows_every_run_column(connection)
+        assert row_counts(engine)["run"] == before["run"] + 3
     finally:
         engine.dispose()

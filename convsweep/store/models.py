@@ -178,6 +178,15 @@ class Run(AxisColumns, Base):
     note: Mapped[str | None] = mapped_column(Text)  # throttled passes; nsys asked for but not found
     energy_j: Mapped[float | None] = mapped_column(Float)
     energy_per_pass_j: Mapped[float | None] = mapped_column(Float)
+    # What the integrity checks found (convsweep.integrity; NULL where none ran: the CPU reference, runs
+    # stored before them). checks: full, or fast (the experiment turned the fresh inputs and the caching
+    # test off), which every table that shows the run says. A run they made `suspect` has its reasons in error.
+    checks: Mapped[str | None] = mapped_column(String)
+    checked_passes: Mapped[int | None] = mapped_column(Integer)  # timed passes whose output was checked
+    failed_pass: Mapped[int | None] = mapped_column(Integer)  # the first of them whose output was wrong
+    fresh_passes: Mapped[int | None] = mapped_column(Integer)  # timed passes over inputs not seen before in the run
+    caching_ratio: Mapped[float | None] = mapped_column(Float)  # median pass on repeated / on fresh inputs
+    forward_floor_ms: Mapped[float | None] = mapped_column(Float)  # the fastest the whole pass could physically be
 
     sweep: Mapped[Sweep] = relationship()
     environment: Mapped[Environment] = relationship()
@@ -250,6 +259,8 @@ class LayerTime(Base):
     op_time_spread: Mapped[float | None] = mapped_column(Float)
     flops: Mapped[int | None] = mapped_column(BigInteger)
     bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # The physical floor the integrity checks held op_time_ms to (NULL where none ran).
+    floor_ms: Mapped[float | None] = mapped_column(Float)
 
 
 class Phase(Base):

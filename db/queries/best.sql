@@ -1,10 +1,12 @@
--- Which variant and tunable setting is fastest for each conv layer and batch size (ok runs only; incorrect and failed runs never count), and which others are tied with it within noise?
+-- Which variant and tunable setting is fastest for each conv layer and batch size (ok runs only; suspect, incorrect and failed runs never count), and which others are tied with it within noise?
 -- standing: fastest, or tied: its op time is within twice the two medians' spreads added up (each the
 -- median absolute deviation of its samples) of the fastest one's, so noise alone could reorder them.
 -- ±%: how noisy the time beside it is, its samples' median absolute deviation in % of their median; text with
 -- one decimal, which a table cell would otherwise pad to four significant digits.
+-- checks: "fast" where the run was measured with `checks: fast` (no fresh inputs, no caching test): a winner the
+-- full checks have not vouched for. A suspect run, however fast, is never here: `convsweep query summary` shows it.
 WITH ranked AS (
-    SELECT r.experiment, lt.variant, lt.params, r.batch, r.streams, r.host_memory, r.id AS run_id,
+    SELECT r.experiment, lt.variant, lt.params, r.batch, r.streams, r.host_memory, r.checks, r.id AS run_id,
            lt.layer_index, lt.layer, lt.op_time_ms, lt.op_time_spread,
            ROW_NUMBER() OVER (PARTITION BY r.experiment, lt.layer_index, r.batch
                               ORDER BY lt.op_time_ms, r.id) AS place
@@ -27,6 +29,7 @@ SELECT r.experiment,
        r.host_memory,
        r.op_time_ms AS "op time (ms)",
        CAST(ROUND(CAST(100 * r.op_time_spread AS NUMERIC), 1) AS VARCHAR) AS "op time ±%",
+       CASE WHEN r.checks = 'fast' THEN 'fast' ELSE '' END AS checks,
        r.run_id
 FROM ranked r
 JOIN fastest f ON f.experiment = r.experiment AND f.layer_index = r.layer_index AND f.batch = r.batch

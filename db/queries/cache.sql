@@ -1,5 +1,6 @@
 -- How much slower is each conv layer when it finds a cold L2 (written over before it) than a warm one, per variant and batch?
--- Pairs the latest warm and cold runs of the same job (experiment, variants, tunables, batch, streams, host memory).
+-- Pairs the latest warm and cold runs of the same job (experiment, variants, tunables, batch, streams, host memory),
+-- both ok. checks: "fast" where either was measured with `checks: fast` (no fresh inputs, no caching test).
 SELECT w.experiment,
        lw.variant,
        w.batch,
@@ -9,6 +10,7 @@ SELECT w.experiment,
        lc.op_time_ms AS "cold (ms)",
        CAST(ROUND(CAST(100 * lc.op_time_spread AS NUMERIC), 1) AS VARCHAR) AS "cold ±%",
        CASE WHEN lw.op_time_ms > 0 THEN lc.op_time_ms / lw.op_time_ms END AS "cold / warm",
+       CASE WHEN w.checks = 'fast' OR c.checks = 'fast' THEN 'fast' ELSE '' END AS checks,
        w.id AS warm_run,
        c.id AS cold_run
 FROM latest_run w

@@ -1,4 +1,6 @@
 -- Every measurement of each job, newest first: its times, the kernel code it measured (source hash, git commit, dirty tree) and the GPU it ran on (UUID, driver, clocks)?
+-- status suspect: the integrity checks doubt its times (`convsweep query failures` says why; `convsweep query runs`
+-- says how each latest measurement was checked).
 SELECT r.experiment,
        r.job_id,
        r.started_at AS measured,

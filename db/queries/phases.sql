@@ -1,4 +1,5 @@
 -- Where does a job's wall time go: total seconds split into process start, data load, waiting for the GPU (another job held it), compile (or cache hit), allocation, warm-up, timed repeats, the check and the nsys profile/export?
+-- checks: "fast" where the run was measured with `checks: fast` (no fresh inputs, no caching test: less time).
 SELECT r.experiment,
        r.variant,
        r.batch,
@@ -15,9 +16,10 @@ SELECT r.experiment,
        MAX(CASE WHEN p.name = 'timed' THEN p.seconds END) AS "timed",
        MAX(CASE WHEN p.name = 'check' THEN p.seconds END) AS "check",
        MAX(CASE WHEN p.name = 'profile' THEN p.seconds END) AS "nsys",
+       CASE WHEN r.checks = 'fast' THEN 'fast' ELSE '' END AS checks,
        r.id AS run_id
 FROM latest_run r
 LEFT JOIN phase p ON p.run_id = r.id
 WHERE r.status <> 'failed'
-GROUP BY r.id, r.experiment, r.variant, r.batch, r.streams, r.host_memory, r.profiler, r.total_s
+GROUP BY r.id, r.experiment, r.variant, r.batch, r.streams, r.host_memory, r.profiler, r.total_s, r.checks
 ORDER BY r.experiment, r.variant, r.batch, r.streams, r.host_memory, r.id

@@ -1,4 +1,5 @@
 -- Do streams and host memory shorten end-to-end inference: best forward time (ms) and the share of copy time hidden under kernels, per stream count (ok runs)?
+-- checks: "fast" where any run of the row was measured with `checks: fast` (no fresh inputs, no caching test).
 SELECT experiment,
        variant,
        batch,
@@ -10,7 +11,8 @@ SELECT experiment,
        MAX(CASE WHEN streams = 1 THEN overlap END) AS "overlap s1",
        MAX(CASE WHEN streams = 2 THEN overlap END) AS "overlap s2",
        MAX(CASE WHEN streams = 4 THEN overlap END) AS "overlap s4",
-       MAX(CASE WHEN streams = 8 THEN overlap END) AS "overlap s8"
+       MAX(CASE WHEN streams = 8 THEN overlap END) AS "overlap s8",
+       MAX(CASE WHEN checks = 'fast' THEN 'fast' ELSE '' END) AS checks
 FROM latest_run
 WHERE status = 'ok'
 GROUP BY experiment, variant, batch, host_memory

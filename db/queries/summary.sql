@@ -1,7 +1,11 @@
--- How fast (and how noisy: ±%) and how accurate is each variant at each batch size and stream count (the seeds' report table)?
+-- How fast (and how noisy: ±%) and how accurate is each variant at each batch size and stream count (the seeds' report table), and can each number be trusted (verdict)?
 -- ±%: how noisy the time beside it is, its samples' median absolute deviation in % of their median; text with
 -- one decimal, which a table cell would otherwise pad to four significant digits. The experiment comes first:
 -- the default sweep holds two, and one's warm rows would otherwise read as duplicates of the other's.
+-- verdict: empty for an ok run; "fast checks" for one measured with `checks: fast` (no fresh inputs, no caching
+-- test); "suspect: " and the first of its reasons for a run whose times the integrity checks doubt (faster than
+-- the physical floor, faster on inputs it had seen, work outside the timer): shown, never counted as fastest.
+-- `convsweep query failures` has every reason in full.
 SELECT experiment,
        variant,
        batch,
@@ -14,7 +18,14 @@ SELECT experiment,
        forward_ms AS "forward (ms)",
        CAST(ROUND(CAST(100 * forward_spread AS NUMERIC), 1) AS VARCHAR) AS "forward ±%",
        total_s AS "total (s)",
-       accuracy
+       accuracy,
+       CASE WHEN status = 'suspect'
+            THEN 'suspect' || CASE WHEN checks = 'fast' THEN ' (fast checks)' ELSE '' END || ': '
+                 || CASE WHEN length(error) > 60 THEN substr(error, 1, 57) || '...'
+                         ELSE COALESCE(error, 'no reason stored') END
+            WHEN checks = 'fast' THEN 'fast checks'
+            ELSE ''
+       END AS verdict
 FROM run_summary
-WHERE status = 'ok'
+WHERE status IN ('ok', 'suspect')
 ORDER BY experiment, variant, batch, streams, host_memory, cache DESC, run_id

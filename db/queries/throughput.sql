@@ -1,4 +1,6 @@
 -- What GFLOP/s and GB/s does each conv layer reach (ok runs; GB/s counts only the bytes the layer must move at least)?
+-- A suspect run (a time below the physical floor, say) is left out: its rates would be impossible ones.
+-- checks: "fast" where the run was measured with `checks: fast` (no fresh inputs, no caching test).
 SELECT r.experiment,
        lt.variant,
        r.params AS "tunables (per layer)",
@@ -9,6 +11,7 @@ SELECT r.experiment,
        lt.op_time_ms AS "op time (ms)",
        CASE WHEN lt.op_time_ms > 0 THEN lt.flops / (lt.op_time_ms * 1e6) END AS "GFLOP/s",
        CASE WHEN lt.op_time_ms > 0 THEN lt.bytes / (lt.op_time_ms * 1e6) END AS "GB/s",
+       CASE WHEN r.checks = 'fast' THEN 'fast' ELSE '' END AS checks,
        r.id AS run_id
 FROM layer_time lt
 JOIN latest_run r ON r.id = lt.run_id

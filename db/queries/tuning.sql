@@ -1,7 +1,9 @@
--- How does every tunable setting of each conv layer and batch size compare: its op time and its rank (1 = fastest ok setting; incorrect and failed ones are listed unranked, with their error)?
+-- How does every tunable setting of each conv layer and batch size compare: its op time and its rank (1 = fastest ok setting; suspect, incorrect and failed ones are listed unranked, with their error)?
+-- A suspect setting's error is its reasons: why its time cannot be trusted (faster than the physical floor, say).
+-- checks: "fast" where the setting was measured with `checks: fast` (no fresh inputs, no caching test).
 WITH setting AS (
     SELECT r.experiment, lt.layer_index, lt.layer, r.batch, lt.variant, lt.params, lt.op_time_ms,
-           r.status, r.error, r.streams, r.host_memory, r.id AS run_id,
+           r.status, r.error, r.checks, r.streams, r.host_memory, r.id AS run_id,
            CASE WHEN r.status = 'ok' AND lt.op_time_ms IS NOT NULL THEN 1 ELSE 0 END AS ranked
     FROM layer_time lt
     JOIN latest_run r ON r.id = lt.run_id
@@ -21,9 +23,10 @@ SELECT experiment,
        place AS "rank",
        status,
        CASE WHEN length(error) > 80 THEN substr(error, 1, 77) || '...' ELSE error END AS error,
+       CASE WHEN checks = 'fast' THEN 'fast' ELSE '' END AS checks,
        streams,
        host_memory,
        run_id
 FROM placed
 ORDER BY experiment, layer_index, batch, ranked DESC, place,
-         CASE status WHEN 'ok' THEN 0 WHEN 'incorrect' THEN 1 ELSE 2 END, run_id
+         CASE status WHEN 'ok' THEN 0 WHEN 'suspect' THEN 1 WHEN 'incorrect' THEN 2 ELSE 3 END, run_id

@@ -1,0 +1,92 @@
+"""The named queries over runs the integrity checks judged (tests/fixtures/integrity-results), on both
+backends: a suspect run is shown with its reason where runs are listed and never wins, and a run measured
+with fast checks says so beside its times."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from convsweep.query import run_query
+from convsweep.store import ingest_result, open_store
+from store_fixtures import as_reader, integrity_results
+
+SUSPECT_REASON = "conv1 took 0.05 ms, below the physical floor of 0.1038 ms at this GPU's peak rates"
+
+
+def stored(url: str, job_files: list[dict]) -> str:
+    engine = open_store(url)
+    for job_file in job_files:
+        assert ingest_result(engine, job_file, None).added == len(job_file["measurements"])
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def judged_url(db_url):
+    """A database holding the integrity fixtures: naive BLOCK=64 ok, naive BLOCK=128 suspect (the fastest),
+    tiled ok measured with fast checks (the fastest ok run)."""
+    return stored(db_url, integrity_results())
+
+
+def rows_of(url: str, name: str) -> list[dict]:
+    return json.loads(run_query(as_reader(url), name, fmt="json"))
+
+
+def by_time(rows: list[dict], column: str) -> dict[float, dict]:
+    return {row[column]: row for row in rows}
+
+
+def test_summary_shows_the_suspect_run_with_its_reason_and_marks_fast_checks(judged_url):
+    rows = by_time(rows_of(judged_url, "summary"), "op time 1 (ms)")
+    assert sorted(rows) == [0.05, 2.08, 7.3]
+    assert rows[7.3]["verdict"] == ""
+    assert rows[2.08]["verdict"] == "fast checks"
+    suspect = rows[0.05]["verdict"]
+    # The first of its reasons, cut so the table stays readable: `query failures` has them all
+    assert suspect == f"suspect: {SUSPECT_REASON[:57]}..."
+    table = run_query(as_reader(judged_url), "summary")
+    assert "| suspect: conv1 took 0.05 ms" in table and "| fast checks " in table
+
+
+def test_best_never_picks_the_suspect_run_and_says_the_winner_had_fast_checks(judged_url):
+    best = rows_of(judged_url, "best")
+    assert [(r["layer"], r["standing"], r["variant"], r["checks"]) for r in best] == [
+        ("op time 1", "fastest", "tiled", "fast"), ("op time 2", "fastest", "tiled", "fast")]
+
+
+def test_best_picks_the_ok_setting_over_a_faster_suspect_one(db_url):
+    naive = next(job_file for job_file in integrity_results() if job_file["job_id"].startswith("naive"))
+    best = rows_of(stored(db_url, [naive]), "best")
+    assert [(r["layer"], r["variant"], json.loads(r["tunables"]) if isinstance(r["tunables"], str) else r["tunables"],
+             r["op time (ms)"], r["checks"]) for r in best] == [
+        ("op time 1", "naive", {"BLOCK": 64}, 7.3, ""), ("op time 2", "naive", {"BLOCK": 64}, 17.4, "")]
+
+
+def test_tuning_lists_the_suspect_setting_unranked_with_its_reason(judged_url):
+    conv1 = [r for r in rows_of(judged_url, "tuning") if r["layer"] == "conv1"]
+    assert [(r["variant"], r["rank"], r["status"], r["checks"]) for r in conv1] == [
+        ("tiled", 1, "ok", "fast"), ("naive", 2, "ok", ""), ("naive", None, "suspect", "")]
+    assert conv1[2]["error"] == SUSPECT_REASON[:77] + "..."  # cut, as an incorrect setting's is
+
+
+def test_failures_and_runs_give_every_reason_of_a_suspect_run(judged_url):
+    (failure,) = rows_of(judged_url, "failures")
+    reasons = next(m for job_file in integrity_results() for m in job_file["measurements"]
+                   if m["status"] == "suspect")["integrity"]["reasons"]
+    assert failure["status"] == "suspect" and failure["error"] == "; ".join(reasons)
+    assert reasons[0] == SUSPECT_REASON and reasons[2].startswith("caching test: passes over inputs seen before took")
+    runs = rows_of(judged_url, "runs")
+    assert sorted((r["status"], r["checks"]) for r in runs) == [("ok", "fast"), ("ok", "full"), ("suspect", "full")]
+
+
+def test_tables_of_ok_runs_leave_the_suspect_run_out_and_mark_fast_checks(judged_url):
+    for name, column in (("throughput", "op time (ms)"), ("transfers", "compute (ms)"), ("energy", "run_id"),
+                         ("streams", "forward s1")):
+        rows = rows_of(judged_url, name)
+        assert len({row[column] for row in rows}) == len(rows) and rows, name
+        assert sorted({(row["variant"], row["checks"]) for row in rows}) == [("naive", ""), ("tiled", "fast")], name
+    assert sorted(r["status"] for r in rows_of(judged_url, "history")) == ["ok", "ok", "suspect"]
+    (gpu,) = rows_of(judged_url, "gpus")
+    assert (gpu["runs"], gpu["ok"], gpu["suspect"]) == (3, 2, 1)
