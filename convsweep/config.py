@@ -48,7 +48,9 @@ def _cell_fields() -> list[tuple]:
             # repeats auto: max_noise, min_samples, min_time_s, timeout_s, max_samples
             ("stopping", dict | None, field(default=None)),
             # untimed passes after a timed part too short for NVML's energy counter
-            ("energy_window_s", float, field(default=0.5))]
+            ("energy_window_s", float, field(default=0.5)),
+            # full, or fast: no fresh inputs and no caching test (convsweep.integrity)
+            ("checks", str, field(default="full"))]
 
 
 # One cell of the sweep matrix as a spec holds it: its experiment, network, dataset, variants and a value
@@ -139,7 +141,7 @@ class JobSpec(Cell):
 # Keys left out of a spec's dict at these values, so specs written before they existed keep their
 # hashes: the axes' defaults (the automatic chunking, warm caches), the GPU's own architecture, a
 # fixed number of repeats, the energy window.
-_OMITTED_DEFAULTS = {**OMITTED_AT_DEFAULT, "arch": "auto", "stopping": None, "energy_window_s": 0.5}
+_OMITTED_DEFAULTS = {**OMITTED_AT_DEFAULT, "arch": "auto", "stopping": None, "energy_window_s": 0.5, "checks": "full"}
 
 
 def _without_defaults(d: dict) -> dict:
@@ -317,7 +319,8 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
                     experiment=name, network=network, dataset=exp["dataset"], variants=layer_map, grid=grid, **cell,
                     repeats=exp["repeats"], warmup=exp["warmup"], profiler=exp["profiler"],
                     stopping=dict(exp["stopping"]) if exp["repeats"] == "auto" else None, search=search,
-                    energy_window_s=exp["energy_window_s"], arch=config.data["arch"], sweep=sweep))
+                    energy_window_s=exp["energy_window_s"], checks=exp["checks"], arch=config.data["arch"],
+                    sweep=sweep))
     if not jobs:
         raise ConfigError(f"{config.path}: the sweep matrix is empty")
     seen: dict[str, JobSpec] = {}

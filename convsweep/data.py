@@ -238,5 +238,9 @@ def batch_indices(n_available: int, batch: int) -> np.ndarray:
         raise DataError(f"batch_indices: the dataset is empty (n_available={n_available})")
     if batch <= 0:
         raise ConfigError(f"batch: expected a positive integer, got {batch!r}")
-    perm = np.random.default_rng(0).permutation(n_available)
-    return perm[np.arange(batch) % n_available]
+    return shuffled(n_available)[np.arange(batch) % n_available]
+
+
+def shuffled(n_available: int) -> np.ndarray:
+    """The fixed seeded order batches take a dataset's images in (batch_indices)."""
+    return np.random.default_rng(0).permutation(n_available)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,12 @@ import numpy as np
 from .errors import DeviceError, MachineError
 
 HOST_MEMORY_KINDS = ("pageable", "pinned", "registered")
+
+
+def _window_attribute():
+    from cuda.bindings import driver
+
+    return driver.CUstreamAttrID.CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
 
 
 def _check(result, what: str):
@@ -318,6 +325,45 @@ class Gpu:
         captured = CapturedGraph(graph, executable)
         self._owned.append(captured)
         return captured
+
+    # -- device state timing must not inherit -----------------------------------------------
+    def persisting_l2(self, streams) -> dict:
+        """The persisting-L2 state a kernel or a library may have left: the context's set-aside for
+        persisting lines (bytes) and the `streams` (their positions) carrying an access-policy window.
+        A window over a layer's input would keep it in L2 across passes: faster than the DRAM it
+        stands for (llm.c #851 measured 4x the HBM peak this way)."""
+        from cuda.bindings import driver
+
+        limit = _check(driver.cuCtxGetLimit(driver.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE), "cuCtxGetLimit")
+        windows = []
+        for i, stream in enumerate(streams):
+            value = _check(driver.cuStreamGetAttribute(int(stream.handle), _window_attribute()), "cuStreamGetAttribute")
+            if value.accessPolicyWindow.num_bytes:
+                windows.append(i)
+        return {"persisting_l2_bytes": int(limit), "windows": windows}
+
+    def reset_persisting_l2(self, streams) -> None:
+        """No set-aside for persisting lines, no access-policy window on `streams`, and every line
+        already persisting back to normal."""
+        from cuda.bindings import driver
+
+        _check(driver.cuCtxSetLimit(driver.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0), "cuCtxSetLimit")
+        for stream in streams:
+            _check(driver.cuStreamSetAttribute(int(stream.handle), _window_attribute(), driver.CUstreamAttrValue()),
+                   "cuStreamSetAttribute")
+        _check(driver.cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
+
+    def idle_wait_ms(self) -> float:
+        """How long the device still worked once this is called (ms of the host clock): the time of
+        a device-wide synchronize, less that of a second one right after it (the call's own cost,
+        tens of microseconds under a profiler). About 0 when the device is idle; more where work
+        runs that no stream of the caller waits for."""
+        t0 = time.perf_counter()
+        self.device.sync()
+        t1 = time.perf_counter()
+        self.device.sync()
+        t2 = time.perf_counter()
+        return max(0.0, (t1 - t0) - (t2 - t1)) * 1e3
 
     @contextlib.contextmanager
     def scope(self):

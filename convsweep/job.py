@@ -278,6 +278,7 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
             m.timings.total_s = 0.0
         elif m.status != "failed":
             _apply_nsys(m, summaries.get(i), problem, m.stopping.samples if m.stopping else spec.repeats)
+            _judge_again(m, ctx)
         m.files = files
         keep(m)
     own = sum(v for v in inner_shared.values() if v) + sum(m.timings.total_s or 0 for m in measured.values())
@@ -300,6 +301,18 @@ def _apply_nsys(m: Measurement, summary: dict | None, problem: str | None, repea
     t.event_forward_ms = event_forward
     m.profiler, m.kernels, m.memcpys = "nsys", summary["kernels"], summary["memcpys"]
     m.samples = [Sample.from_json(s) for s in summary["samples"]]
+
+
+def _judge_again(m: Measurement, ctx: JobContext) -> None:
+    """With nsys's times in place of the events': its view of every stream against the events, the
+    floors held to the new times, and the status those give (convsweep.integrity)."""
+    from .integrity import judge_floors, judge_nsys, settle
+
+    if m.status == "failed" or m.integrity is None:
+        return
+    judge_nsys(m, m.timings.forward_ms)
+    judge_floors(m, ctx.network)
+    settle(m)
 
 
 def read_progress(path: Path) -> list[dict]:

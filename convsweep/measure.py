@@ -30,6 +30,7 @@ from .context import JobContext
 from .errors import CompileError, ConvsweepError, MachineError, failure_message
 from .gpulock import bind_free_gpu, gpu_lock, holds_lock_of
 from .inputs import load_batch
+from .integrity import IntegrityObserver, Rounds, fresh_rounds, judge_floors, settle
 from .network import reference_layer
 from .numbers import finite, median
 from .progress import progress
@@ -37,8 +38,8 @@ from .provenance import GpuMonitor, environment, host_environment, host_gpu_arch
 from .record import Measurement, Sample, Stopping, Timings
 from .runner import Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks, pipeline_buffers, pipeline_pass, poison_logits
 from .stats import StoppingRule
-from .timing import FLUSH, EnergyObserver, HostClock, L2FlushObserver, pipeline_timer, sample
-from .variants import Variant
+from .timing import FLUSH, EnergyObserver, HostClock, L2FlushObserver, Reading, pipeline_timer, sample
+from .variants import Variant, layer_flops
 
 
 def _timings_from_samples(samples: list[Sample], conv_names: list[str], compile_ms: float | None = None) -> Timings:
@@ -86,6 +87,8 @@ class GpuSession:
     chunks: list[tuple[int, int]]
     backend: Backend
     arch: str  # what the builds target
+    rounds: Rounds  # the batch's rounds of inputs on the host (convsweep.integrity)
+    peaks: dict | None  # the device's peak rates (convsweep.peaks), what the floors are held to
 
 
 def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backend(),
@@ -228,16 +231,27 @@ def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, sh
         streams = [gpu.stream() for _ in range(spec.streams)]
         buffers = pipeline_buffers(gpu, ctx.batch.network, ctx.batch.images, spec.host_memory, streams[0])
         shared["allocate"] = clock() - t
+        t = clock()
+        passes = StoppingRule.of(spec.repeats, spec.stopping).max_samples_taken
+        per_image = sum(layer_flops(layer) for layer in ctx.batch.network.layers)
+        fresh = fresh_rounds(spec.batch, passes, spec.checks, ctx.batch.fresh_rounds_available, per_image)
+        rounds = Rounds(gpu, ctx.batch, buffers, fresh, spec.host_memory)  # their references computed (or cached)
+        shared["fresh_inputs"] = clock() - t
         # Where NVML could not tell (GPUs of several kinds), each op compiles for this GPU itself.
-        session = GpuSession(gpu, streams, buffers, monitor, chunks, backend, arch if spec.arch != "auto" else gpu.arch)
+        session = GpuSession(gpu, streams, buffers, monitor, chunks, backend, arch if spec.arch != "auto" else gpu.arch,
+                             rounds, _peaks(backend, gpu, monitor))
         settings = progress(todo, desc=f"job {spec.job_id}", unit="setting", enabled=len(todo) > 1)
         for n, i in enumerate(settings):
             started, record = clock(), ctx.measurement(i)
             try:
                 with nvtx_range(f"setting {i}"), gpu.scope():
-                    logits = _measure_gpu_setting(session, ctx, record)
+                    logits, guard = _measure_gpu_setting(session, ctx, record)
                 t = clock()
                 _complete(record, logits, ctx)
+                guard.apply(record)  # a wrong timed pass, and what else the checks found
+                record.integrity.peaks = session.peaks
+                judge_floors(record, ctx.batch.network)
+                settle(record)
                 record.phases_s["check"] = clock() - t
             except Exception as e:  # this setting's failure (compile, launch, shape): the others go on
                 record.status, record.error = "failed", failure_message(e)
@@ -248,10 +262,22 @@ def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, sh
             sys.stdout.flush()
 
 
-def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measurement) -> np.ndarray:
-    """One setting: its network (compiled builds loaded, weights, lanes), warm-up and timed passes,
-    each pass between CUDA events on the first stream and watched by the backend's observers. What
-    they measured goes into `record` once the passes are done; returns the logits to check."""
+def _peaks(backend: Backend, gpu, monitor) -> dict | None:
+    """The device's peak rates, or None where its attributes cannot tell them (no floors are held then)."""
+    try:
+        return backend.peaks(gpu, monitor)
+    except Exception as e:  # an attribute a driver lacks: the floors are unknown, not the job failed
+        print(f"peak rates unknown ({failure_message(e)}): times are not held to floors", file=sys.stderr)
+        return None
+
+
+def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measurement
+                         ) -> tuple[np.ndarray, IntegrityObserver]:
+    """One setting: its network (compiled builds loaded, weights, lanes), the device's state reset,
+    a checked pass over the seeds' batch, warm-up and timed passes, each pass between CUDA events on
+    the first stream, checked and watched by the backend's observers. What they measured goes into
+    `record` once the passes are done; returns the seed pass's logits (the run's accuracy) and what
+    the integrity checks found."""
     gpu, streams, buffers, chunks = session.gpu, session.streams, session.buffers, session.chunks
     run, network, backend = ctx.runs[record.grid.index], ctx.batch.network, session.backend
     conv_names = list(ctx.variants)  # the timed layers: a fused network's conv1 times the later convs too
@@ -264,15 +290,33 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measureme
     observers = backend.observers(gpu, session.monitor, run, backend.clock)
     flush = next((o.before_layer for o in observers if isinstance(o, L2FlushObserver)), None)
 
+    rounds = session.rounds
+
     def one_pass(marks: dict):
-        start, h2d_end, d2h_start, end = pipeline_pass(gpu, net, streams, chunks, buffers, marks, flush)
+        start, h2d_end, d2h_start, end = pipeline_pass(gpu, net, streams, chunks, rounds.buffers(), marks, flush)
         marks.update(h2d=[(start, h2d_end)], compute=[(h2d_end, d2h_start)], d2h=[(d2h_start, end)])
         return start, end
 
-    # timer (convsweep.axes): each pass's own events, or one replay of the pass captured once, timed whole.
+    # timer (convsweep.axes): each pass's own events, or one replay of each round's pass captured once, timed whole.
     events = run.timer == "events"
-    timer = pipeline_timer(gpu, streams[0], graph=not events)
-    sampled = sample(timer, one_pass, StoppingRule.of(run.repeats, run.stopping), observers, run.warmup,
+    timer = pipeline_timer(gpu, streams[0], graph=not events, key=lambda: rounds.current)
+
+    def timed_pass() -> Reading:  # one more pass, for the caching test: not a repeat to nsys
+        with nvtx_range("caching test"):
+            reading = timer.time(one_pass)
+        reading.ms  # waits for it
+        return reading
+
+    def pass_ms(reading: Reading) -> float:
+        """What a kernel's caching would shorten: its layers' events where a pass has them, else the pass."""
+        layers = sum(reading.marked_ms(name) for name in conv_names) if events and len(streams) == 1 else 0.0
+        return layers or reading.ms
+
+    guard = IntegrityObserver(gpu, net, streams, chunks, rounds, ctx.variants, run.checks, timed_pass, pass_ms)
+    guard.clean_device()
+    with nvtx_range("seed"):
+        guard.seed_pass(lambda: timer.warm(one_pass))
+    sampled = sample(timer, one_pass, StoppingRule.of(run.repeats, run.stopping), [guard, *observers], run.warmup,
                      backend.clock, nvtx_range)
     samples = []
     for n, reading in enumerate(sampled.readings):
@@ -292,7 +336,6 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measureme
     if energy is not None and energy.extra_s is not None:
         phases["energy"] = energy.extra_s
     compile_ms = sum(b.compile_ms for b in net.builds if not b.cache_hit) if net.builds else None  # cache misses
-    logits = np.array(buffers.logits_host, copy=True)
     # The record takes what the passes measured only once all of it is known: a failure before leaves it unmeasured.
     observed = sampled.observed
     record.profiler, record.samples, record.builds = "events", samples, [b.record() for b in net.builds]
@@ -301,7 +344,7 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measureme
     record.clocks, record.clocks_after = observed.get("clocks", record.clocks), observed.get("clocks_after")
     record.energy, record.throttle, record.note = observed.get("energy"), observed.get("throttle"), observed.get("note")
     record.phases_s = phases
-    return logits
+    return guard.seed_logits, guard
 
 
 def _describe(record: Measurement) -> str:

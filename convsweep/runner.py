@@ -249,6 +249,15 @@ class Backend:
     # (gpu, monitor, run spec, clock) -> what watches a setting's timed passes (timing.gpu_observers)
     observers: Callable[..., list[Observer]] = gpu_observers
     devices: Callable[[], int] = count_devices  # GPUs the driver sees; MachineError (no GPU or driver) where none
+    # (gpu, monitor) -> the device's peak rates as a result file keeps them (convsweep.peaks), or None
+    peaks: Callable[..., dict | None] = lambda gpu, monitor: device_peaks(gpu, monitor)
+
+
+def device_peaks(gpu: Gpu, monitor) -> dict:
+    """The peak rates a job's floors are held to, from the device's attributes and NVML."""
+    from .peaks import peaks_of
+
+    return peaks_of(gpu, monitor).to_json()
 
 
 def pass_chunks(batch: int, streams: int, chunk_images: int | None = None) -> list[tuple[int, int]]:

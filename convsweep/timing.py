@@ -125,15 +125,19 @@ class CudaEvents:
 class GraphReplay(CudaEvents):
     """The first pass it is given captured once as a CUDA graph (gpu.capture on `stream`, its fork
     and join over other streams included), every pass after it one replay between two events on
-    `stream`: one host call a pass. One timer per pass; a replay leaves no marks (events inside a
-    graph cannot be read)."""
+    `stream`: one host call a pass. A pass whose buffers change (another round of inputs) is told
+    apart by `key`: one graph is captured per key. A replay leaves no marks (events inside a graph
+    cannot be read)."""
 
-    graph: Any = field(default=None, init=False)
+    key: Callable[[], Any] = lambda: None
+    graphs: dict = field(default_factory=dict, init=False)
 
     def _replay(self, one_pass: Pass) -> Pass:
-        if self.graph is None:
-            self.graph = self.gpu.capture(self.stream, lambda: one_pass({}))
-        return lambda marks: self.graph.launch(self.stream)
+        key = self.key()
+        if key not in self.graphs:
+            self.graphs[key] = self.gpu.capture(self.stream, lambda: one_pass({}))
+        graph = self.graphs[key]
+        return lambda marks: graph.launch(self.stream)
 
     def warm(self, one_pass: Pass) -> None:
         super().warm(self._replay(one_pass))
@@ -142,11 +146,11 @@ class GraphReplay(CudaEvents):
         return super().time(self._replay(one_pass))
 
 
-def pipeline_timer(gpu, stream, graph: bool) -> CudaEvents:
+def pipeline_timer(gpu, stream, graph: bool, key: Callable[[], Any] = lambda: None) -> CudaEvents:
     """How a pipelined pass (runner.pipeline_pass, which returns its own first and last events) is
     timed, for jobs (`timer:`) and the bench's end-to-end row alike: between those events, or as one
-    replay of it captured once."""
-    return GraphReplay(gpu, stream) if graph else CudaEvents(gpu, stream, span_from_pass=True)
+    replay of it captured once per `key` (GraphReplay)."""
+    return GraphReplay(gpu, stream, key=key) if graph else CudaEvents(gpu, stream, span_from_pass=True)
 
 
 def _torch_ms(begin, end) -> float:

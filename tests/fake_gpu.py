@@ -131,6 +131,20 @@ class FakeGpu:
 
     captures = 0  # how many passes any fake GPU captured as a graph
 
+    # persisting L2: what a library left set (the context's set-aside, streams with a window)
+    persisting_l2_bytes, windows = 0, ()
+
+    def persisting_l2(self, streams):
+        return {"persisting_l2_bytes": self.persisting_l2_bytes, "windows": list(self.windows)}
+
+    def reset_persisting_l2(self, streams):
+        self.persisting_l2_bytes, self.windows = 0, ()
+
+    idle_ms = 0.001  # what the device still had to do once a pass had ended
+
+    def idle_wait_ms(self):
+        return self.idle_ms
+
     def capture(self, stream, enqueue):
         FakeGpu.captures += 1
         return FakeGraph(enqueue)
@@ -234,7 +248,8 @@ class FakeGpuNetwork:
                                                                    dtype=np.float32)
 
 
-FAKE = Backend(gpu=FakeGpu, conv_op=FakeConvOp, network=FakeGpuNetwork, compile_all=no_compile, devices=lambda: 1)
+FAKE = Backend(gpu=FakeGpu, conv_op=FakeConvOp, network=FakeGpuNetwork, compile_all=no_compile, devices=lambda: 1,
+               peaks=lambda gpu, monitor: None)
 
 
 class SteadyClock:
