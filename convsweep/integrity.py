@@ -13,7 +13,8 @@ work it names. Known ways to fake one, and what closes each here:
   shifted by a pixel, each with its float64 reference), and the caching test, after MLPerf's
   TEST04, runs each of a few rounds never seen twice in a row (N1 N1 N2 N2 N3 N3: a drifting
   clock cannot favour either kind, and a cache of even one entry hits): second passes faster
-  than first ones by more than the run's own noise (at least 5%) make the run `suspect`;
+  than first ones in every pair, by more than the run's own noise (at least 5%), make the run
+  `suspect`;
 - a persisting-L2 window left set by a kernel's library: the set-aside and every stream's window
   are read and reset before timing (the run says what it found) and read again after it;
 - work on a stream the timer does not wait for: after each pass the device is asked to finish,
@@ -29,6 +30,7 @@ every table says so beside a number measured that way.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -54,6 +56,10 @@ MAX_FRESH_ROUNDS = 32
 # for the caching test).
 REFERENCE_BUDGET_FLOPS = 2e11
 IDLE_MIN_MS, IDLE_SHARE = 0.02, 0.05  # work after a pass's end: past both of these, the run is suspect
+# Under a profiler (CUPTI injected, as nsys does) a synchronize after a pass costs some 40-70 us of its
+# own (seen on the lent H200 at batch 100): the probe then looks only for more than this, and nsys's
+# own view of every stream (judge_nsys) holds the pass to its events within NSYS_SLACK.
+IDLE_MIN_MS_PROFILED = 0.2
 NSYS_SLACK = 0.05  # nsys's kernels of a pass may outlast its events by this share before the run is suspect
 # Bytes that fill an output the kernel must overwrite: a large positive finite value in each dtype,
 # which a ReLU passes and a max-pool picks, so an unwritten element spoils the logits downstream.
@@ -249,7 +255,8 @@ class IntegrityObserver(Observer):
     def after_pass(self, i: int, reading: Reading) -> None:
         idle = self.gpu.idle_wait_ms()
         self.found.idle_wait_ms = max(self.found.idle_wait_ms or 0.0, idle)
-        if idle > max(IDLE_MIN_MS, IDLE_SHARE * reading.ms) and not any("still running" in r for r in self.found.reasons):
+        least = IDLE_MIN_MS_PROFILED if os.environ.get("CUDA_INJECTION64_PATH") else IDLE_MIN_MS
+        if idle > max(least, IDLE_SHARE * reading.ms) and not any("still running" in r for r in self.found.reasons):
             self.found.reasons.append(f"work was still running on the GPU {idle:.3f} ms after timed pass {i} had "
                                       "ended: a stream the timer does not wait for")
         self._checked(f"timed pass {i}", self.rounds.current, failing_pass=i)
@@ -271,9 +278,12 @@ class IntegrityObserver(Observer):
         fresh, repeated = median(times[False]), median(times[True])
         threshold = max(CACHING_MIN_EFFECT, self._noise())
         ratio = repeated / fresh if fresh else None
+        pairs = [b / a if a else None for a, b in zip(times[False], times[True])]
         self.found.caching = {"fresh_ms": fresh, "repeated_ms": repeated, "ratio": ratio, "threshold": threshold,
-                              "passes": [len(times[False]), len(times[True])]}
-        if ratio is not None and ratio < 1 - threshold:
+                              "passes": [len(times[False]), len(times[True])], "pair_ratios": pairs}
+        # Every pair must say so: a cache makes each second pass fast, where noise (a slow host launch
+        # behind a small kernel's events) makes one pair look like it now and then.
+        if ratio is not None and all(p is not None and p < 1 - threshold for p in pairs):
             self.found.reasons.append(
                 f"caching test: passes over inputs seen before took {ratio:.2f}x those over fresh inputs "
                 f"({repeated:.3f} against {fresh:.3f} ms, more than the {threshold:.0%} noise allows)")

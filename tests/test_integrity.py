@@ -348,3 +348,21 @@ def test_each_conv_layer_run_on_its_own_is_checked_on_a_sample_of_its_output():
     assert measured(Layered).status == "ok"
     m = measured(KeepsAWrongLayer)
     assert m.status == "incorrect" and m.error.startswith("timed pass 0: conv2's output: max relative error")
+
+
+@pytest.mark.parametrize("pairs, suspect", [([(1.0, 0.5), (1.0, 0.5), (1.0, 0.5)], True),  # a cache: every pair
+                                            ([(1.0, 0.85), (1.0, 1.02), (1.0, 0.99)], False),  # one slow launch
+                                            ([(1.0, 0.97), (1.0, 0.97), (1.0, 0.96)], False)])  # within 5%
+def test_the_caching_test_needs_every_pair_faster_on_its_second_pass(pairs, suspect):
+    class Rounds:
+        fresh, caching, current = 0, 3, 0
+
+    times = iter(t for pair in pairs for t in pair)
+    guard = integrity.IntegrityObserver.__new__(integrity.IntegrityObserver)
+    guard.rounds, guard.all_ms, guard.found = Rounds(), [1.0] * 5, Integrity(checks="full")
+    guard._state_after = guard._poison = lambda: None
+    guard._checked = lambda what, r: None
+    guard.timed_pass, guard.pass_ms = lambda: None, lambda reading: next(times)
+    guard.finish(0.0, lambda: None)
+    assert bool(guard.found.reasons) is suspect
+    assert guard.found.caching["pair_ratios"] == [b / a for a, b in pairs]
