@@ -60,15 +60,17 @@ class Batch:
         positions = n + (r - 1) * self.size + np.arange(self.size)
         return positions // n, shuffled(n)[positions % n]
 
-    def round_images(self, r: int) -> np.ndarray:
-        """Round r's images in the network's dtype (round 0: `images`)."""
+    def round_images(self, r: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Round r's images in the network's dtype (round 0: `images`), written into `out` where given
+        (a pinned host buffer: one gather per cycle, no copy in between)."""
         if r == 0:
-            return self.images
+            return self.images if out is None else np.copyto(out, self.images) or out
         cycles, idx = self._positions(r)
-        out = np.empty((self.size, *self.network.input_shape), dtype=self.network.dtype)
+        if out is None:
+            out = np.empty((self.size, *self.network.input_shape), dtype=self.network.dtype)
         for cycle in np.unique(cycles):
-            here = cycles == cycle
-            out[here] = roll(self.dataset.images[idx[here]], SHIFTS[int(cycle) - 1])
+            here = np.nonzero(cycles == cycle)[0]
+            out[here] = rolled(self.dataset.images, idx[here], SHIFTS[int(cycle) - 1])
         return out
 
     def round_reference(self, r: int) -> np.ndarray:
@@ -89,12 +91,16 @@ SHIFTS: tuple[tuple[int, int], ...] = tuple((dy, dx) for ring in (1, 2) for dy i
                                             for dx in range(-ring, ring + 1) if max(abs(dy), abs(dx)) == ring)
 
 
-def roll(images: np.ndarray, shift: tuple[int, int]) -> np.ndarray:
-    """Images [N, C, H, W] rolled by `shift` (rows, columns), or 1-d inputs [N, F] along their
-    features (by rows * 7 + columns, which tells every shift apart)."""
+def rolled(images: np.ndarray, idx: np.ndarray, shift: tuple[int, int]) -> np.ndarray:
+    """images[idx], each rolled by `shift` (rows, columns) as np.roll would, in one gather; 1-d
+    inputs [N, F] roll along their features (by rows * 7 + columns, which tells every shift apart)."""
     if images.ndim == 4:
-        return np.roll(images, shift, axis=(-2, -1))
-    return np.roll(images, shift[0] * 7 + shift[1], axis=-1)
+        h, w = images.shape[-2:]
+        rows, cols = (np.arange(h) - shift[0]) % h, (np.arange(w) - shift[1]) % w
+        return images[idx[:, None, None, None], np.arange(images.shape[1])[None, :, None, None],
+                      rows[None, None, :, None], cols[None, None, None, :]]
+    f = images.shape[-1]
+    return images[idx[:, None], ((np.arange(f) - (shift[0] * 7 + shift[1])) % f)[None, :]]
 
 
 def load_batch(network: Network, dataset_spec: str | dict, batch: int) -> Batch:

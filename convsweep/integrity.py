@@ -94,9 +94,8 @@ class Rounds:
         self.references = [batch.reference]
         self.indices = [batch.idx]
         for r in range(1, self.fresh + self.caching + 1):
-            host = gpu.host_array(buffers.x_host.shape, buffers.x_host.dtype, host_memory)
-            host[...] = batch.round_images(r)
-            self.inputs.append(host)
+            self.inputs.append(batch.round_images(r, gpu.host_array(buffers.x_host.shape, buffers.x_host.dtype,
+                                                                    host_memory)))
             self.references.append(batch.round_reference(r))
             self.indices.append(batch.round_index(r))
         self._layers: dict[tuple[int, int], dict[str, np.ndarray]] = {}

@@ -314,10 +314,12 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measureme
 
     guard = IntegrityObserver(gpu, net, streams, chunks, rounds, ctx.variants, run.checks, timed_pass, pass_ms)
     guard.clean_device()
-    with nvtx_range("seed"):
+    t = backend.clock()
+    with nvtx_range("seed"):  # the first warm-up pass, checked: the run's accuracy is this pass's
         guard.seed_pass(lambda: timer.warm(one_pass))
-    sampled = sample(timer, one_pass, StoppingRule.of(run.repeats, run.stopping), [guard, *observers], run.warmup,
-                     backend.clock, nvtx_range)
+    phases["seed"] = backend.clock() - t
+    sampled = sample(timer, one_pass, StoppingRule.of(run.repeats, run.stopping), [guard, *observers],
+                     max(0, run.warmup - 1), backend.clock, nvtx_range)
     samples = []
     for n, reading in enumerate(sampled.readings):
         samples.append(Sample("forward_ms", None, n, reading.ms))  # a cold pass's L2 flushes left out
