@@ -63,11 +63,12 @@ class Batch:
     def round_images(self, r: int, out: np.ndarray | None = None) -> np.ndarray:
         """Round r's images in the network's dtype (round 0: `images`), written into `out` where given
         (a pinned host buffer: one gather per cycle, no copy in between)."""
-        if r == 0:
-            return self.images if out is None else np.copyto(out, self.images) or out
-        cycles, idx = self._positions(r)
         if out is None:
             out = np.empty((self.size, *self.network.input_shape), dtype=self.network.dtype)
+        if r == 0:
+            out[...] = self.images
+            return out
+        cycles, idx = self._positions(r)
         for cycle in np.unique(cycles):
             here = np.nonzero(cycles == cycle)[0]
             out[here] = rolled(self.dataset.images, idx[here], SHIFTS[int(cycle) - 1])

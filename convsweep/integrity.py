@@ -102,6 +102,7 @@ class Rounds:
             self.references.append(batch.round_reference(r))
             self.indices.append(batch.round_index(r))
         self._layers: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        self._weights64: dict[str, np.ndarray] | None = None  # cast once for every sampled image
 
     def of_pass(self, i: int) -> int:
         """Timed pass i's round: fresh rounds in turn, round 0 where there are none."""
@@ -115,11 +116,12 @@ class Rounds:
         """Every layer's float64 output for one image of round r (computed once for all settings)."""
         key = (r, position)
         if key not in self._layers:
-            weights = {k: v.astype(np.float64) for k, v in self.batch.weights.items()}
+            if self._weights64 is None:
+                self._weights64 = {k: v.astype(np.float64) for k, v in self.batch.weights.items()}
             x = self.inputs[r][position : position + 1].astype(np.float64)
             outputs = {}
             for layer in self.batch.network.layers:
-                x = reference_layer(layer, weights, x)
+                x = reference_layer(layer, self._weights64, x)
                 outputs[layer.name] = x[0]
             self._layers[key] = outputs
         return self._layers[key]
