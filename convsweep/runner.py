@@ -120,20 +120,25 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1, variant
     owns = gpu is None
     gpu = gpu or Gpu()
     try:
-        stream = gpu.stream()
-        op = ConvOp(gpu, var, resolved, shape)
-        dx, dw, db = (gpu.to_device(a, stream) for a in (x, w, b))
-        op.bind_weights(dw, db, stream)
-        dy = gpu.alloc(shape.out_shape, dtype)
-        gpu.fill(dy, 0xFF, stream)
-        op.enqueue(stream, dy, dx, shape, op.workspace(shape))
-        y = np.empty(dy.shape, dtype)
-        gpu.download(dy, y, stream)
-        stream.sync()
-        return y
+        with gpu.scope():  # the call's stream and buffers go when it returns: a caller's Gpu does not fill up
+            return _conv2d_on(gpu, var, resolved, shape, x, w, b, dtype)
     finally:
         if owns:
             gpu.close()
+
+
+def _conv2d_on(gpu, var, resolved, shape, x, w, b, dtype) -> np.ndarray:
+    stream = gpu.stream()
+    op = ConvOp(gpu, var, resolved, shape)
+    dx, dw, db = (gpu.to_device(a, stream) for a in (x, w, b))
+    op.bind_weights(dw, db, stream)
+    dy = gpu.alloc(shape.out_shape, dtype)
+    gpu.fill(dy, 0xFF, stream)
+    op.enqueue(stream, dy, dx, shape, op.workspace(shape))
+    y = np.empty(dy.shape, dtype)
+    gpu.download(dy, y, stream)
+    stream.sync()
+    return y
 
 
 @dataclass

@@ -169,6 +169,22 @@ def test_work_still_running_after_a_pass_makes_the_run_suspect():
     assert m.status == "suspect" and "still running" in m.error and m.integrity.idle_wait_ms == 2.0
 
 
+class BusyOnce(FakeGpu):
+    """A GPU whose probe sees 2 ms of work once in a run: the host hiccuped while it timed a synchronize."""
+
+    calls = 0
+
+    def idle_wait_ms(self):
+        BusyOnce.calls += 1
+        return 2.0 if BusyOnce.calls == 4 else self.idle_ms
+
+
+def test_one_pass_that_seems_to_leave_work_running_is_the_probes_noise_and_not_suspect():
+    m = measured(FakeGpuNetwork, gpu_class=BusyOnce)
+    assert m.status == "ok", m.error
+    assert m.integrity.idle_wait_ms == 2.0  # the longest is still stored
+
+
 def test_a_persisting_l2_window_set_during_timing_makes_the_run_suspect():
     m = measured(SetsWindow)
     assert m.status == "suspect" and "persisting-L2" in m.error
@@ -300,6 +316,7 @@ def test_the_caching_test_runs_each_of_its_fresh_rounds_twice_in_a_row():
     guard = integrity.IntegrityObserver.__new__(integrity.IntegrityObserver)
     guard.rounds, guard.all_ms, guard.found = Rounds(), [1.0, 1.0, 1.0], Integrity(checks="full")
     guard._state_after = guard._poison = lambda: None
+    guard.busy_after = []
     guard._checked = lambda what, r: seen.append(r)
     guard.timed_pass, guard.pass_ms = lambda: None, lambda reading: 1.0
     guard.finish(0.0, lambda: None)
@@ -361,6 +378,7 @@ def test_the_caching_test_needs_every_pair_faster_on_its_second_pass(pairs, susp
     guard = integrity.IntegrityObserver.__new__(integrity.IntegrityObserver)
     guard.rounds, guard.all_ms, guard.found = Rounds(), [1.0] * 5, Integrity(checks="full")
     guard._state_after = guard._poison = lambda: None
+    guard.busy_after = []
     guard._checked = lambda what, r: None
     guard.timed_pass, guard.pass_ms = lambda: None, lambda reading: next(times)
     guard.finish(0.0, lambda: None)
