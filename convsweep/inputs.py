@@ -21,7 +21,7 @@ import numpy as np
 
 from .data import Dataset, batch_indices, load_dataset, random_dataset, shuffled
 from .fileio import canonical_hash, write_npy_atomic
-from .network import Network, load_weights, reference_forward
+from .network import Network, load_weights, reference_forward_parallel
 from .paths import cache_dir
 
 
@@ -135,8 +135,6 @@ def cached_forward(network: Network, weights: dict[str, np.ndarray], identity: l
         return np.load(path)
     except (OSError, ValueError):
         pass
-    x = images()
-    logits = reference_forward(network, {k: v.astype(np.float64) for k, v in weights.items()},
-                               x.astype(np.float64), dtype=np.float64)
+    logits = reference_forward_parallel(network, weights, images())
     write_npy_atomic(path, logits)
     return logits

@@ -8,7 +8,8 @@ import yaml
 
 from convsweep.data import load_dataset
 from convsweep.errors import ConfigError, DataError, ShapeError
-from convsweep.network import Network, load_network, load_weights, reference_forward, reference_layer, weight_shapes
+from convsweep.network import (Network, load_network, load_weights, reference_forward, reference_forward_parallel,
+                               reference_layer, weight_shapes)
 from convsweep.reference import conv2d_reference, maxpool2d_reference
 from convsweep.variants import ConvShape
 
@@ -178,6 +179,15 @@ def test_maxpool_floor_and_overlap():
     overlapping = maxpool2d_reference(-x, 3, 2)
     assert overlapping.shape == (2, 1, 3, 3)
     assert overlapping[0, 0, 1, 1] == -x[0, 0, 2, 2]
+
+
+@pytest.mark.parametrize("workers, n", [(3, 200), (2, 64), (4, 1)])
+def test_the_reference_split_over_threads_is_bit_for_bit_the_one_thread_reference(lenet, mnist, workers, n):
+    weights = random_weights(lenet)
+    x = mnist.images[:n]
+    one = reference_forward(lenet, weights, x)
+    split = reference_forward_parallel(lenet, weights, x, workers=workers, least=1)
+    assert split.dtype == np.float64 and np.array_equal(split, one)
 
 
 def test_reference_layer_checks_input_shape(lenet):
