@@ -106,6 +106,14 @@ AXES: tuple[Axis, ...] = (
          {"enum": ["pageable", "pinned", "registered"]},
          "the host memory the batch and the logits live in: pageable, pinned or registered",
          "host memory", config_default=["pageable"], id_part=lambda v: f"-{v}"),
+    Axis("input_format", "input", str, {"enum": ["fp32", "fp16", "u8", "u8-source"]},
+         {"enum": ["fp32", "fp16", "u8", "u8-source"]},
+         "what the batch crosses the bus as (convsweep/formats.py): fp32 (the network's input), fp16, u8 (bytes "
+         "on the 1/255 grid, lossy) or u8-source (the dataset's stored digits, upscaled on the GPU); the device "
+         "makes the network's input from it as the pass's first step, and the reference sees exactly what was "
+         "shipped",
+         "input", default="fp32", config_default=["fp32"], id_part=lambda v: "" if v == "fp32" else f"-{v}",
+         shown_at_default=False, describe=lambda v: "" if v == "fp32" else f"{v} input"),
     Axis("cache", "cache", str, {"enum": ["warm", "cold"]}, {"enum": ["warm", "cold"]},
          "L2 state the conv layers find: warm (whatever the previous pass left), or cold (a buffer of twice "
          "the L2 size is written over before each conv layer, outside its timing, as nvbench does); cold "

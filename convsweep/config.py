@@ -270,6 +270,7 @@ def load_config(path: str | os.PathLike) -> Config:
 def expand_config(config: Config | dict, source: str = "experiments.yaml") -> list[JobSpec]:
     """Every job of every experiment, in a stable order; errors name the file and key."""
     from . import network as network_mod
+    from .formats import FORMATS
     from .data import check_dataset
     from .variants import load_registry
 
@@ -294,6 +295,9 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
         sweep = {"experiment": name, "config_hash": canonical_hash(exp), "config_path": str(config.path)}
         if (refused := axes.refusal(exp)) is not None:
             raise ConfigError(f"{where}.{refused[0]}: {refused[1]}")
+        for input_format in exp["input"]:
+            if (why := FORMATS[input_format].refusal(net, exp["dataset"])) is not None:
+                raise ConfigError(f"{where}.input: {why}")
         for grid_name, values in exp.get("params", {}).items():
             if grid_name not in registry:
                 raise ConfigError(f"{where}.params.{grid_name}: unknown variant '{grid_name}'")

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from convsweep.fileio import write_npy_atomic
+from convsweep.layers import bilinear_matrix
 from convsweep.paths import cache_dir as default_cache_dir
 from convsweep.errors import ConfigError, DataError
 from convsweep.paths import DATA_DIR
@@ -48,6 +49,7 @@ class Dataset:
     labels: np.ndarray | None
     source: tuple[str, ...]
     sha256: str
+    raw: np.ndarray | None = None  # the stored uint8 images [N, h, w] the float ones were made from (IDX files)
 
 
 RANDOM = "random"
@@ -136,16 +138,7 @@ def upscale_bilinear(images: np.ndarray, size: int) -> np.ndarray:
 
 
 def _interpolation_matrix(n_in: int, n_out: int) -> np.ndarray:
-    # Half-pixel centres; sources left of the first centre clamp to it, as torch does.
-    src = (np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5
-    src = np.maximum(src, 0.0)
-    lo = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
-    hi = np.minimum(lo + 1, n_in - 1)
-    frac = src - lo
-    matrix = np.zeros((n_out, n_in), dtype=np.float64)
-    np.add.at(matrix, (np.arange(n_out), lo), 1.0 - frac)
-    np.add.at(matrix, (np.arange(n_out), hi), frac)
-    return matrix.astype(np.float32)
+    return bilinear_matrix(n_in, n_out).astype(np.float32)
 
 
 def _load_cached(path: Path, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -225,6 +218,7 @@ def load_dataset(
         labels=raw_labels.astype(np.int64),
         source=(str(files.images), str(files.labels)),
         sha256=sha256,
+        raw=raw_images,
     )
 
 

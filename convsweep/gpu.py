@@ -414,6 +414,13 @@ class CapturedGraph:
 
         _check(driver.cuGraphLaunch(self._executable, int(stream.handle)), "cuGraphLaunch")
 
+    def upload(self, stream) -> None:
+        """Put the graph's work on the device ahead of its first launch (which would otherwise do
+        it, slower than every launch after it), running none of it."""
+        from cuda.bindings import driver
+
+        _check(driver.cuGraphUpload(self._executable, int(stream.handle)), "cuGraphUpload")
+
     def close(self) -> None:
         from cuda.bindings import driver
 

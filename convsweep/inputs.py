@@ -6,7 +6,8 @@ cycled where the batch is larger than the dataset (batch 10000 of mnist5k holds 
 so accuracy stays comparable with the course's numbers. Rounds 1, 2, ... are inputs a kernel has not
 seen earlier in the run (convsweep.integrity times its passes on them): they carry on through the
 same shuffled order, each later cycle of the dataset shifted by a pixel or two (`SHIFTS`), so no two
-images of any rounds are equal and a digit stays the digit its label says. Each round's float64
+images of any rounds are equal and a digit stays the digit its label says (the stored 28x28 digits
+that u8-source ships keep their place: each cycle marks their blank corners with its number instead). Each round's float64
 reference is computed once, for its images only, and cached, like round 0's.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from .data import Dataset, batch_indices, load_dataset, random_dataset, shuffled
 from .fileio import canonical_hash, write_npy_atomic
+from .formats import FORMATS, FP32, InputFormat
 from .network import Network, load_weights, reference_forward_parallel
 from .paths import cache_dir
 
@@ -30,18 +32,25 @@ class Batch:
     """What a run computes on: `idx` picks the batch's images (and labels) from the dataset, which
     the network runs with `weights`; `reference` is the float64 truth for exactly those images."""
 
-    network: Network
+    network: Network  # with its first layer for the input's format (InputFormat.network)
     dataset: Dataset
     weights: dict[str, np.ndarray]
     idx: np.ndarray
+    input_format: InputFormat = FORMATS[FP32]
+
+    @cached_property
+    def shipped(self) -> np.ndarray:
+        """Every image of the dataset as the input's format carries it."""
+        return self.input_format.ship(self.dataset)
 
     @cached_property
     def images(self) -> np.ndarray:
-        return np.ascontiguousarray(self.dataset.images[self.idx], dtype=self.network.dtype)
+        return np.ascontiguousarray(self.shipped[self.idx], dtype=self.network.shipped_dtype)
 
     @cached_property
     def reference(self) -> np.ndarray:
-        return reference_logits(self.network, self.dataset, self.weights)[self.idx]
+        return cached_forward(self.network, self.weights, [self.dataset.sha256, *self.input_format.identity],
+                              lambda: self.shipped)[self.idx]
 
     @property
     def size(self) -> int:
@@ -64,21 +73,28 @@ class Batch:
         """Round r's images in the network's dtype (round 0: `images`), written into `out` where given
         (a pinned host buffer: one gather per cycle, no copy in between)."""
         if out is None:
-            out = np.empty((self.size, *self.network.input_shape), dtype=self.network.dtype)
+            out = np.empty((self.size, *self.network.input_shape), dtype=self.network.shipped_dtype)
         if r == 0:
             out[...] = self.images
             return out
         cycles, idx = self._positions(r)
         for cycle in np.unique(cycles):
             here = np.nonzero(cycles == cycle)[0]
-            out[here] = rolled(self.dataset.images, idx[here], SHIFTS[int(cycle) - 1])
+            if self.input_format.source:
+                # A pixel of the stored 28x28 digit is three of the network's: a shift would move it
+                # too far to stay its digit. Each later cycle marks the four blank corners instead.
+                out[here] = self.shipped[idx[here]]
+                out[here, ..., ::out.shape[-2] - 1, ::out.shape[-1] - 1] = int(cycle)
+            else:
+                out[here] = rolled(self.shipped, idx[here], SHIFTS[int(cycle) - 1])
         return out
 
     def round_reference(self, r: int) -> np.ndarray:
         """Round r's float64 reference logits (round 0: `reference`), computed once and cached."""
         if r == 0:
             return self.reference
-        return cached_forward(self.network, self.weights, [self.dataset.sha256, "round", r, self.size],
+        return cached_forward(self.network, self.weights,
+                              [self.dataset.sha256, "round", r, self.size, *self.input_format.identity],
                               lambda: self.round_images(r))
 
     def round_index(self, r: int) -> np.ndarray:
@@ -104,9 +120,11 @@ def rolled(images: np.ndarray, idx: np.ndarray, shift: tuple[int, int]) -> np.nd
     return images[idx[:, None], ((np.arange(f) - (shift[0] * 7 + shift[1])) % f)[None, :]]
 
 
-def load_batch(network: Network, dataset_spec: str | dict, batch: int) -> Batch:
+def load_batch(network: Network, dataset_spec: str | dict, batch: int, input_format: str = FP32) -> Batch:
     """`batch` images of a named or IDX-file dataset (cycled when it has fewer), or of `random`
-    (exactly the batch: those workloads are large per image), with the network's weights."""
+    (exactly the batch: those workloads are large per image), with the network's weights, as
+    `input_format` ships them (convsweep.formats): the batch's network then starts with the layer
+    that makes its input from them."""
     size = network.input_shape[-1]
     if dataset_spec == "random":
         dataset = random_dataset(network.input_shape, batch)
@@ -115,12 +133,9 @@ def load_batch(network: Network, dataset_spec: str | dict, batch: int) -> Batch:
                                image_size=size)
     else:
         dataset = load_dataset(dataset_spec, image_size=size)
-    return Batch(network, dataset, load_weights(network), batch_indices(len(dataset.images), batch))
-
-
-def reference_logits(network: Network, dataset: Dataset, weights: dict[str, np.ndarray]) -> np.ndarray:
-    """float64 logits of every image of the dataset, cached: the truth every run is checked against."""
-    return cached_forward(network, weights, [dataset.sha256], lambda: dataset.images)
+    fmt = FORMATS[input_format]
+    return Batch(fmt.network(network, dataset), dataset, load_weights(network), batch_indices(len(dataset.images), batch),
+                 fmt)
 
 
 def cached_forward(network: Network, weights: dict[str, np.ndarray], identity: list,

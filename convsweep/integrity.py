@@ -342,7 +342,10 @@ def judge_floors(m: Measurement, network) -> None:
     found.floor_ms = {}
     for layer, floor in floors.items():
         found.floor_ms[layer] = floor_ms(peaks, floor["flops"], floor["bytes"], dtype)
-    input_bytes = ((m.images or {}).get("batch") or 0) * math.prod(network.input_shape) * np.dtype(dtype).itemsize
+    images = m.images or {}
+    input_bytes = images.get("input_bytes")  # in the input's format; results before it: the network's dtype
+    if input_bytes is None:
+        input_bytes = (images.get("batch") or 0) * math.prod(network.input_shape) * np.dtype(dtype).itemsize
     found.floor_ms["forward"] = forward_floor_ms(peaks, sum(f["flops"] for f in floors.values()),
                                                  sum(f["bytes"] for f in floors.values()), input_bytes, dtype)
     times = {**(m.timings.op_time_ms or {}), "forward": m.timings.forward_ms}

@@ -36,6 +36,7 @@ class Layer:
     stride: int | None = None
     size: int | None = None
     out_features: int | None = None
+    divisor: float | None = None  # convert and upsample: y = x / divisor (255: bytes onto [0, 1])
 
     @property
     def kind(self) -> "LayerKind":
@@ -199,5 +200,91 @@ DENSE = LayerKind(
     kernels=("dense",), absorbs_relu=True)
 
 
+# -- convert and upsample: the input's first step where it crossed the bus in another format ---------
+# (convsweep.formats). y = x / divisor in the network's dtype; upsample also scales each plane up
+# bilinearly, as data.upscale_bilinear does on the host (half-pixel centres, edges clamped).
+_INPUT_KERNEL = {"uint8": "u8", "float16": "f16", "float32": "f32"}
+UPSAMPLE_ROWS = 64  # upsample_u8's rows of blocks: 29 x 64 blocks of 256 at 86x86, each thread ~10 planes of 625
+
+
+def _convert_infer(name, kind, in_shape, values, where) -> Layer:
+    return Layer(name, kind, in_shape, in_shape, divisor=float(values.get("divisor", 1.0)))
+
+
+def _input_kernel(runner, kind: str, x) -> Any:
+    key = f"{kind}_{_INPUT_KERNEL.get(x.dtype.name, x.dtype.name)}"
+    if key not in runner.layer_kernels:
+        raise ConfigError(f"{kind}: no kernel for {x.dtype.name} input (expected one of {', '.join(_INPUT_KERNEL)})")
+    return runner.layer_kernels[key]
+
+
+def _convert_enqueue(runner, stream, step, x, out, lane):
+    count = _size(x.shape)
+    per_thread = 4 if x.dtype == np.uint8 else 1  # convert_u8 converts four bytes a thread
+    threads = (count + per_thread - 1) // per_thread
+    runner.gpu.launch(stream, _input_kernel(runner, "convert", x), (threads + THREADS - 1) // THREADS, THREADS, 0,
+                      out.arg, x.arg, np.int64(count), np.float32(step.layer.divisor))
+    return out
+
+
+def _input_traffic(network, step, batch, e):  # the shipped element is network.shipped_dtype's
+    shipped = np.dtype(network.shipped_dtype).itemsize
+    return batch * (shipped * _size(step.layer.in_shape) + e * _size(step.layer.out_shape)), 0
+
+
+CONVERT = LayerKind(
+    required=frozenset(), optional=frozenset({"divisor"}), infer=_convert_infer, weights=lambda layer: {},
+    reference=lambda layer, weights, x: x / x.dtype.type(layer.divisor),
+    traffic=_input_traffic, enqueue=_convert_enqueue,
+    torch=lambda torch, layer, weights, h: h.float() / layer.divisor,
+    kernels=("convert_u8", "convert_f16", "convert_f32"))
+
+
+def _upsample_infer(name, kind, in_shape, values, where) -> Layer:
+    c, _, _ = _spatial(in_shape, where, kind)
+    size = values["size"]
+    return Layer(name, kind, in_shape, (c, size, size), size=size, divisor=float(values.get("divisor", 1.0)))
+
+
+def bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """float64 [n_out, n_in]: output i as a blend of its two nearest inputs (half-pixel centres,
+    sources before the first centre clamped to it, as torch's align_corners=False)."""
+    src = np.maximum((np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5, 0.0)
+    lo = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    hi = np.minimum(lo + 1, n_in - 1)
+    frac = src - lo
+    matrix = np.zeros((n_out, n_in), dtype=np.float64)
+    np.add.at(matrix, (np.arange(n_out), lo), 1.0 - frac)
+    np.add.at(matrix, (np.arange(n_out), hi), frac)
+    return matrix
+
+
+def _upsample_reference(layer, weights, x):
+    _, h, w = layer.in_shape
+    rows = bilinear_matrix(h, layer.size).astype(x.dtype)
+    cols = bilinear_matrix(w, layer.size).astype(x.dtype)
+    out = rows @ (x / x.dtype.type(layer.divisor)) @ cols.T
+    return np.clip(out, 0.0, 1.0, out=out)
+
+
+def _upsample_enqueue(runner, stream, step, x, out, lane):
+    """Blocks over the output positions, UPSAMPLE_ROWS rows of them striding over the planes; the
+    source-to-output ratios in double, as numpy's n_in / n_out."""
+    n, (c, h, w), size = x.shape[0], step.layer.in_shape, step.layer.size
+    grid = ((size * size + THREADS - 1) // THREADS, min(n * c, UPSAMPLE_ROWS))
+    runner.gpu.launch(stream, _input_kernel(runner, "upsample", x), grid, THREADS, 0,
+                      out.arg, x.arg, np.int32(n * c), np.int32(h), np.int32(w), np.int32(size), np.int32(size),
+                      np.float64(h / size), np.float64(w / size), np.float32(step.layer.divisor))
+    return out
+
+
+UPSAMPLE = LayerKind(
+    required=frozenset({"size"}), optional=frozenset({"divisor"}), infer=_upsample_infer, weights=lambda layer: {},
+    reference=_upsample_reference, traffic=_input_traffic, enqueue=_upsample_enqueue,
+    torch=lambda torch, layer, weights, h: torch.nn.functional.interpolate(
+        h.float() / layer.divisor, size=(layer.size, layer.size), mode="bilinear", align_corners=False).clamp(0, 1),
+    kernels=("upsample_u8",))
+
+
 LAYER_KINDS: dict[str, LayerKind] = {"conv2d": CONV2D, "relu": RELU, "maxpool2d": MAXPOOL2D, "flatten": FLATTEN,
-                                     "dense": DENSE}
+                                     "dense": DENSE, "convert": CONVERT, "upsample": UPSAMPLE}

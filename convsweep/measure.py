@@ -67,7 +67,8 @@ def _complete(record: Measurement, logits: np.ndarray, ctx: JobContext) -> None:
     record.accuracy, record.prediction_agreement = check.accuracy, check.prediction_agreement
     record.tolerance = max(v.tolerance for v in ctx.variants.values())
     record.images = {"batch": run.batch, "unique": len(batch.dataset.images),
-                     "cycled": run.batch > len(batch.dataset.images)}
+                     "cycled": run.batch > len(batch.dataset.images),
+                     "input_bytes": int(batch.images.nbytes)}  # what crosses the bus a pass, in the input's format
     record.floors = {name: {"bytes": s.min_bytes, "flops": s.flops} for name in ctx.variants
                      for s in [_floor_shape(batch.network, name, ctx.variants[name], run.batch)]}
     if ctx.keep_logits:
@@ -107,7 +108,7 @@ def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backen
 
     try:
         t = time.perf_counter()
-        ctx.batch = load_batch(ctx.network, ctx.spec.dataset, ctx.spec.batch)
+        ctx.batch = load_batch(ctx.network, ctx.spec.dataset, ctx.spec.batch, ctx.spec.input_format)
         _ = ctx.batch.images
         shared["load"] = time.perf_counter() - t
         t = time.perf_counter()

@@ -52,6 +52,12 @@ class Network:
     layers: tuple[Layer, ...]
     weights_path: Path | None
     random_weights: bool = False  # `weights: random`: no trained weights, so no meaningful accuracy
+    input_dtype: str | None = None  # what the input arrives as where not `dtype` (convsweep.formats)
+
+    @property
+    def shipped_dtype(self) -> str:
+        """The input's element type on the host and the bus."""
+        return self.input_dtype or self.dtype
 
     @property
     def conv_layers(self) -> tuple[Layer, ...]:

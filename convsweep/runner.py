@@ -286,10 +286,10 @@ def pipeline_buffers(gpu: Gpu, network, images: np.ndarray, host_memory: str, st
     """Host and device buffers of a pipeline pass: the images copied into host memory of the given
     kind, logits poisoned (NaN on the host, 0xFF bytes on the device) so an unwritten one shows."""
     dtype = np.dtype(network.dtype)
-    x_host = gpu.host_array(images.shape, dtype, host_memory)
+    x_host = gpu.host_array(images.shape, network.shipped_dtype, host_memory)  # as the input's format ships it
     x_host[...] = images
     logits_host = gpu.host_array((len(images), *network.layers[-1].out_shape), dtype, host_memory)
-    x_dev = gpu.alloc(x_host.shape, dtype)
+    x_dev = gpu.alloc(x_host.shape, x_host.dtype)
     buffers = PipelineBuffers(x_host, x_dev, logits_host, gpu.alloc(logits_host.shape, dtype))
     poison_logits(gpu, buffers, stream)
     return buffers

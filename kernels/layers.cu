@@ -1,6 +1,8 @@
 // The network's other layers on the GPU (not variants: they are the same for every sweep).
 // relu and maxpool are one thread per output; dense tiles images (below).
 // conv_t is float, or double for float64 networks (common.cuh).
+#include <cuda_fp16.h>
+
 #include "common.cuh"
 
 extern "C" __global__ void relu_inplace(conv_t *__restrict__ x, long long n) {
@@ -109,4 +111,74 @@ dense(conv_t *__restrict__ y, const conv_t *__restrict__ x, const conv_t *__rest
             const conv_t v = acc[a][c] + partial[(a * 4 + c) * DENSE_HALF + t] + bias[j];
             y[(long long)b * out_features + j] = relu && v < conv_t(0) ? conv_t(0) : v;  // NaN stays NaN
         }
+}
+
+// The input's first step where the batch crossed the bus in another format (convsweep/formats.py):
+// y = x / divisor in conv_t, one thread per element. A division, not a multiply by 1/255, so a
+// byte becomes the float nearest to byte/255, as the host's own conversion gives.
+#define CONVERT_KERNEL(name, in_t, load)                                                              \
+    extern "C" __global__ void name(conv_t *__restrict__ y, const in_t *__restrict__ x, long long n,  \
+                                    float divisor) {                                                  \
+        long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;                               \
+        if (i < n) y[i] = conv_t(load(x[i])) / conv_t(divisor);                                       \
+    }
+#define LOAD_AS_IS(v) (v)
+CONVERT_KERNEL(convert_f16, __half, __half2float)
+CONVERT_KERNEL(convert_f32, float, LOAD_AS_IS)
+
+// Bytes: the 256 quotients in shared memory, four bytes a thread (one 32-bit load where aligned).
+extern "C" __global__ void convert_u8(conv_t *__restrict__ y, const unsigned char *__restrict__ x, long long n,
+                                      float divisor) {
+    __shared__ conv_t quotient[256];
+    for (int v = threadIdx.x; v < 256; v += blockDim.x) quotient[v] = conv_t(v) / conv_t(divisor);
+    __syncthreads();
+    const long long i = 4 * (blockIdx.x * (long long)blockDim.x + threadIdx.x);
+    if (i + 3 < n && ((size_t)(x + i) & 3) == 0) {
+        const uchar4 b = *reinterpret_cast<const uchar4 *>(x + i);
+        y[i] = quotient[b.x], y[i + 1] = quotient[b.y], y[i + 2] = quotient[b.z], y[i + 3] = quotient[b.w];
+    } else {
+        for (long long j = i; j < i + 4 && j < n; ++j) y[j] = quotient[x[j]];
+    }
+}
+
+// Bilinear upscale of bytes [BC][h][w] to conv_t [BC][H][W] in [0, 1], as data.upscale_bilinear on
+// the host: half-pixel centres, sources before the first centre clamped to it, the weights worked
+// out in double as numpy does (src = (i + 0.5) * (n_in / n_out) - 0.5, the ratio from the host, no
+// fused multiply-add), each byte's quotient byte / divisor as the host's, then blended in conv_t:
+// within float rounding of the host's float32 images, within double rounding of the float64
+// reference. A thread owns one output position and works out its taps once for the planes it walks
+// (blockIdx.y, striding by gridDim.y); the 256 quotients sit in shared memory. Why: one thread per
+// output with the taps and four divisions each took 67 us a 625-image chunk on the H200 (nsys),
+// more than the fused network after it.
+__device__ __forceinline__ void bilinear_source(int i, int n_in, double ratio, int &lo, int &hi, conv_t &w_lo,
+                                                conv_t &w_hi) {
+    double src = __dsub_rn(__dmul_rn(i + 0.5, ratio), 0.5);
+    src = src > 0.0 ? src : 0.0;
+    lo = min((int)src, n_in - 1);  // src >= 0: truncation is floor
+    hi = min(lo + 1, n_in - 1);
+    const double frac = src - lo;
+    w_lo = (conv_t)(1.0 - frac);
+    w_hi = (conv_t)frac;
+}
+
+extern "C" __global__ void upsample_u8(conv_t *__restrict__ y, const unsigned char *__restrict__ x, int BC, int h,
+                                       int w, int H, int W, double ratio_h, double ratio_w, float divisor) {
+    __shared__ conv_t quotient[256];
+    for (int v = threadIdx.x; v < 256; v += blockDim.x) quotient[v] = conv_t(v) / conv_t(divisor);
+    __syncthreads();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= H * W) return;
+    const int col = i % W, row = i / W;
+    int r0, r1, c0, c1;
+    conv_t wr0, wr1, wc0, wc1;
+    bilinear_source(row, h, ratio_h, r0, r1, wr0, wr1);
+    bilinear_source(col, w, ratio_w, c0, c1, wc0, wc1);
+    const int o00 = r0 * w + c0, o01 = r0 * w + c1, o10 = r1 * w + c0, o11 = r1 * w + c1;
+    for (long long plane = blockIdx.y; plane < BC; plane += gridDim.y) {
+        const unsigned char *p = x + plane * h * w;
+        const conv_t top = quotient[p[o00]] * wc0 + quotient[p[o01]] * wc1;  // the columns first, as the host
+        const conv_t bottom = quotient[p[o10]] * wc0 + quotient[p[o11]] * wc1;
+        const conv_t v = wr0 * top + wr1 * bottom;
+        y[plane * H * W + i] = v < conv_t(0) ? conv_t(0) : (v > conv_t(1) ? conv_t(1) : v);
+    }
 }

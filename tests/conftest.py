@@ -6,6 +6,7 @@ import pytest
 pytest_plugins = ["store_fixtures"]
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own tmp_path plugin has set up its factory
 def pytest_configure(config):
     # The shipped registry only: a developer's own kernel directories (convsweep.variants) are not
     # what the tests are about; a test that wants extra variants (the red team) sets the variable.

@@ -153,12 +153,17 @@ class FakeGpu:
 class FakeGraph:
     """A captured pass: as with a real capture, capturing runs nothing and each launch runs it all."""
 
-    def __init__(self, enqueue):
-        self.enqueue, self.launches = enqueue, 0
+    def __init__(self, enqueue, log=None):
+        self.enqueue, self.launches, self.log = enqueue, 0, log
 
     def launch(self, stream):
         self.launches += 1
         self.enqueue()
+
+    def upload(self, stream):  # runs nothing, as cuGraphUpload
+        self.uploads = getattr(self, "uploads", 0) + 1
+        if self.log is not None:
+            self.log.append(("upload",))
 
 
 class ScriptedEvent:
@@ -189,7 +194,7 @@ class ScriptedGpu(FakeGpu):
 
     def capture(self, stream, enqueue):
         self.log.append(("capture",))
-        self.graphs.append(FakeGraph(enqueue))
+        self.graphs.append(FakeGraph(enqueue, self.log))
         return self.graphs[-1]
 
     def l2_flusher(self):

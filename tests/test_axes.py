@@ -114,7 +114,8 @@ def test_stored_job_files_keep_their_ids(path):
 
 def test_the_expansion_is_the_product_of_the_axes(tmp_path):
     values = {"batches": [100, 1000], "streams": [1, 2], "chunk_images": ["auto", 50],
-              "host_memory": ["pageable", "pinned"], "cache": ["warm", "cold"], "timer": ["events", "graph"]}
+              "host_memory": ["pageable", "pinned"], "input": ["fp32", "u8-source"], "cache": ["warm", "cold"],
+              "timer": ["events", "graph"]}
     path = tmp_path / "experiments.yaml"
     path.write_text(yaml.safe_dump({"experiments": {"e": {"variants": ["naive"], "repeats": 1, **values}}}))
     jobs = expand_config(load_config(path))
@@ -126,7 +127,7 @@ def test_the_expansion_is_the_product_of_the_axes(tmp_path):
     product = {cell for cell in itertools.product(*([axis.from_config(v) for v in values[axis.key]] for axis in AXES))
                if runs(dict(zip(NAMES, cell)))}
     assert {tuple(getattr(job, name) for name in NAMES) for job in jobs} == product
-    assert len(jobs) == len(product) == 24 + 8
+    assert len(jobs) == len(product) == 2 * (24 + 8)
 
 
 def test_an_axis_value_the_experiment_rules_out_is_one_line(tmp_path):
@@ -174,7 +175,8 @@ def test_compare_and_report_tell_cells_apart_by_the_axes():
     assert report.CELL_COLUMNS == tuple((axis.name, axis.heading) for axis in AXES)
     assert report.SEEDS_CSV_COLUMNS[2:2 + len(AXES)] == [axis.heading for axis in AXES]
     assert axes.columns("r") in report.RUNS_SQL and axes.order_by("r") in report.RUNS_SQL
-    run = {"batch": 100, "streams": 1, "chunk_images": None, "host_memory": "pinned", "cache": "cold", "timer": "events"}
+    run = {"batch": 100, "streams": 1, "chunk_images": None, "host_memory": "pinned", "input_format": "u8",
+           "cache": "cold", "timer": "events"}
     assert report.cell(run) == tuple(run[name] for name in NAMES)
 
 

@@ -260,7 +260,7 @@ def test_plain_snakemake_uses_the_default_profile(tmp_path):
     assert proc.returncode == 0, out[-3000:]
     assert "Using workflow specific profile profiles/default" in out
     blocks = [block.split("\n\n", 1)[0] for block in out.split("rule run_job:")[1:]]
-    assert len(blocks) == 26, out[-3000:]  # every job of the default sweep: nothing of it was run here
+    assert len(blocks) == 38, out[-3000:]  # every job of the default sweep: nothing of it was run here
     run_job = next(block for block in blocks if "job=reference-" not in block)  # a GPU job (the CPU ones ask gpu=0)
     assert "gpu=1" in run_job and "gpu_jobs=1" in run_job and "threads:" not in run_job
     assert "threads: 4" in next(block for block in blocks if "job=reference-" in block)
