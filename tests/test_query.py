@@ -73,8 +73,10 @@ def tuned_url(db_url):
 
 def test_summary_is_the_seeds_table_of_ok_runs(loaded_url):
     rows = rows_of(loaded_url, "summary")
-    assert list(rows[0]) == ["experiment", "variant", "batch", "streams", "cache", "op time 1 (ms)", "op time 1 ±%", "op time 2 (ms)",
-                             "op time 2 ±%", "forward (ms)", "forward ±%", "total (s)", "accuracy", "verdict"]
+    assert list(rows[0]) == ["experiment", "variant", "batch", "streams", "input", "cache", "op time 1 (ms)", "op time 1 ±%",
+                             "op time 2 (ms)", "op time 2 ±%", "forward (ms)", "forward ±%", "forward × floor", "total (s)",
+                             "accuracy", "verdict"]
+    assert {r["input"] for r in rows} == {"fp32"} and {r["forward × floor"] for r in rows} == {None}  # no floors stored
     assert [(r["variant"], r["batch"]) for r in rows] == [
         ("naive", 100), ("naive", 1000), ("tiled", 100), ("tiled", 1000)]
     assert rows[1]["op time 1 (ms)"] == pytest.approx(0.74)
@@ -92,8 +94,8 @@ def test_summary_table_pastes_into_markdown(loaded_url):
     assert set(lines[1]) <= set("|-: ")
     assert len(lines) == 2 + 4
     naive_1000 = [cell.strip() for cell in lines[3].strip("|").split("|")]
-    assert naive_1000[1:] == ["naive", "1000", "1", "warm", "0.7400", "0.1", "1.760", "0.1", "6.500", "2.3", "6.200", "0.9820",
-                              ""]
+    assert naive_1000[1:] == ["naive", "1000", "1", "fp32", "warm", "0.7400", "0.1", "1.760", "0.1", "6.500", "2.3", "",
+                              "6.200", "0.9820", ""]
 
 
 def test_best_never_counts_incorrect_or_failed_runs(loaded_url):
@@ -248,7 +250,7 @@ def test_kernels_query(loaded_url):
 def test_throughput_is_gflops_and_floor_bandwidth_per_ok_layer(loaded_url):
     rows = rows_of(loaded_url, "throughput")
     assert list(rows[0]) == ["experiment", "variant", "tunables (per layer)", "batch", "streams", "host_memory",
-                             "layer", "op time (ms)", "GFLOP/s", "GB/s", "checks", "run_id"]
+                             "layer", "op time (ms)", "GFLOP/s", "GB/s", "× floor", "checks", "run_id"]
     # Per layer and batch, fastest first; the incorrect fp16 and the failed run never show
     assert [(r["layer"], r["batch"], r["variant"]) for r in rows] == [
         (layer, batch, variant) for layer in ("conv1", "conv2") for batch in (100, 1000) for variant in ("tiled", "naive")]

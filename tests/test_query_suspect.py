@@ -50,6 +50,15 @@ def test_summary_shows_the_suspect_run_with_its_reason_and_marks_fast_checks(jud
     assert "| suspect: conv1 took 0.05 ms" in table and "| fast checks " in table
 
 
+def test_summary_and_throughput_give_each_time_over_its_physical_floor(judged_url):
+    # naive BLOCK=64 (ok): forward 28.7 ms on a floor of 0.497778 ms, conv1 7.3 ms on 0.103753 ms
+    summary = by_time(rows_of(judged_url, "summary"), "op time 1 (ms)")
+    assert summary[7.3]["forward × floor"] == f"{28.7 / 0.497778:.2f}"
+    throughput = {(r["variant"], r["layer"], r["op time (ms)"]): r for r in rows_of(judged_url, "throughput")}
+    assert throughput[("naive", "conv1", 7.3)]["× floor"] == f"{7.3 / 0.103753:.2f}"
+    assert throughput[("naive", "conv2", 17.4)]["× floor"] == f"{17.4 / 0.223156:.2f}"
+
+
 def test_best_never_picks_the_suspect_run_and_says_the_winner_had_fast_checks(judged_url):
     best = rows_of(judged_url, "best")
     assert [(r["layer"], r["standing"], r["variant"], r["checks"]) for r in best] == [

@@ -6,10 +6,14 @@
 -- test); "suspect: " and the first of its reasons for a run whose times the integrity checks doubt (faster than
 -- the physical floor, faster on inputs it had seen, work outside the timer): shown, never counted as fastest.
 -- `convsweep query failures` has every reason in full.
+-- input: what the batch crossed the bus as (the `input` axis). forward × floor: the forward pass's time over
+-- its physical floor at the GPU's peak rates (the device work's, or the input's bytes over the host link,
+-- whichever is longer): 1.2 means within 20% of what the hardware allows; empty where no floor is stored.
 SELECT experiment,
        variant,
        batch,
        streams,
+       input_format AS input,
        cache,
        op_time_1_ms AS "op time 1 (ms)",
        CAST(ROUND(CAST(100 * op_time_1_spread AS NUMERIC), 1) AS VARCHAR) AS "op time 1 ±%",
@@ -17,6 +21,7 @@ SELECT experiment,
        CAST(ROUND(CAST(100 * op_time_2_spread AS NUMERIC), 1) AS VARCHAR) AS "op time 2 ±%",
        forward_ms AS "forward (ms)",
        CAST(ROUND(CAST(100 * forward_spread AS NUMERIC), 1) AS VARCHAR) AS "forward ±%",
+       CAST(ROUND(CAST(forward_ms / NULLIF(forward_floor_ms, 0) AS NUMERIC), 2) AS VARCHAR) AS "forward × floor",
        total_s AS "total (s)",
        accuracy,
        CASE WHEN status = 'suspect'
@@ -28,4 +33,4 @@ SELECT experiment,
        END AS verdict
 FROM run_summary
 WHERE status IN ('ok', 'suspect')
-ORDER BY experiment, variant, batch, streams, host_memory, cache DESC, run_id
+ORDER BY experiment, variant, batch, streams, host_memory, input_format, cache DESC, run_id

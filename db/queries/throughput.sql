@@ -1,6 +1,9 @@
 -- What GFLOP/s and GB/s does each conv layer reach (ok runs; GB/s counts only the bytes the layer must move at least)?
 -- A suspect run (a time below the physical floor, say) is left out: its rates would be impossible ones.
 -- checks: "fast" where the run was measured with `checks: fast` (no fresh inputs, no caching test).
+-- × floor: the op time over the layer's physical floor at the GPU's peak rates (convsweep/peaks.py: its FLOPs
+-- at the fastest rate for the network's dtype, the least bytes that cannot stay in L2 at the DRAM rate);
+-- empty where no floor is stored.
 SELECT r.experiment,
        lt.variant,
        r.params AS "tunables (per layer)",
@@ -11,6 +14,7 @@ SELECT r.experiment,
        lt.op_time_ms AS "op time (ms)",
        CASE WHEN lt.op_time_ms > 0 THEN lt.flops / (lt.op_time_ms * 1e6) END AS "GFLOP/s",
        CASE WHEN lt.op_time_ms > 0 THEN lt.bytes / (lt.op_time_ms * 1e6) END AS "GB/s",
+       CAST(ROUND(CAST(lt.op_time_ms / NULLIF(lt.floor_ms, 0) AS NUMERIC), 2) AS VARCHAR) AS "× floor",
        CASE WHEN r.checks = 'fast' THEN 'fast' ELSE '' END AS checks,
        r.id AS run_id
 FROM layer_time lt

@@ -2,7 +2,7 @@
 fp32, fp16, u8 or u8-source. Every run stored before shipped fp32.
 
 latest_run is recreated (PostgreSQL expands its r.* when it is made), and run_summary over it, which now
-carries input_format. Their SQL is written out here so that this file keeps its meaning whatever later
+carries input_format and forward_floor_ms (the summary's "forward x floor"). Their SQL is written out here so that this file keeps its meaning whatever later
 files say.
 
 Revision ID: 0013
@@ -36,7 +36,7 @@ SELECT r.experiment, r.variant, r.batch, r.streams, r.host_memory, r.status,
        r.op_time_1_ms, r.op_time_2_ms, r.forward_ms, r.total_s, r.accuracy, r.max_rel_err,
        r.profiler, r.prediction_agreement, r.job_id, r.started_at, r.id AS run_id,
        r.op_time_1_spread, r.op_time_2_spread, r.forward_spread, r.cache, r.note, r.error, r.checks,
-       r.input_format
+       r.input_format, r.forward_floor_ms
 FROM latest_run r
 """
 
