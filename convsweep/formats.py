@@ -48,7 +48,7 @@ class InputFormat:
             return dataset.raw[:, None]
         if self.dtype == "uint8":
             return np.rint(dataset.images * np.float32(255.0)).astype(np.uint8)
-        return dataset.images.astype(self.dtype)
+        return dataset.images.astype(self.dtype, copy=False)  # fp32: the dataset's own array, no copy
 
     def network(self, network: Network, dataset: Dataset) -> Network:
         """`network` taking this format's input: the same network after a first layer (`input`) that

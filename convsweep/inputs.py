@@ -7,8 +7,9 @@ so accuracy stays comparable with the course's numbers. Rounds 1, 2, ... are inp
 seen earlier in the run (convsweep.integrity times its passes on them): they carry on through the
 same shuffled order, each later cycle of the dataset shifted by a pixel or two (`SHIFTS`), so no two
 images of any rounds are equal and a digit stays the digit its label says (the stored 28x28 digits
-that u8-source ships keep their place: each cycle marks their blank corners with its number instead). Each round's float64
-reference is computed once, for its images only, and cached, like round 0's.
+that u8-source ships keep their place: each cycle marks their blank corners with its number
+instead). Every round is in the input's format (convsweep.formats); its float64 reference is
+computed once, for its images only, and cached, like round 0's.
 """
 from __future__ import annotations
 
@@ -70,8 +71,8 @@ class Batch:
         return positions // n, shuffled(n)[positions % n]
 
     def round_images(self, r: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Round r's images in the network's dtype (round 0: `images`), written into `out` where given
-        (a pinned host buffer: one gather per cycle, no copy in between)."""
+        """Round r's images as the input's format ships them (round 0: `images`), written into `out`
+        where given (a pinned host buffer: one gather per cycle, no copy in between)."""
         if out is None:
             out = np.empty((self.size, *self.network.input_shape), dtype=self.network.shipped_dtype)
         if r == 0:
@@ -98,7 +99,7 @@ class Batch:
                               lambda: self.round_images(r))
 
     def round_index(self, r: int) -> np.ndarray:
-        """Round r's images as indices into the dataset (their labels), shift aside."""
+        """Round r's images as indices into the dataset (their labels), shift or mark aside."""
         return self.idx if r == 0 else self._positions(r)[1]
 
 

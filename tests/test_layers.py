@@ -25,6 +25,14 @@ TINY_LAYERS = [
 ]
 
 
+# The input's first layers (convsweep.formats): bytes onto [0, 1], then a bilinear upscale of each
+# non-square plane to 13 x 13: input [2, 7, 5] -> convert -> upsample (2, 13, 13).
+TINY_INPUT_LAYERS = [
+    {"name": "bytes", "type": "convert", "divisor": 255},
+    {"name": "up", "type": "upsample", "size": 13},
+]
+
+
 def write_network(tmp_path, layers, name="tiny", input_shape=(2, 17, 11), dtype="float64"):
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"name": name, "input": list(input_shape), "dtype": dtype, "weights": "random",
@@ -91,8 +99,31 @@ def naive_dense(x, w, b):
     return y
 
 
+def naive_upsample(x, size):
+    """Each output's two nearest sources along each axis, half-pixel centres, clamped at the edges."""
+    batch, c, h, width = x.shape
+
+    def taps(i, n_in):
+        src = max((i + 0.5) * n_in / size - 0.5, 0.0)
+        lo = min(int(np.floor(src)), n_in - 1)
+        return lo, min(lo + 1, n_in - 1), src - lo
+
+    y = np.zeros((batch, c, size, size))
+    for i in range(size):
+        r0, r1, fr = taps(i, h)
+        for j in range(size):
+            c0, c1, fc = taps(j, width)
+            y[:, :, i, j] = ((1 - fr) * ((1 - fc) * x[:, :, r0, c0] + fc * x[:, :, r0, c1])
+                             + fr * ((1 - fc) * x[:, :, r1, c0] + fc * x[:, :, r1, c1]))
+    return np.clip(y, 0.0, 1.0)
+
+
 def naive(layer, weights, x):
     name = layer.name
+    if layer.type == "convert":
+        return x / layer.divisor
+    if layer.type == "upsample":
+        return naive_upsample(x / layer.divisor, layer.size)
     if layer.type == "conv2d":
         return naive_conv(x, weights[f"{name}.weight"], weights[f"{name}.bias"], layer.stride)
     if layer.type == "maxpool2d":
@@ -110,8 +141,25 @@ def random_weights_for(network, rng):
     return {key: rng.standard_normal(shape) for key, shape in weight_shapes(network).items()}
 
 
-def test_the_tiny_network_has_every_kind(tiny):
-    assert {layer.type for layer in tiny.layers} == set(LAYER_KINDS)
+def test_the_tiny_networks_have_every_kind(tiny, tiny_input):
+    assert {layer.type for layer in (*tiny.layers, *tiny_input.layers)} == set(LAYER_KINDS)
+
+
+@pytest.fixture
+def tiny_input(tmp_path):
+    return write_network(tmp_path, TINY_INPUT_LAYERS, name="tiny_input", input_shape=(2, 7, 5))
+
+
+@pytest.mark.parametrize("name", [layer["name"] for layer in TINY_INPUT_LAYERS])
+def test_the_input_layers_reference_matches_float64_loops(tiny_input, name):
+    layer = tiny_input.layer(name)
+    x = np.random.default_rng().integers(0, 256, (3,) + layer.in_shape).astype(np.float64)
+    if name == "up":
+        x /= 255.0  # what the convert before it hands on: values in [0, 1]
+    y = reference_layer(layer, {}, x)
+    expected = naive(layer, {}, x)
+    assert y.shape == (3,) + layer.out_shape == expected.shape
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("name", [layer["name"] for layer in TINY_LAYERS])
@@ -205,11 +253,11 @@ def test_fusing_a_conv_drops_the_swallowed_layers_traffic(tmp_path):
 
 # -- network files and steps ----------------------------------------------------------------------
 def test_an_unknown_layer_type_is_one_line_listing_the_known_types(tmp_path):
-    layers = [dict(TINY_LAYERS[0]), {"name": "up", "type": "upsample"}]
+    layers = [dict(TINY_LAYERS[0]), {"name": "up", "type": "softmax"}]
     with pytest.raises(ConfigError) as info:
         write_network(tmp_path, layers)
     message = str(info.value)
-    assert "\n" not in message and "layers[1].type" in message and "'upsample'" in message
+    assert "\n" not in message and "layers[1].type" in message and "'softmax'" in message
     assert str(tmp_path / "tiny.yaml") in message
     for kind in LAYER_KINDS:
         assert kind in message

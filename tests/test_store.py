@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -73,7 +74,8 @@ RUN_SUMMARY_0002_COLUMNS = RUN_SUMMARY_0001_COLUMNS[:-1] + ["prediction_agreemen
 RUN_SUMMARY_0003_COLUMNS = RUN_SUMMARY_0002_COLUMNS[:-1] + ["job_id", "started_at", "run_id"]
 RUN_SUMMARY_0006_COLUMNS = RUN_SUMMARY_0003_COLUMNS + ["op_time_1_spread", "op_time_2_spread", "forward_spread"]
 RUN_SUMMARY_0011_COLUMNS = RUN_SUMMARY_0006_COLUMNS + ["cache", "note"]
-RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0011_COLUMNS + ["error", "checks"]
+RUN_SUMMARY_0012_COLUMNS = RUN_SUMMARY_0011_COLUMNS + ["error", "checks"]
+RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0012_COLUMNS + ["input_format", "forward_floor_ms"]
 LATEST_RUN_0004_OWN_COLUMNS = ["measurement_rank", "op_time_1_ms", "op_time_2_ms"]
 
 
@@ -1325,5 +1327,37 @@ def test_migrating_a_0011_database_adds_the_integrity_columns_and_back(db_url):
             assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_0011_COLUMNS
             assert_latest_run_shows_every_run_column(connection)
         assert row_counts(engine)["run"] == before["run"] + 3
+    finally:
+        engine.dispose()
+
+
+def test_migrating_a_0012_database_adds_the_input_format_and_back(db_url):
+    """Runs stored before the axis shipped fp32 and say so; a run in another format stores it; the summary
+    view carries it and the forward's floor; a downgrade drops them and keeps every run."""
+    results = standard_results()
+    before = stored_the_old_way(db_url, "0012", results)
+    engine = open_store(db_url)
+    try:
+        with engine.connect() as connection:
+            assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+            assert_latest_run_shows_every_run_column(connection)
+            assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+            assert {row[0] for row in connection.exec_driver_sql("SELECT DISTINCT input_format FROM run")} == {"fp32"}
+        assert row_counts(engine) == before
+        u8 = copy.deepcopy(results[0])  # the same cell shipped as bytes: another run key and measurement
+        u8["spec"]["input_format"] = "u8"
+        u8["run_key"], u8["measurement_id"] = u8["run_key"][::-1], u8["measurement_id"][::-1]
+        assert ingest_result(engine, u8, None).added == 1
+        with engine.connect() as connection:
+            formats = connection.exec_driver_sql("SELECT input_format, COUNT(*) FROM run_summary GROUP BY input_format "
+                                                 "ORDER BY input_format").all()
+            assert [name for name, _ in formats] == ["fp32", "u8"]
+        migrate(engine, "0012", downgrade=True)
+        with engine.connect() as connection:
+            schema = inspect(connection)
+            assert "input_format" not in {c["name"] for c in schema.get_columns("run")}
+            assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_0012_COLUMNS
+            assert_latest_run_shows_every_run_column(connection)
+        assert row_counts(engine)["run"] == before["run"] + 1
     finally:
         engine.dispose()
