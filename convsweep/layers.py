@@ -202,7 +202,8 @@ DENSE = LayerKind(
 
 # -- convert and upsample: the input's first step where it crossed the bus in another format ---------
 # (convsweep.formats). y = x / divisor in the network's dtype; upsample also scales each plane up
-# bilinearly, as data.upscale_bilinear does on the host (half-pixel centres, edges clamped).
+# bilinearly, as data.upscale_bilinear does on the host (half-pixel centres, edges clamped), and
+# clamps the result to [0, 1], the range of a pixel: they make a network's input, not a hidden layer's.
 _INPUT_KERNEL = {"uint8": "u8", "float16": "f16", "float32": "f32"}
 UPSAMPLE_ROWS = 64  # upsample_u8's rows of blocks: 29 x 64 blocks of 256 at 86x86, each thread ~10 planes of 625
 

@@ -100,7 +100,7 @@ def test_the_report_has_the_seeds_table_speedups_and_no_evidence_without_profile
     assert "the CPU" in text.split("\n\n")[1]  # its runs measured no GPU
 
     assert text.index("![op-time](../figures/op-time.png)") < text.index("![speedup](../figures/speedup.png)")
-    assert "Not drawn, for want of data: roofline, streams, phases, tuning" in parts["Figures"]
+    assert "Not drawn, for want of data: roofline, streams, formats, phases, tuning" in parts["Figures"]
 
     page = (tmp_path / "out" / "page.html").read_text()
     tables = sum(line.startswith("|-") for line in text.splitlines())
@@ -204,7 +204,7 @@ def test_drawing_skips_kinds_without_data_and_none_is_no_error(tmp_path):
     assert done.paths == [] and "no ok run" in done.skipped[0][1] and list(figures.iterdir()) == []
     drawn = report.draw(url, EXPERIMENT, figures)
     assert {p.stem for p in drawn.paths} >= {"op-time", "speedup", "roofline", "phases", "tuning"}
-    assert {kind for kind, _ in drawn.skipped} == {"streams"}
+    assert {kind for kind, _ in drawn.skipped} == {"streams", "formats"}
 
 
 def test_summary_md_tells_a_grids_settings_apart_fastest_first(tmp_path):

@@ -1,5 +1,5 @@
 """`convsweep plot`: figures from the result store (op time, speedup over naive, roofline, streams,
-job phases, tuning landscape), each with a caption saying what was measured where.
+input formats, job phases, tuning landscape), each with a caption saying what was measured where.
 
 FIGURES is the registry: every kind in the order it is drawn and reported, the rows it reads and
 the module that draws them. Adding a figure is one module in this package and one line there. The
@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import ConvsweepError
 from ..reading import Ceilings, MissingData, load_ceilings
-from . import op_time, phases, roofline, speedup, streams, tuning
+from . import formats, op_time, phases, roofline, speedup, streams, tuning
 from .drawing import matplotlib_classes, save
 from .rows import experiments, layer_rows
 
@@ -40,6 +40,7 @@ FIGURES: dict[str, FigureKind] = {
     "speedup": FigureKind(layer_rows, speedup.draw),
     "roofline": FigureKind(layer_rows, roofline.draw),
     "streams": FigureKind(streams.stream_rows, streams.draw),
+    "formats": FigureKind(formats.format_rows, formats.draw),
     "phases": FigureKind(phases.phase_rows, phases.draw),
     "tuning": FigureKind(layer_rows, tuning.draw),
 }
