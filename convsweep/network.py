@@ -343,7 +343,7 @@ def reference_forward_parallel(network: Network, weights: dict[str, np.ndarray],
     from threadpoolctl import threadpool_limits
 
     x = np.asarray(x)
-    workers = min(workers or len(os.sched_getaffinity(0)), -(-len(x) // FORWARD_CHUNK))
+    workers = min(workers or _usable_cpus(), -(-len(x) // FORWARD_CHUNK))
     if workers < 2 or len(x) < least:
         return reference_forward(network, weights, x, dtype=np.float64)
     per = -(-len(x) // workers)
@@ -358,3 +358,11 @@ def reference_forward_parallel(network: Network, weights: dict[str, np.ndarray],
             return logits
 
         return np.concatenate(list(pool.map(part, starts)))
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS tells it, as Linux does; else all)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1

@@ -190,6 +190,13 @@ def test_the_reference_split_over_threads_is_bit_for_bit_the_one_thread_referenc
     assert split.dtype == np.float64 and np.array_equal(split, one)
 
 
+def test_the_split_reference_runs_where_the_os_tells_no_cpu_affinity(lenet, mnist, monkeypatch):
+    monkeypatch.delattr("os.sched_getaffinity", raising=False)  # macOS and Windows have none
+    weights = random_weights(lenet)
+    x = mnist.images[:130]
+    assert np.array_equal(reference_forward_parallel(lenet, weights, x, least=1), reference_forward(lenet, weights, x))
+
+
 def test_reference_layer_checks_input_shape(lenet):
     with pytest.raises(ShapeError, match=r"layer conv2: expected input \[B, 4, 40, 40\]"):
         reference_layer(lenet.layer("conv2"), random_weights(lenet), np.zeros((1, 4, 41, 40)))
