@@ -6,13 +6,14 @@ formats is in tests/test_formats.py, which also says why UPSCALE_ULPS is the bou
 import numpy as np
 import pytest
 
-from convsweep.config import JobSpec, RunSpec
+from convsweep.config import RunSpec
 from convsweep.formats import FORMATS
 from convsweep.network import load_network
 from convsweep.paths import ROOT
 from convsweep.variants import load_registry
 
 from test_formats import UPSCALE_ULPS
+from test_gpu import run_job
 
 pytestmark = pytest.mark.gpu
 
@@ -20,7 +21,6 @@ LENET = load_network(ROOT / "networks/lenet86.yaml")
 REGISTRY = load_registry()
 FP16_VARIANTS = [name for name, var in REGISTRY.items() if var.precision == "fp16" and not var.is_cpu]
 PIXEL_BYTES = {"fp32": 4 * 86 * 86, "fp16": 2 * 86 * 86, "u8": 86 * 86, "u8-source": 28 * 28}  # per image
-SWEEP = {"experiment": "gpu-test", "config_hash": "h", "config_path": "x"}
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +37,6 @@ def spec(**over) -> RunSpec:
                 batch=512, streams=1, host_memory="pinned", repeats=3, warmup=1, profiler="events")
     base.update(over)
     return RunSpec(**base)
-
-
-def run_job(run: RunSpec, out):
-    """`run` as a lone job; its one measurement (a convsweep.record.Measurement)."""
-    from convsweep.job import run_job as run_one_job
-
-    result = run_one_job(JobSpec.for_run(run, SWEEP), out)
-    assert len(result.measurements) == 1
-    return result.measurements[0]
 
 
 def made_on_the_gpu(gpu, name: str, batch: int = 300):
