@@ -306,11 +306,17 @@ def cmd_bench(args) -> None:
 
     config = load_bench_config(args.config)
     options = BenchOptions(batch=args.batch, repeats=args.repeats,
-                           harness_profilers=("events", "nsys") if args.harness else ())
+                           harness_profilers=("events", "nsys") if args.harness else (), ceilings_only=args.ceilings_only)
+    from .store import ingest_ceiling, open_store
+
+    engine = open_store(args.db) if args.db else None  # first: a store that cannot be used fails before the GPU work
     result = run_bench(config, options, log=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
     if args.json:
         write_json_atomic(Path(args.json), result)
     print(format_report(result))
+    if engine is not None:
+        ingest_ceiling(engine, result, args.json)
+        print(f"stored the rates of {result['device']}: the floors of its runs are reckoned at them")
 
 
 def cmd_plot(args) -> None:
@@ -435,6 +441,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write every number (samples included) to FILE")
     p.add_argument("--harness", action="store_true",
                    help="also run a LeNet job twice with events and twice under nsys (if found) and judge the cached runs' total_s")
+    p.add_argument("--ceilings-only", action="store_true",
+                   help="measure only the device's rates (copies each way, matmul per unit): what the floors of "
+                        "its runs are reckoned at (seconds, not minutes)")
+    p.add_argument("--db", help="store the measured rates in this result store and reckon the floors of its runs on "
+                                "this GPU at them (`convsweep ingest` of a --json file does the same)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("compare", help="B against A, job by job: ratio of medians, its interval, SAME/FASTER/SLOWER/UNSURE, or SUSPECT",

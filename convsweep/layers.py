@@ -62,6 +62,13 @@ class LayerKind:
     owns_output: bool = True  # needs an output buffer per lane (relu works in place, flatten is a view)
     fuse_name: str | None = None  # what a conv variant's `fuses` calls this layer when it computes it
     absorbs_relu: bool = False  # its GPU kernel applies a relu that follows it in the epilogue
+    # A network's first layer that a conv variant may compute itself (registry absorbs_input): the
+    # arguments that variant's kernel takes for it, after all its others (None: no variant may).
+    absorbed_args: Callable[[Layer], tuple] | None = None
+
+    @property
+    def absorbable(self) -> bool:
+        return self.absorbed_args is not None
 
 
 def _spatial(in_shape: tuple[int, ...], where: str, kind: str) -> tuple[int, int, int]:
@@ -85,13 +92,15 @@ def _conv_infer(name, kind, in_shape, values, where) -> Layer:
 
 
 def _conv_traffic(network, step, batch, itemsize):
-    shape = network.conv_shape(step.layer, batch, step.fused)
+    shape = network.step_shape(step, batch)
     return shape.min_bytes, shape.flops
 
 
 def _conv_enqueue(runner, stream, step, x, out, lane):
-    name = step.layer.name
-    runner.convs[name].enqueue(stream, out, x, runner.shape(step, x.shape[0]), lane.workspaces[name])
+    """The conv's variant on x: the shipped batch itself where the step absorbed the network's first layer."""
+    name, absorbed = step.layer.name, step.absorbed
+    runner.convs[name].enqueue(stream, out, x, runner.shape(step, x.shape[0]), lane.workspaces[name],
+                               absorbed.kind.absorbed_args(absorbed) if absorbed else ())
     return out
 
 
@@ -238,7 +247,7 @@ CONVERT = LayerKind(
     reference=lambda layer, weights, x: x / x.dtype.type(layer.divisor),
     traffic=_input_traffic, enqueue=_convert_enqueue,
     torch=lambda torch, layer, weights, h: h.float() / layer.divisor,
-    kernels=("convert_u8", "convert_f16", "convert_f32"))
+    kernels=("convert_u8", "convert_f16", "convert_f32"), absorbed_args=lambda layer: (np.float32(layer.divisor),))
 
 
 def _upsample_infer(name, kind, in_shape, values, where) -> Layer:
@@ -268,14 +277,20 @@ def _upsample_reference(layer, weights, x):
     return np.clip(out, 0.0, 1.0, out=out)
 
 
+def _upsample_args(layer: Layer) -> tuple:
+    """upsample_u8's last arguments, which a conv kernel absorbing the layer takes too: the
+    source-to-output ratios in double, as numpy's n_in / n_out, and the divisor."""
+    _, h, w = layer.in_shape
+    return np.float64(h / layer.size), np.float64(w / layer.size), np.float32(layer.divisor)
+
+
 def _upsample_enqueue(runner, stream, step, x, out, lane):
-    """Blocks over the output positions, UPSAMPLE_ROWS rows of them striding over the planes; the
-    source-to-output ratios in double, as numpy's n_in / n_out."""
+    """Blocks over the output positions, UPSAMPLE_ROWS rows of them striding over the planes."""
     n, (c, h, w), size = x.shape[0], step.layer.in_shape, step.layer.size
     grid = ((size * size + THREADS - 1) // THREADS, min(n * c, UPSAMPLE_ROWS))
     runner.gpu.launch(stream, _input_kernel(runner, "upsample", x), grid, THREADS, 0,
                       out.arg, x.arg, np.int32(n * c), np.int32(h), np.int32(w), np.int32(size), np.int32(size),
-                      np.float64(h / size), np.float64(w / size), np.float32(step.layer.divisor))
+                      *_upsample_args(step.layer))
     return out
 
 
@@ -284,7 +299,7 @@ UPSAMPLE = LayerKind(
     reference=_upsample_reference, traffic=_input_traffic, enqueue=_upsample_enqueue,
     torch=lambda torch, layer, weights, h: torch.nn.functional.interpolate(
         h.float() / layer.divisor, size=(layer.size, layer.size), mode="bilinear", align_corners=False).clamp(0, 1),
-    kernels=("upsample_u8",))
+    kernels=("upsample_u8",), absorbed_args=_upsample_args)
 
 
 LAYER_KINDS: dict[str, LayerKind] = {"conv2d": CONV2D, "relu": RELU, "maxpool2d": MAXPOOL2D, "flatten": FLATTEN,

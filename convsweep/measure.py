@@ -54,9 +54,10 @@ def _timings_from_samples(samples: list[Sample], conv_names: list[str], compile_
 
 def _floor_shape(network, name: str, variant: Variant, batch: int):
     """The problem a timed layer's floor is reckoned on: the conv alone, or for a fused network the
-    whole run of layers its kernel computes (whose intermediate maps need not leave the chip)."""
-    layer = network.layer(name)
-    return network.variant_shape(layer, variant.fuses, batch) if variant.fuses_tail else network.conv_shape(layer, batch)
+    whole run of layers its kernel computes (whose intermediate maps need not leave the chip), read
+    from what was shipped where it absorbs the network's first layer."""
+    fused = network.fused_layers(name, variant.fuses) if variant.fuses_tail else ()
+    return network.conv_shape(network.layer(name), batch, fused, network.absorbed_input(name, variant.absorbs_input))
 
 
 def _complete(record: Measurement, logits: np.ndarray, ctx: JobContext) -> None:
@@ -68,8 +69,10 @@ def _complete(record: Measurement, logits: np.ndarray, ctx: JobContext) -> None:
     record.tolerance = max(v.tolerance for v in ctx.variants.values())
     record.images = {"batch": run.batch, "unique": len(batch.dataset.images),
                      "cycled": run.batch > len(batch.dataset.images),
-                     "input_bytes": int(batch.images.nbytes)}  # what crosses the bus a pass, in the input's format
-    record.floors = {name: {"bytes": s.min_bytes, "flops": s.flops} for name in ctx.variants
+                     "input_bytes": int(batch.images.nbytes),  # what crosses the bus a pass, in the input's format
+                     "logits_bytes": int(logits.nbytes),
+                     "tail_images": min(hi - lo for lo, hi in pass_chunks(run.batch, run.streams, run.chunk_images))}
+    record.floors = {name: {"bytes": s.min_bytes, "flops": s.flops, "unit": ctx.variants[name].unit} for name in ctx.variants
                      for s in [_floor_shape(batch.network, name, ctx.variants[name], run.batch)]}
     if ctx.keep_logits:
         record.logits = logits
@@ -172,7 +175,8 @@ def build_requests(network, variants: dict[str, Variant], run: RunSpec) -> list[
     for name, variant in variants.items():
         params = variant.resolve_params(run.params.get(name), f"params.{name}")
         requests.append(BuildRequest.of(variant.source, variant.name,
-                                        variant.defines(params, network.variant_shape(network.layer(name), variant.fuses))))
+                                        variant.defines(params, network.variant_shape(network.layer(name), variant.fuses,
+                                                                                      absorbs=variant.absorbs_input))))
     return list(dict.fromkeys(requests))
 
 

@@ -30,10 +30,13 @@ MAX_LAYERS = 256
 
 @dataclass(frozen=True)
 class Step:
-    """One launch of a network pass: `layer`, and the layers after it that its kernel also computes."""
+    """One launch of a network pass: `layer`, and the layers after it that its kernel also computes;
+    `absorbed`: the network's first layer where a conv's kernel computes it too (its x is then the
+    shipped batch, and that layer has no step of its own)."""
 
     layer: Layer
     fused: tuple[Layer, ...] = ()
+    absorbed: Layer | None = None
 
     @property
     def last(self) -> Layer:
@@ -77,9 +80,19 @@ class Network:
                              f"but the variant fuses {', '.join(fuses)} after it")
         return tuple(after)
 
-    def conv_shape(self, layer: Layer, batch: int, fused: tuple[Layer, ...] = ()) -> ConvShape:
+    def absorbed_input(self, conv_name: str, absorbs: tuple[str, ...]) -> Layer | None:
+        """The network's first layer where conv `conv_name` comes right after it and a kernel absorbing
+        `absorbs` (registry absorbs_input) computes it too; else None, and that layer runs on its own."""
+        if len(self.layers) < 2 or not self.layers[1].is_conv or self.layers[1].name != conv_name:
+            return None
+        first = self.layers[0]
+        return first if first.kind.absorbable and first.type in absorbs else None
+
+    def conv_shape(self, layer: Layer, batch: int, fused: tuple[Layer, ...] = (),
+                   absorbed: Layer | None = None) -> ConvShape:
         """The kernel's problem for a conv layer and the layers fused into it: its own relu and
-        max-pool (which sets P, PS), then any later layers a fused network computes (the tail)."""
+        max-pool (which sets P, PS), then any later layers a fused network computes (the tail); where
+        it absorbs the network's first layer, that layer's input is what it reads (SRC_H, SRC_W, SRC_E)."""
         c, h, w = layer.in_shape
         own = 0
         while own < len(fused) and fused[own].kind.fuse_name in ("relu", "maxpool"):
@@ -87,20 +100,34 @@ class Network:
             if fused[own - 1].kind.fuse_name == "maxpool":
                 break
         pool = next((f for f in fused[:own] if f.kind.fuse_name == "maxpool"), None)
+        source = (0, 0, 0)
+        if absorbed is not None:
+            _, src_h, src_w = absorbed.in_shape
+            source = (src_h, src_w, np.dtype(self.shipped_dtype).itemsize)
         return ConvShape(B=batch, C=c, M=layer.out_channels, H=h, W=w, K=layer.kernel, S=layer.stride,
                          P=pool.size if pool else 0, PS=pool.stride if pool else 0, dtype=self.dtype,
-                         tail=tuple(fused[own:]))
+                         tail=tuple(fused[own:]), SRC_H=source[0], SRC_W=source[1], SRC_E=source[2])
 
-    def variant_shape(self, layer: Layer, fuses: tuple[str, ...], batch: int = 1) -> ConvShape:
-        """The problem a variant fusing `fuses` solves at conv `layer` (one image by default: the
-        shape a build fixes); ShapeError when the layers after it are not what it fuses."""
-        return self.conv_shape(layer, batch, self.fused_layers(layer.name, fuses))
+    def variant_shape(self, layer: Layer, fuses: tuple[str, ...], batch: int = 1,
+                      absorbs: tuple[str, ...] = ()) -> ConvShape:
+        """The problem a variant fusing `fuses` and absorbing `absorbs` solves at conv `layer` (one
+        image by default: the shape a build fixes); ShapeError when the layers after it are not what it fuses."""
+        fused = self.fused_layers(layer.name, fuses)
+        return self.conv_shape(layer, batch, fused, self.absorbed_input(layer.name, absorbs))
 
-    def steps(self, fuses: dict[str, tuple[str, ...]]) -> list[Step]:
+    def step_shape(self, step: Step, batch: int) -> ConvShape:
+        """The problem of a conv step's kernel for `batch` images."""
+        return self.conv_shape(step.layer, batch, step.fused, step.absorbed)
+
+    def steps(self, fuses: dict[str, tuple[str, ...]], absorbs: dict[str, tuple[str, ...]] | None = None) -> list[Step]:
         """The launched steps in order when conv layer `name` runs a variant fusing `fuses[name]`
-        (relu, maxpool, or on to the network's end): such a step swallows those layers, and a dense
-        step the relu right after it. A conv layer a step swallowed needs no entry in `fuses`."""
-        steps, skip = [], 0
+        (relu, maxpool, or on to the network's end) and absorbing `absorbs[name]` (registry
+        absorbs_input): such a step swallows those layers (and the network's first layer, where it
+        absorbs it), and a dense step the relu right after it. A conv layer a step swallowed needs no
+        entry in `fuses`."""
+        found = (self.absorbed_input(name, tuple(kinds)) for name, kinds in (absorbs or {}).items())
+        absorbed = next((layer for layer in found if layer is not None), None)
+        steps, skip = [], 1 if absorbed else 0
         for layer in self.layers:
             if skip:
                 skip -= 1
@@ -109,7 +136,7 @@ class Network:
                 fused = self.fused_layers(layer.name, tuple(fuses.get(layer.name, ())))
             else:
                 fused = self.relu_after(layer.name) if layer.kind.absorbs_relu else ()
-            steps.append(Step(layer, fused))
+            steps.append(Step(layer, fused, absorbed if absorbed and not steps else None))
             skip = len(fused)
         return steps
 

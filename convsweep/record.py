@@ -281,6 +281,8 @@ class Measurement(Part):
             "status": self.status, "error": self.error, "accuracy": self.accuracy,
             "prediction_agreement": self.prediction_agreement, "max_rel_err": self.max_rel_err,
             "tolerance": self.tolerance, "images_unique": images.get("unique"), "cycled": images.get("cycled"),
+            "shipped_bytes": images.get("input_bytes"), "logits_bytes": images.get("logits_bytes"),
+            "tail_images": images.get("tail_images"),
             "h2d_ms": timings.h2d_ms, "d2h_ms": timings.d2h_ms, "compute_ms": timings.compute_ms,
             "forward_ms": timings.forward_ms, "forward_spread": self.spreads().get(("forward_ms", None)),
             "forward_min_ms": min((s.value for s in self.samples or [] if s.metric == "forward_ms" and s.layer is None),
@@ -308,7 +310,7 @@ class Measurement(Part):
                 "checked_passes": found.checked_passes if found else None,
                 "failed_pass": found.failed_pass if found else None,
                 "fresh_passes": found.fresh_passes if found else None,
-                "caching_ratio": caching.get("ratio"), "forward_floor_ms": floors.get("forward")}
+                "caching_ratio": caching.get("ratio"), "peak_floor_ms": floors.get("forward")}
 
     def sweep_columns(self) -> dict[str, Any]:
         """The `sweep` row's columns, but created_at."""
@@ -347,7 +349,7 @@ class Measurement(Part):
         return [{"layer_index": index, "layer": layer, "variant": variants.get(layer), "params": params.get(layer),
                  "op_time_ms": op_time_ms.get(layer), "op_time_spread": spreads.get(("op_time_ms", layer)),
                  "flops": (floors.get(layer) or {}).get("flops"), "bytes": (floors.get(layer) or {}).get("bytes"),
-                 "floor_ms": floor_ms.get(layer)}
+                 "peak_floor_ms": floor_ms.get(layer)}
                 for index, layer in enumerate(conv_layers(variants, floors, op_time_ms))]
 
     def phase_rows(self) -> list[dict[str, Any]]:

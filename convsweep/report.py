@@ -19,6 +19,7 @@ from .config import tunables_text
 from .document import Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
 from .errors import ConvsweepError
 from .fileio import json_column, write_atomic
+from .floors import times_floor
 from .figures import FIGURES, KINDS, Plotted, plot
 from .reading import (BASELINE_VARIANT, PROVENANCE_COLUMNS, MissingData, fastest as fastest_rows, provenance,
                       whole_network)
@@ -31,7 +32,7 @@ NO_VALUE = "—"
 RUNS_SQL = f"""
 SELECT r.id AS run_id, r.variant, r.params, {axes.columns("r")},
        r.status, r.error, r.checks, r.op_time_1_ms, r.op_time_1_spread, r.op_time_2_ms, r.op_time_2_spread,
-       r.forward_ms, r.forward_spread, r.total_s, r.accuracy, r.profiler,
+       r.forward_ms, r.forward_spread, r.forward_floor_ms, r.total_s, r.accuracy, r.profiler,
        conv.op_time_ms, conv.timed_layers, conv.conv_layers, {PROVENANCE_COLUMNS}
 FROM latest_run r
 JOIN environment e ON e.id = r.environment_id
@@ -49,6 +50,9 @@ READING_GUIDE = [
     "the seeds' \"Total Execution Time\".",
     "**accuracy**: top-1 against the labels: the seeds' \"Correctness\".",
     "**±%**: how noisy the median beside it is: its samples' median absolute deviation in % of the median.",
+    "**× floor**: the forward over its floor at this GPU's measured rates (`convsweep bench --ceilings-only --db`): "
+    "the input in its format up over the bus, the compute, the logits down, pipelined over the chunks; 1.2 is "
+    "within 20% of what this machine allows.",
     "**speedup**: the other variant's op time (the conv layers' op times added up) over this one's, at the same "
     "batch, streams, host memory and L2 state, the fastest setting of each. **previous**: the variant before it "
     "here, where variants run from the slowest to the fastest (by their speedup over the baseline at the largest "
@@ -193,18 +197,20 @@ def _variant_section(experiment: Experiment, variant: str, previous: str | None,
 
 def _seeds_table(runs: list[dict[str, Any]], shown: list[tuple[str, str]], grid: bool) -> Table:
     marked = any(fast_checks(run) for run in runs)  # the checks column only where a run was measured so
+    floored = any(run.get("forward_floor_ms") for run in runs)  # × floor where the GPU's rates were measured
     headers = [heading for _, heading in shown] + (["tunables"] if grid else []) + [
-        "op time 1 (ms)", "±%", "op time 2 (ms)", "±%", "forward (ms)", "±%", "total (s)", "accuracy"] + (
-        ["checks"] if marked else [])
+        "op time 1 (ms)", "±%", "op time 2 (ms)", "±%", "forward (ms)", "±%"] + (["× floor"] if floored else []) + [
+        "total (s)", "accuracy"] + (["checks"] if marked else [])
     rows = []
     for run in sorted(runs, key=lambda r: (_cell_order(cell(r)), r["op_time_ms"] or 0)):
         rows.append([_text(run[column]) for column, _ in shown] + ([tunables(run["params"])] if grid else []) + [
             _number(run["op_time_1_ms"]), _percent(run["op_time_1_spread"]),
             _number(run["op_time_2_ms"]), _percent(run["op_time_2_spread"]),
-            _number(run["forward_ms"]), _percent(run["forward_spread"]),
-            _number(run["total_s"]), _fixed(run["accuracy"], 4)] + ([_checks(run)] if marked else []))
-    numeric = [axes.BY_NAME[column].numeric for column, _ in shown] + ([False] if grid else []) + [True] * 8 + (
-        [False] if marked else [])
+            _number(run["forward_ms"]), _percent(run["forward_spread"])]
+            + ([_fixed(times_floor(run["forward_ms"], run.get("forward_floor_ms")), 2)] if floored else [])
+            + [_number(run["total_s"]), _fixed(run["accuracy"], 4)] + ([_checks(run)] if marked else []))
+    numeric = [axes.BY_NAME[column].numeric for column, _ in shown] + ([False] if grid else []) + [True] * (
+        9 if floored else 8) + ([False] if marked else [])
     return Table(headers, rows, numeric)
 
 

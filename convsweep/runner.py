@@ -75,9 +75,11 @@ class ConvOp:
         nbytes = self._plan(shape)[1]
         return self.gpu.alloc((nbytes,), np.uint8) if nbytes else None
 
-    def enqueue(self, stream, y: DeviceArray, x: DeviceArray, shape: ConvShape, workspace: DeviceArray | None = None):
+    def enqueue(self, stream, y: DeviceArray, x: DeviceArray, shape: ConvShape, workspace: DeviceArray | None = None,
+                absorbed_args: tuple = ()):
         """Launch the variant's kernels on the bound weights: CONV_ARGS, then the workspace and pool
-        arguments it declares."""
+        arguments it declares, the tail's weights, and those of a first layer it absorbs (`absorbed_args`:
+        x is then the shipped batch)."""
         args = [y.arg, x.arg, self.k.arg, self.bias.arg, *(np.int32(v) for v in (shape.B, shape.C, shape.M, shape.H, shape.W,
                                                                        shape.K, shape.S))]
         launches, need = self._plan(shape)
@@ -88,6 +90,7 @@ class ConvOp:
         if self.variant.fuses_pool:
             args += [np.int32(shape.P), np.int32(shape.PS)]
         args += [w.arg for w in self.tail]
+        args += absorbed_args
         for launch in launches:
             self.gpu.launch(stream, self.kernels[launch.kernel], launch.grid, launch.block, launch.shared_bytes, *args)
 
@@ -175,7 +178,8 @@ class GpuNetwork:
                                            plan.arch or gpu.arch)
         layers_module = gpu.module(self.layers_build)
         self.layer_kernels = {n: gpu.kernel(layers_module, n) for kind in LAYER_KINDS.values() for n in kind.kernels}
-        self.steps = network.steps({name: var.fuses for name, var in variants.items()})
+        self.steps = network.steps({name: var.fuses for name, var in variants.items()},
+                                   {name: var.absorbs_input for name, var in variants.items()})
         self.convs: dict[str, ConvOp] = {}
         self.builds: list[CompiledModule] = [self.layers_build]
         for step in self.steps:
@@ -198,7 +202,7 @@ class GpuNetwork:
         stream.sync()
 
     def shape(self, step: Step, batch: int) -> ConvShape:
-        return self.network.conv_shape(step.layer, batch, step.fused)
+        return self.network.step_shape(step, batch)
 
     def _lane(self, capacity: int) -> Lane:
         lane = Lane(capacity)

@@ -42,6 +42,9 @@ class ConvShape:
     the element type of every tensor; both change what the kernel computes and is built as.
     `tail` holds the later layers a kernel that runs on to the network's end computes too (a fused
     network): their sizes are names too (tail_names), and y is then the last one's output.
+    SRC_H, SRC_W and SRC_E are the rows, columns and bytes per element of what was shipped where the
+    kernel absorbs the network's first layer (registry absorbs_input; 0: none): x is then the shipped
+    batch, [B, C, SRC_H, SRC_W], and the kernel makes its [C, H, W] input from it.
     """
 
     B: int
@@ -55,6 +58,9 @@ class ConvShape:
     PS: int = 0
     dtype: str = "float32"
     tail: tuple[Layer, ...] = ()
+    SRC_H: int = 0
+    SRC_W: int = 0
+    SRC_E: int = 0
 
     @property
     def H_out(self) -> int:
@@ -87,7 +93,8 @@ class ConvShape:
     def names(self) -> dict[str, int]:
         return {"B": self.B, "C": self.C, "M": self.M, "H": self.H, "W": self.W, "K": self.K,
                 "S": self.S, "H_out": self.H_out, "W_out": self.W_out, "P": self.P, "PS": self.PS,
-                "H_pool": self.H_pool, "W_pool": self.W_pool, "E": self.E, **tail_names(self.tail)}
+                "H_pool": self.H_pool, "W_pool": self.W_pool, "E": self.E, **tail_names(self.tail),
+                "SRC_H": self.SRC_H, "SRC_W": self.SRC_W, "SRC_E": self.SRC_E}
 
     @property
     def flops(self) -> int:
@@ -96,10 +103,11 @@ class ConvShape:
 
     @property
     def min_bytes(self) -> int:
-        """Bytes the kernel must move at least: input, weights and biases, and its output once each
-        (a tail's intermediate maps need not leave the chip)."""
+        """Bytes the kernel must move at least: input (what was shipped, where it absorbs the first
+        layer), weights and biases, and its output once each (a tail's intermediate maps need not leave the chip)."""
         weights = self.M * self.C * self.K * self.K + self.M + sum(layer_weights(layer) for layer in self.tail)
-        return self.E * (self.B * self.C * self.H * self.W + weights + math.prod(self.out_shape))
+        read = self.B * self.C * (self.SRC_E * self.SRC_H * self.SRC_W if self.SRC_H else self.E * self.H * self.W)
+        return read + self.E * (weights + math.prod(self.out_shape))
 
 
 def tail_names(tail: tuple[Layer, ...]) -> dict[str, int]:
@@ -159,6 +167,14 @@ class Variant:
     constant_weights: str | None = None  # __constant__ symbol the runner fills with k
     dtypes: tuple[str, ...] = ("float32",)  # element types the kernel is written for (conv_t)
     workspace: str | None = None  # bytes expression: a per-stream scratch buffer, passed after CONV_ARGS
+    # Kinds of a network's first layer (convsweep.layers: absorbable) the kernel computes itself where
+    # that layer comes right before its conv: the step has no launch of its own and x is the shipped batch.
+    absorbs_input: tuple[str, ...] = ()
+    unit: str | None = None  # the arithmetic unit it computes on (convsweep.floors); None: its precision's
+
+    def __post_init__(self):
+        if self.unit is None:
+            object.__setattr__(self, "unit", self.precision)
 
     @property
     def entry_hash(self) -> str:
@@ -166,6 +182,9 @@ class Variant:
         parameter, so editing the entry re-measures the jobs of that variant alone."""
         entry = dataclasses.asdict(self)
         entry.pop("description")
+        entry.pop("unit")  # what its floor is reckoned at, not what it builds or launches
+        if not entry["absorbs_input"]:  # an entry absorbing nothing keeps the hash it had before the key
+            entry.pop("absorbs_input")
         entry["source"] = None if entry["source"] is None else Path(entry["source"]).name
         return canonical_hash(entry)[:16]
 
@@ -262,6 +281,9 @@ class Variant:
         if self.fuses_pool != bool(shape.P):
             raise ShapeError(f"variant '{self.name}' fuses {'+'.join(self.fuses) or 'nothing'}: it needs "
                              f"{'a max-pool window (P > 0)' if self.fuses_pool else 'no fused pool'}, got P={shape.P}")
+        if shape.SRC_H and not self.absorbs_input:
+            raise ShapeError(f"variant '{self.name}' computes from the network's input, not from the shipped "
+                             f"{shape.SRC_H}x{shape.SRC_W} images (registry absorbs_input)")
         if self.fuses_tail != bool(shape.tail):
             raise ShapeError(f"variant '{self.name}' " + (f"computes the layers after its conv too ({', '.join(self.fuses)}): "
                              "it runs in a network, not on a lone layer" if self.fuses_tail else
@@ -299,7 +321,8 @@ def _dim3(values: tuple[int, ...]) -> tuple[int, int, int]:
 
 def _fmt(shape: ConvShape) -> str:
     pool = f" P={shape.P} PS={shape.PS}" if shape.P else ""
-    return f"B={shape.B} C={shape.C} M={shape.M} H={shape.H} W={shape.W} K={shape.K} S={shape.S}{pool}"
+    source = f" SRC_H={shape.SRC_H} SRC_W={shape.SRC_W} SRC_E={shape.SRC_E}" if shape.SRC_H else ""
+    return f"B={shape.B} C={shape.C} M={shape.M} H={shape.H} W={shape.W} K={shape.K} S={shape.S}{pool}{source}"
 
 
 def extra_registry_paths() -> tuple[Path, ...]:
@@ -356,7 +379,8 @@ def _read_registry(path: Path, shown: str) -> dict[str, Variant]:
             fuses=tuple(entry["fuses"]), dtypes=tuple(entry["dtypes"]),
             workspace=str(entry["workspace"]) if entry.get("workspace") else None, min_cc=float(entry["min_cc"]),
             launches=tuple(entry.get("launches", ())), compile_time=tuple(entry["compile_time"]),
-            constant_weights=entry.get("constant_weights"))
+            constant_weights=entry.get("constant_weights"), unit=entry.get("unit"),
+            absorbs_input=tuple(entry["absorbs_input"]))
     return registry
 
 

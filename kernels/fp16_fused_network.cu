@@ -23,6 +23,16 @@
 // take 0.257 + 0.308 ms. docs/performance.md has the measurements.
 // Tunables (registry): BLOCKS (the grid: 2 per SM fills an H100 in one wave, no tail of half-empty
 // SMs; each block's setup, the B fragments, is spread over B / BLOCKS images).
+//
+// Absorbing the input's upsample (registry absorbs_input; SRC_H_FIXED > 0, input u8-source): x holds
+// each image's stored bytes [SRC_H][SRC_W] (784 for a 28x28 digit) rather than the fp32 input, and the
+// kernel takes upsample_u8's ratio_h, ratio_w and divisor after its other arguments. Why: upsample_u8
+// writes the 296 MB of fp32 input at batch 10000 for this kernel to read back, ~0.27 ms end to end
+// beside a 0.385 ms forward; absorbed, an image is 784 bytes of reads. The block works out every input
+// row's and column's taps once, as layers.cu's bilinear_source; per image, the bytes arrive by cp.async,
+// `blend_columns` blends each source row's columns and `stage_source` the rows, in upsample_u8's
+// float operations and order (the columns first), then rounds to half as stage_input does: the logits
+// are bit for bit those of upsample_u8 followed by this kernel on its output.
 #include "common.cuh"
 #include "mma_f16.cuh"
 
@@ -55,18 +65,38 @@ constexpr int ROWS1 = HP1 / WARPS;                         // pooled conv1 rows 
 static_assert(kK % 2 == 1 && HP2 <= WARPS && HP1 % WARPS == 0 && M2 % 8 == 0 && M1 % 2 == 0 && K_SLICE % 16 == 0 && N1 == 32,
               "the mappings below");
 static_assert(4 * HP2 + K2 - 2 < HP1 && 2 * HP1 + D1 - 3 < kH, "row reads stay inside the maps");
-static_assert((kH * kW) % 4 == 0, "each image starts 16-byte aligned and is whole 16-byte chunks (cp.async)");
 static_assert(THREADS == N1 * GROUP, "the dense phase's thread mapping");
 
 // Shared memory, in bytes (the registry's shared_bytes says the same; the kernel checks it).
+#if SRC_H_FIXED > 0
+constexpr int kSH = SRC_H_FIXED, kSW = SRC_W_FIXED;      // the stored image's rows and columns
+static_assert(kSH * kSW % 16 == 0, "each image starts 16-byte aligned and is whole 16-byte chunks (cp.async)");
+static_assert(kW % 2 == 0, "blended rows of whole float2 pairs");
+
+// One input row's (or column's) two source rows (columns) and their weights, as bilinear_source gives them.
+struct Tap {
+    int lo, hi;
+    float w_lo, w_hi;
+};
+
+constexpr int RAW_BYTES = kSH * kSW;                      // the next image's stored bytes, as they arrive
+constexpr int QUOTIENT_BYTES = 4 * 256;                   // byte / divisor for every byte
+constexpr int TAP_BYTES = 16 * (kH + kW);                 // the taps of every input row, then every column
+constexpr int BLEND_BYTES = 16 * ((kSH * kW + 3) / 4);    // each source row blended to kW columns, fp32
+constexpr int INPUT_BYTES = RAW_BYTES + QUOTIENT_BYTES + TAP_BYTES + BLEND_BYTES;
+static_assert(sizeof(Tap) == 16, "TAP_BYTES");
+#else
+static_assert((kH * kW) % 4 == 0, "each image starts 16-byte aligned and is whole 16-byte chunks (cp.async)");
 constexpr int RAW_BYTES = 4 * kH * kW;                    // the next image, fp32, as it arrives
+constexpr int INPUT_BYTES = RAW_BYTES;
+#endif
 constexpr int X1_BYTES = 2 * kH * 2 * PW1;                // input rows, fp16, plain and shifted
 constexpr int X2_BYTES = 2 * M1 * CH2;                    // pooled conv1 maps, the same way
 constexpr int B1_BYTES = 8 * 32 * F1, B2_BYTES = 8 * 32 * F2;
 constexpr int FEAT_BYTES = 2 * GROUP * FEAT_STRIDE;
-constexpr int SHARED_BYTES = RAW_BYTES + X1_BYTES + X2_BYTES + B1_BYTES + B2_BYTES + FEAT_BYTES;
+constexpr int SHARED_BYTES = INPUT_BYTES + X1_BYTES + X2_BYTES + B1_BYTES + B2_BYTES + FEAT_BYTES;
 static_assert(4 * (WARPS * N1 * GROUP + GROUP * N1) <= X1_BYTES, "fc partial sums fit where x1 is idle");
-static_assert(RAW_BYTES % 16 == 0 && X1_BYTES % 16 == 0 && X2_BYTES % 16 == 0, "alignment of what follows");
+static_assert(INPUT_BYTES % 16 == 0 && X1_BYTES % 16 == 0 && X2_BYTES % 16 == 0, "alignment of what follows");
 
 __device__ __forceinline__ unsigned lds32(const unsigned short *p) { return *reinterpret_cast<const unsigned *>(p); }
 
@@ -79,6 +109,88 @@ __device__ __forceinline__ void load_image(float *raw, const float *__restrict__
 }
 
 __device__ __forceinline__ void wait_image() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+#if SRC_H_FIXED > 0
+// Every thread's share of one image's stored bytes into `raw`, as one cp.async group.
+__device__ __forceinline__ void load_image(unsigned char *raw, const unsigned char *__restrict__ src) {
+    const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(raw));
+    for (int c = threadIdx.x; c < kSH * kSW / 16; c += THREADS)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 16 * c), "l"(src + 16 * c) : "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// layers.cu's bilinear_source, verbatim (tests/test_absorbed_input.py holds them equal): output i's
+// two sources and weights, the position worked out in double with each step rounded.
+__device__ __forceinline__ void bilinear_source(int i, int n_in, double ratio, int &lo, int &hi, conv_t &w_lo,
+                                                conv_t &w_hi) {
+    double src = __dsub_rn(__dmul_rn(i + 0.5, ratio), 0.5);
+    src = src > 0.0 ? src : 0.0;
+    lo = min((int)src, n_in - 1);  // src >= 0: truncation is floor
+    hi = min(lo + 1, n_in - 1);
+    const double frac = src - lo;
+    w_lo = (conv_t)(1.0 - frac);
+    w_hi = (conv_t)frac;
+}
+
+// Once per block: upsample_u8's quotient table, and the taps of every input row (taps[0, kH)) and
+// column (taps[kH, kH + kW)).
+__device__ __forceinline__ void source_setup(float *quotient, Tap *taps, double ratio_h, double ratio_w,
+                                             float divisor) {
+    for (int v = threadIdx.x; v < 256; v += THREADS) quotient[v] = conv_t(v) / conv_t(divisor);
+    for (int i = threadIdx.x; i < kH + kW; i += THREADS) {
+        Tap t;
+        if (i < kH)
+            bilinear_source(i, kSH, ratio_h, t.lo, t.hi, t.w_lo, t.w_hi);
+        else
+            bilinear_source(i - kH, kSW, ratio_w, t.lo, t.hi, t.w_lo, t.w_hi);
+        taps[i] = t;
+    }
+}
+
+// raw (bytes [kSH][kSW]) -> blended (fp32 [kSH][kW]): each source row's columns blended, which is
+// upsample_u8's `top` (or `bottom`) of every output in that column whose row reads this source row.
+__device__ __forceinline__ void blend_columns(const unsigned char *raw, const float *quotient, const Tap *cols,
+                                              float *blended) {
+    for (int e = threadIdx.x; e < kSH * kW; e += THREADS) {
+        const int r = e / kW, j = e % kW;
+        const Tap c = cols[j];
+        const unsigned char *p = raw + r * kSW;
+        blended[e] = quotient[p[c.lo]] * c.w_lo + quotient[p[c.hi]] * c.w_hi;  // upsample_u8's expression
+    }
+}
+
+// Input value = upsample_u8's blend of the rows and its clamp to [0, 1].
+__device__ __forceinline__ float input_value(const Tap &r, float top, float bottom) {
+    const float v = r.w_lo * top + r.w_hi * bottom;
+    return v < 0.f ? 0.f : (v > 1.f ? 1.f : v);
+}
+
+// blended -> x1 as stage_input lays it out (the same warps, lanes, pairs and shifted copy): a warp per
+// input row, whose taps every lane shares; each value rounded to half as stage_input rounds its floats.
+__device__ __forceinline__ void stage_source(const float *blended, const Tap *rows, unsigned short *x1, int warp,
+                                             int lane) {
+    for (int row = warp; row < kH; row += WARPS) {
+        const Tap r = rows[row];
+        const float *top = blended + r.lo * kW, *bottom = blended + r.hi * kW;
+        unsigned *dst = reinterpret_cast<unsigned *>(x1 + row * 2 * PW1);
+#pragma unroll
+        for (int p0 = 0; p0 < PW1 / 2; p0 += 32) {
+            const int j = 2 * (p0 + lane);
+            float2 v = make_float2(0.f, 0.f);
+            if (j < kW) {
+                const float2 t = *reinterpret_cast<const float2 *>(top + j), b = *reinterpret_cast<const float2 *>(bottom + j);
+                v = make_float2(input_value(r, t.x, b.x), input_value(r, t.y, b.y));
+            }
+            float next = __shfl_down_sync(0xffffffffu, v.x, 1);  // x[j + 2]
+            if (lane == 31) next = j + 2 < kW ? input_value(r, top[j + 2], bottom[j + 2]) : 0.f;
+            if (p0 + lane < PW1 / 2) {
+                dst[p0 + lane] = pack_half2(v.x, v.y);
+                dst[PW1 / 2 + p0 + lane] = pack_half2(v.y, next);
+            }
+        }
+    }
+}
+#endif
 
 // conv1's B fragment f (input rows 2f, 2f + 1 of a row pair) for this lane: column n = g is map
 // g % 4 of conv row g / 4; k 2t, 2t+1 (b.x) kernel columns of the first row, k 2t+8.. (b.y) of the second.
@@ -293,17 +405,35 @@ __device__ __forceinline__ void dense(const unsigned short *feat, float *part, c
 
 }  // namespace
 
+#if SRC_H_FIXED > 0
+// CONV_ARGS with x the stored bytes; after the others, upsample_u8's ratios and divisor (LayerKind absorbed_args).
+#define NETWORK_ARGS                                                                                           \
+    conv_t *__restrict__ y, const unsigned char *__restrict__ x, const conv_t *__restrict__ k,                 \
+        const conv_t *__restrict__ bias, int B, int C, int M, int H, int W, int K, int S
+#define ABSORBED_ARGS , double ratio_h, double ratio_w, float divisor
+#else
+#define NETWORK_ARGS CONV_ARGS
+#define ABSORBED_ARGS
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), FUSED_WEIGHTS(fc2)) {
+network_forward(NETWORK_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), FUSED_WEIGHTS(fc2) ABSORBED_ARGS) {
     (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS;
     unsigned dynamic_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
     if (dynamic_bytes < SHARED_BYTES) return;  // the launch gave too little: the logits stay poisoned
     extern __shared__ __align__(16) unsigned char smem[];
+#if SRC_H_FIXED > 0
+    unsigned char *raw = smem;
+    float *quotient = reinterpret_cast<float *>(smem + RAW_BYTES);
+    Tap *taps = reinterpret_cast<Tap *>(smem + RAW_BYTES + QUOTIENT_BYTES);
+    float *blended = reinterpret_cast<float *>(smem + RAW_BYTES + QUOTIENT_BYTES + TAP_BYTES);
+#else
     float *raw = reinterpret_cast<float *>(smem);
-    unsigned short *x1 = reinterpret_cast<unsigned short *>(smem + RAW_BYTES);
-    unsigned short *x2 = reinterpret_cast<unsigned short *>(smem + RAW_BYTES + X1_BYTES);
-    uint2 *b1 = reinterpret_cast<uint2 *>(smem + RAW_BYTES + X1_BYTES + X2_BYTES);
+#endif
+    unsigned short *x1 = reinterpret_cast<unsigned short *>(smem + INPUT_BYTES);
+    unsigned short *x2 = reinterpret_cast<unsigned short *>(smem + INPUT_BYTES + X1_BYTES);
+    uint2 *b1 = reinterpret_cast<uint2 *>(smem + INPUT_BYTES + X1_BYTES + X2_BYTES);
     uint2 *b2 = b1 + 32 * F1;
     unsigned short *feat = reinterpret_cast<unsigned short *>(b2 + 32 * F2);
     float *part = reinterpret_cast<float *>(x1);  // the dense phase's sums: x1 is idle until the next image
@@ -311,7 +441,12 @@ network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), 
     const int share = (B + gridDim.x - 1) / gridDim.x, first = blockIdx.x * share, count = min(share, B - first);
     if (count <= 0) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#if SRC_H_FIXED > 0
+    load_image(raw, x + image_offset(first, 1, kSH, kSW));
+    source_setup(quotient, taps, ratio_h, ratio_w, divisor);
+#else
     load_image(raw, x + image_offset(first, 1, kH, kW));
+#endif
     for (int e = threadIdx.x; e < 32 * F1; e += THREADS) b1[e] = conv1_fragment(k, e >> 5, e & 31);
     for (int e = threadIdx.x; e < 32 * F2; e += THREADS) b2[e] = conv2_fragment(conv2_w, e >> 5, e & 31);
     for (int e = threadIdx.x; e < X2_BYTES / 4; e += THREADS) reinterpret_cast<unsigned *>(x2)[e] = 0u;  // unwritten columns read 0
@@ -319,9 +454,17 @@ network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), 
     for (int n = 0; n < count; ++n) {
         wait_image();
         __syncthreads();  // raw holds image n; the previous image's phases are done with x1, x2
+#if SRC_H_FIXED > 0
+        blend_columns(raw, quotient, taps + kH, blended);
+        __syncthreads();
+        if (n + 1 < count) load_image(raw, x + image_offset(first + n + 1, 1, kSH, kSW));  // lands during this image
+        stage_source(blended, taps, x1, warp, lane);
+        __syncthreads();
+#else
         stage_input(raw, x1, warp, lane);
         __syncthreads();
         if (n + 1 < count) load_image(raw, x + image_offset(first + n + 1, 1, kH, kW));  // lands during this image
+#endif
         conv1(x1, x2, b1, bias, warp, lane);
         __syncthreads();
         conv2(x2, feat + n % GROUP * FEAT_STRIDE, b2, conv2_b, warp, lane);

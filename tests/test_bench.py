@@ -2,6 +2,7 @@
 with fake numbers, and the whole bench over a fake GPU (numpy memory, numpy kernels) so the
 plumbing between the phases runs here; the real thing is the gpu-marked test at the end."""
 import json
+import re
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ from convsweep.bench.harness import run_harness
 from convsweep.checks import check_indices, check_output, loosest_precision, normwise_error
 from convsweep.errors import ConfigError
 from convsweep.fileio import write_json_atomic
+from convsweep.floors import Ceiling, Work, work_floor_ms
 from convsweep.network import load_network, reference_forward
 from convsweep.paths import ROOT
 from convsweep.runner import pass_chunks
@@ -30,11 +32,15 @@ def test_floor_arithmetic_matches_the_design_anchors():
     assert rate == pytest.approx(2.99e12)
     conv1 = LENET.conv_shape(LENET.layer("conv1"), 10000)
     conv2 = LENET.conv_shape(LENET.layer("conv2"), 10000)
-    assert report.floor_ms(conv1.min_bytes, rate) == pytest.approx(0.44, abs=0.005)  # DESIGN.md: 0.44 ms
-    assert report.floor_ms(conv2.min_bytes, rate) == pytest.approx(0.33, abs=0.005)  # DESIGN.md: 0.33 ms
+    copy_only = Ceiling(None, rate)  # no matmul rate measured: the floors count bytes alone
+    assert work_floor_ms(copy_only, Work(conv1.min_bytes)) == pytest.approx(0.44, abs=0.005)  # DESIGN.md: 0.44 ms
+    assert work_floor_ms(copy_only, Work(conv2.min_bytes)) == pytest.approx(0.33, abs=0.005)  # DESIGN.md: 0.33 ms
     assert conv2.flops / 1e9 == pytest.approx(72.5, abs=0.05)
+    # With the fp32 CUDA cores' measured 50 TFLOP/s, conv2's FLOPs take longer than its bytes: that is its floor.
+    fp32 = Ceiling(None, rate, flops_per_s={"fp32": 50e12, "fp16": 700e12})
+    assert work_floor_ms(fp32, Work(conv2.min_bytes, conv2.flops, "fp32")) == pytest.approx(conv2.flops / 50e12 * 1e3)
+    assert work_floor_ms(fp32, Work(conv2.min_bytes, conv2.flops, "fp16")) == pytest.approx(0.33, abs=0.005)
     assert report.copy_rate(1000, 1.0, read_and_write=False) == 1e6
-    assert report.floor_ms(100, None) is None
     assert report.throughput(2_000_000, 3_000_000, 2.0) == (1.0, 1.5)  # GB/s, GFLOP/s
     assert report.throughput(1, 1, 0) == (None, None)
 
@@ -82,7 +88,8 @@ def fake_measurements(cudnn=True, batch=10000, harness=True):
     meas = {"config": "bench/default.yaml", "batch": batch, "repeats": 3, "warmup": 1, "seed": 0, "device": "NVIDIA H100 80GB HBM3",
             "environment": {"gpu": "NVIDIA H100 80GB HBM3"},
             "ceilings": {"copy_bytes": 1 << 30, "copy_samples_ms": [0.72, 0.7182, 0.73],
-                         "h2d_bytes": 256 << 20, "h2d_samples_ms": [5.0, 5.0, 5.1], "matmul_TFLOPps": {"fp32": 50.0, "tf32": 400.0, "fp16": 700.0}},
+                         "h2d_bytes": 256 << 20, "h2d_samples_ms": [5.0, 5.0, 5.1], "d2h_samples_ms": [4.0, 4.1, 4.0],
+                         "matmul_TFLOPps": {"fp32": 50.0, "tf32": 400.0, "fp16": 700.0}},
             "convs": [conv_rec("conv1", "register_tiled_gemm", "fp32", 0.9, params={"BLOCK_M": 4}),
                       conv_rec("conv1", "restrict_unroll", "fp32", 0.3, status="incorrect"),  # fastest, but wrong
                       conv_rec("conv1", "wmma_8x32x16", "fp16", 0.5),
@@ -90,8 +97,9 @@ def fake_measurements(cudnn=True, batch=10000, harness=True):
                       conv_rec("conv2", "fp16", "fp16", 0.45)],
             "forward": {"variant": "conv1:wmma_8x32x16+conv2:fp16", "precision": "fp16", "status": "ok", "error": None,
                         "samples_ms": [2.0, 2.0, 2.2], **traffic},
-            "end_to_end": {"variant": "conv1:wmma_8x32x16+conv2:fp16", "precision": "fp16", "streams": 4, "status": "ok",
-                           "error": None, "samples_ms": [7.5, 7.0, 7.9], **traffic}}
+            "end_to_end": [{"variant": "conv1:wmma_8x32x16+conv2:fp16", "precision": "fp16", "streams": 4, "status": "ok",
+                            "error": None, "samples_ms": [7.5, 7.0, 7.9], "input_format": "fp32", "batch": batch,
+                            "tail_images": batch // 8, **traffic}]}
     if cudnn:
         per_mode = lambda f32, t32, f16: {"fp32": {"samples_ms": [f32]}, "tf32": {"samples_ms": [t32]}, "fp16": {"samples_ms": [f16]}}
         meas["cudnn"] = {"available": True, "note": None, "layers": {"conv1": per_mode(7.79, 7.0, 4.47), "conv2": per_mode(5.8, 2.62, 1.01)},
@@ -163,7 +171,11 @@ def test_result_rows_best_floors_ratios_and_verdicts(tmp_path):
     assert fwd["met"] is False and fwd["ours_over_cudnn"] == pytest.approx(2.0 / 6.0)
     assert fwd["floor_ms"] == pytest.approx(fwd["plan_bytes"] / rate * 1e3) and fwd["network_floor_ms"] < fwd["floor_ms"]
     e2e = rows[("end_to_end", "conv1:wmma_8x32x16+conv2:fp16")]
-    assert e2e["met"] is True and e2e["floor_ms"] == pytest.approx(e2e["host_bytes"] / ((256 << 20) / 5.0e-3) * 1e3)
+    # The pipeline's floor: the longest stage (the input up, at 256 MiB per 5 ms), plus an eighth (the
+    # smallest chunk) of the others: the compute (the forward row's floor) and the logits down (4 ms a 256 MiB).
+    up, down = e2e["shipped_bytes"] / ((256 << 20) / 5.0e-3) * 1e3, e2e["logits_bytes"] / ((256 << 20) / 4.0e-3) * 1e3
+    assert e2e["floor_ms"] == pytest.approx(up + (fwd["floor_ms"] + down) / 8) and up > fwd["floor_ms"]
+    assert e2e["met"] is True and e2e["target_ms"] == 8.0
     events = next(r for r in result["rows"] if r["label"] == "harness_events")
     assert events["median_ms"] == pytest.approx(1500) and events["target_ms"] == 2000 and events["met"] is True
     assert events["spread"] is None  # one sample: the cached job's total
@@ -180,7 +192,7 @@ def test_result_rows_best_floors_ratios_and_verdicts(tmp_path):
     # ms and ±% of the forward (samples 2.0, 2.0, 2.2: MAD 0) and end-to-end rows (7.5, 7.0, 7.9: MAD 0.4 of 7.5)
     ms_and_spread = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[4:6]] for line in lines
                      if line.startswith(("| forward", "| end to end"))}
-    assert ms_and_spread == {"forward (on device)": ["2.000", "0.0"], "end to end (4 streams)": ["7.500", "5.3"]}
+    assert ms_and_spread == {"forward (on device)": ["2.000", "0.0"], "end to end fp32 (4 streams)": ["7.500", "5.3"]}
     header = next(line for line in lines if line.startswith("| row"))
     for column in report.TABLE_HEADERS:
         assert column in header
@@ -284,7 +296,7 @@ def test_end_to_end_rows_replay_a_captured_pass_or_enqueue_each(tmp_path, graph)
     assert small["accuracy"] is not None and small["target_ms"] == 0.1
     assert small["host_bytes"] < rows["end_to_end"]["host_bytes"]  # its floor is its own batch's
     printed = report.format_report(result)
-    assert f"| end to end, batch 5 (4 streams, 3 x 2 images{', CUDA graph' if graph else ''}) |" in printed
+    assert f"| end to end fp32, batch 5 (4 streams, 3 x 2 images{', CUDA graph' if graph else ''}) |" in printed
 
 
 @pytest.mark.parametrize("streams, memory", [(1, "pageable"), (4, "pinned")])
@@ -367,10 +379,10 @@ def test_bench_on_the_gpu(tmp_path, monkeypatch):
     write_json_atomic(tmp_path / "bench.json", result)
     print(report.format_report(result))
     timed = [r for r in result["rows"] if r["kind"] in ("conv", "forward", "end_to_end")]
-    # + the forward of the best per layer and one per whole-network variant; end to end at the bench batch and,
-    # where the file asks, at the small batch
+    # + the forward of the best per layer and one per whole-network variant; end to end in each input format at
+    # the bench batch and, where the file asks, at the small batch
     forwards = 1 + len(config.networks)
-    ends = 1 + bool(config.end_to_end.get("small_batch"))
+    ends = len(config.end_to_end["inputs"]) * (1 + bool(config.end_to_end.get("small_batch")))  # per input format
     assert len(timed) == sum(len(c) for c in config.candidates.values()) + forwards + ends
     for row in timed:
         assert row["status"] == "ok", (row["label"], row.get("variant"), row["error"])
@@ -452,3 +464,44 @@ def test_per_layer_and_whole_network_candidates_are_kept_apart(tmp_path, edit, m
     with pytest.raises(ConfigError) as info:
         bench.load_bench_config(write(tmp_path, edit(GOOD)))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_end_to_end_has_a_row_per_input_format_each_with_its_floor_and_target(tmp_path):
+    """end_to_end.inputs: the pipeline once per format, each shipping its own bytes (u8-source: the
+    stored 28x28 digits), checked against float64 of what it shipped, judged against its format's target."""
+    text = GOOD.replace("copy_mib: 1", "copy_mib: 1\nend_to_end: {inputs: [fp32, u8, u8-source]}")
+    text = text.replace("end_to_end: 8.0,", "end_to_end: {fp32: 1000000, u8-source: 0.001},")  # the fake GPU is slow
+    config = bench.load_bench_config(write(tmp_path, text))
+    result = bench.run_bench(config, bench.BenchOptions(batch=64, repeats=3), FAKE, load_torch=no_torch)
+    rows = {r["input_format"]: r for r in result["rows"] if r["kind"] == "end_to_end"}
+    assert list(rows) == ["fp32", "u8", "u8-source"]
+    assert all(r["status"] == "ok" for r in rows.values()), [r["error"] for r in rows.values()]
+    assert [rows[f]["shipped_bytes"] for f in rows] == [64 * 86 * 86 * 4, 64 * 86 * 86, 64 * 28 * 28]
+    assert rows["fp32"]["met"] is True and rows["u8-source"]["met"] is False and rows["u8"]["target_ms"] is None
+    assert all(r["floor_ms"] > 0 and r["x_floor"] == pytest.approx(r["median_ms"] / r["floor_ms"]) for r in rows.values())
+    printed = report.format_report(result)
+    assert "| end to end u8-source (4 streams" in printed and "| end to end fp32 (4 streams" in printed
+
+
+@pytest.mark.parametrize("change, message", [
+    ("end_to_end: {inputs: [fp32, bf16]}", "end_to_end.inputs[1]: expected one of fp32, fp16, u8, u8-source, got 'bf16'"),
+    ("dataset: random\nend_to_end: {inputs: [u8-source]}",
+     "end_to_end.inputs[0]: input u8-source ships a dataset's stored images, upscaled on the GPU; dataset random has none"),
+])
+def test_an_input_format_the_bench_cannot_time_is_one_line(tmp_path, change, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        bench.load_bench_config(write(tmp_path, GOOD.replace("copy_mib: 1", f"copy_mib: 1\n{change}")))
+
+
+def test_a_target_for_an_unknown_input_format_is_one_line(tmp_path):
+    text = GOOD.replace("end_to_end: 8.0,", "end_to_end: {fp32: 8.0, fp8: 1.0},")
+    with pytest.raises(ConfigError, match=re.escape("targets.ms.end_to_end.fp8: expected an input format")):
+        bench.load_bench_config(write(tmp_path, text))
+
+
+def test_ceilings_only_measures_the_rates_and_prints_them_alone(tmp_path):
+    config = bench.load_bench_config(write(tmp_path, GOOD))
+    result = bench.run_bench(config, bench.BenchOptions(ceilings_only=True, repeats=3), FAKE, load_torch=no_torch)
+    assert result["rows"] == [] and result["ceilings"]["d2h_GBps"] > 0 and result["bench_id"]
+    printed = report.format_report(result)
+    assert printed.startswith("convsweep bench: Fake H100") and "D2H" in printed and "|" not in printed

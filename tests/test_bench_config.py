@@ -20,10 +20,12 @@ def test_default_bench_file_is_valid():
     assert first.resolved == first.params  # every tunable given
     assert config.candidates["conv2"][0].resolved["BLOCK_M"] == 16  # registry default filled in
     assert config.targets["ms"] == {"conv1": 0.21, "conv2": {"fp32": 0.8, "tf32": 0.8, "fp16": 0.2}, "forward": 0.3,
-                                    "end_to_end": 5.55, "end_to_end_small": 0.12,
+                                    "end_to_end": {"fp32": 5.45, "fp16": 2.8, "u8": 1.45, "u8-source": 0.45},
+                                    "end_to_end_small": 0.06,  # issue 33's, per input format
                                     "harness_events": 2000, "harness_nsys": 5000}  # issue 16's, and round one's harness
     assert config.targets["batch"] == 10000
     assert config.end_to_end == {"streams": 4, "host_memory": "pinned", "chunk_images": 1250, "graph": True,
+                                 "inputs": ["fp32", "fp16", "u8", "u8-source"],
                                  "small_batch": {"batch": 100, "chunk_images": 100}}
 
 
@@ -92,7 +94,7 @@ def test_defaults_come_from_the_schema(tmp_path):
     assert (config.batch, config.repeats, config.warmup, config.seed) == (10000, 20, 3, 0)
     assert (config.check_images, config.copy_mib, config.cudnn_benchmark) == (8, 1024, True)
     assert config.end_to_end == {"streams": 4, "host_memory": "pinned", "chunk_images": None, "graph": True,
-                                 "small_batch": None}
+                                 "inputs": ["fp32"], "small_batch": None}
     assert config.harness == {"repeats": 5, "warmup": 1}
     assert config.targets == {"batch": 10000, "device": None, "ms": {}}  # targets.batch: the file's batch
     (candidate,) = config.candidates["conv1"]

@@ -289,3 +289,11 @@ def test_layers_cu_compiles_with_the_convert_and_upsample_kernels(defines):
     names = {k.name for k in build.kernels}
     assert {"convert_u8", "convert_f16", "convert_f32", "upsample_u8"} <= names
     assert {n for kind in LAYER_KINDS.values() for n in kind.kernels} <= names  # every kernel the runner looks up
+
+
+def test_the_axis_and_the_formats_module_name_the_same_formats():
+    """The `input` axis's schema enum (what a sweep may ask for) and convsweep.formats (what each one
+    ships) list the same names in the same order: one cannot gain a format the other lacks."""
+    from convsweep.axes import BY_NAME
+
+    assert BY_NAME["input_format"].item_schema["enum"] == list(FORMATS)

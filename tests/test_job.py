@@ -56,7 +56,8 @@ def test_reference_job_writes_a_complete_result(tmp_path):
     assert stored.timings.h2d_ms is None  # not measurable on the CPU: null, never guessed
     assert len([s for s in stored.samples if s.metric == "op_time_ms"]) == 2 * 2
     assert stored.run_key == spec().runs()[0].run_key and stored.job_id == spec().job_id
-    assert stored.images == {"batch": 40, "unique": 5000, "cycled": False, "input_bytes": 40 * 86 * 86 * 4}
+    assert stored.images == {"batch": 40, "unique": 5000, "cycled": False, "input_bytes": 40 * 86 * 86 * 4,
+                             "logits_bytes": 40 * 10 * 4, "tail_images": 40}
     assert stored.floors["conv2"]["flops"] == 2 * 40 * 16 * 34 * 34 * 4 * 49
     assert not list(tmp_path.glob(".*tmp"))  # the atomic write left nothing behind
 

@@ -133,7 +133,9 @@ def test_the_record_and_the_result_schema_name_the_same_keys():
 
 
 # -- the store's columns ----------------------------------------------------------------------------
-STORE_SETS = {"id", "sweep_id", "environment_id", "ingested_at", "result_path"}
+STORE_SETS = {"id", "sweep_id", "environment_id", "ingested_at", "result_path",
+              "ceiling_id", "compute_floor_ms", "forward_floor_ms"}  # the floors: at the GPU's stored rates
+LAYER_STORE_SETS = {"floor_ms"}
 
 
 def column_names(model) -> set[str]:
@@ -158,7 +160,8 @@ def test_child_rows_name_columns_of_their_tables():
     for rows, model in ((m.sample_rows(), models.Sample), (m.kernel_rows(), models.KernelStat),
                         (m.memcpy_rows(), models.Memcpy), (m.layer_time_rows(), models.LayerTime),
                         (m.phase_rows(), models.Phase), (m.build_rows(), models.Build)):
-        assert rows and all(set(row) == column_names(model) - owned for row in rows), model.__name__
+        stored = owned | (LAYER_STORE_SETS if model is models.LayerTime else set())
+        assert rows and all(set(row) == column_names(model) - stored for row in rows), model.__name__
     assert set(m.environment_columns()) == column_names(models.Environment) - owned
     assert set(m.sweep_columns()) == column_names(models.Sweep) - owned - {"created_at"}
     assert [row["throttled"] for row in m.sample_rows() if row["metric"] == "forward_ms"] == [False, True, False]

@@ -75,7 +75,8 @@ RUN_SUMMARY_0003_COLUMNS = RUN_SUMMARY_0002_COLUMNS[:-1] + ["job_id", "started_a
 RUN_SUMMARY_0006_COLUMNS = RUN_SUMMARY_0003_COLUMNS + ["op_time_1_spread", "op_time_2_spread", "forward_spread"]
 RUN_SUMMARY_0011_COLUMNS = RUN_SUMMARY_0006_COLUMNS + ["cache", "note"]
 RUN_SUMMARY_0012_COLUMNS = RUN_SUMMARY_0011_COLUMNS + ["error", "checks"]
-RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0012_COLUMNS + ["input_format", "forward_floor_ms"]
+RUN_SUMMARY_0013_COLUMNS = RUN_SUMMARY_0012_COLUMNS + ["input_format", "forward_floor_ms"]
+RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0013_COLUMNS + ["compute_ms", "compute_floor_ms"]
 LATEST_RUN_0004_OWN_COLUMNS = ["measurement_rank", "op_time_1_ms", "op_time_2_ms"]
 
 
@@ -1277,16 +1278,16 @@ def test_ingest_stores_what_the_integrity_checks_found(engine):
         for run in runs:
             measurement = found.get(run.measurement_id)
             if measurement is None:  # the CPU reference: no checks ran
-                assert (run.checks, run.checked_passes, run.caching_ratio, run.forward_floor_ms) == (None,) * 4
-                assert {lt.floor_ms for lt in run.layer_times} == {None}
+                assert (run.checks, run.checked_passes, run.caching_ratio, run.peak_floor_ms) == (None,) * 4
+                assert {lt.peak_floor_ms for lt in run.layer_times} == {None}
                 continue
             integrity = measurement["integrity"]
             assert (run.status, run.error) == (measurement["status"], measurement["error"])
             assert (run.checks, run.checked_passes, run.failed_pass, run.fresh_passes) == (
                 integrity["checks"], integrity["checked_passes"], integrity["failed_pass"], integrity["fresh_passes"])
             assert run.caching_ratio == (integrity["caching"] or {}).get("ratio")
-            assert run.forward_floor_ms == pytest.approx(integrity["floor_ms"]["forward"])
-            assert {lt.layer: lt.floor_ms for lt in run.layer_times} == pytest.approx(
+            assert run.peak_floor_ms == pytest.approx(integrity["floor_ms"]["forward"])
+            assert {lt.layer: lt.peak_floor_ms for lt in run.layer_times} == pytest.approx(
                 {layer: ms for layer, ms in integrity["floor_ms"].items() if layer != "forward"})
         assert [(run.variant, run.status, run.checks) for run in runs] == [
             ("naive", "ok", "full"), ("naive", "suspect", "full"), ("tiled", "ok", "fast"), ("reference", "ok", None)]
@@ -1307,9 +1308,9 @@ def test_migrating_a_0011_database_adds_the_integrity_columns_and_back(db_url):
             assert_latest_run_shows_every_run_column(connection)
             assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
             assert connection.exec_driver_sql(
-                "SELECT COUNT(*) FROM run WHERE checks IS NOT NULL OR forward_floor_ms IS NOT NULL").scalar() == 0
+                "SELECT COUNT(*) FROM run WHERE checks IS NOT NULL OR peak_floor_ms IS NOT NULL").scalar() == 0
             assert connection.exec_driver_sql(
-                "SELECT COUNT(*) FROM layer_time WHERE floor_ms IS NOT NULL").scalar() == 0
+                "SELECT COUNT(*) FROM layer_time WHERE peak_floor_ms IS NOT NULL").scalar() == 0
         assert row_counts(engine) == before
         for job_file in integrity_results():
             assert ingest_result(engine, job_file, None).added == len(job_file["measurements"])
@@ -1359,5 +1360,44 @@ def test_migrating_a_0012_database_adds_the_input_format_and_back(db_url):
             assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_0012_COLUMNS
             assert_latest_run_shows_every_run_column(connection)
         assert row_counts(engine)["run"] == before["run"] + 1
+    finally:
+        engine.dispose()
+
+
+def test_migrating_a_0013_database_keeps_the_peak_floors_and_adds_the_measured_ones_and_back(db_url):
+    """0014: the integrity checks' floors (at peak rates) keep their values as peak_floor_ms; the floors at
+    measured rates start empty and fill when a bench file is stored; a downgrade puts the peak floors back."""
+    results = standard_results()
+    before = stored_the_old_way(db_url, "0013", results)
+    old = engine_at(db_url, "0013")
+    with _writer(old).begin() as connection:
+        connection.exec_driver_sql("UPDATE run SET forward_floor_ms = 0.25")
+        connection.exec_driver_sql("UPDATE layer_time SET floor_ms = 0.125")
+    old.dispose()
+    engine = open_store(db_url)
+    try:
+        with engine.connect() as connection:
+            assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+            assert_latest_run_shows_every_run_column(connection)
+            assert [c["name"] for c in inspect(connection).get_columns("run_summary")] == RUN_SUMMARY_COLUMNS
+            assert set(connection.exec_driver_sql("SELECT peak_floor_ms, forward_floor_ms FROM run").all()) == {(0.25, None)}
+            assert set(connection.exec_driver_sql("SELECT peak_floor_ms, floor_ms FROM layer_time").all()) == {(0.125, None)}
+        assert row_counts(engine) == before
+        bench = {"format": "bench-2", "bench_id": "b" * 32, "measured_at": "2026-11-26T06:00:00+00:00",
+                 "device": results[0]["environment"]["gpu"], "ceilings": {"dtod_GBps": 3000.0}}
+        assert ingest_result(engine, bench, None).added == 1
+        with engine.connect() as connection:  # the old files never said what crossed the bus: layer floors only
+            assert connection.exec_driver_sql("SELECT COUNT(*) FROM layer_time WHERE floor_ms > 0").scalar() == 2 * len(
+                [r for r in results if r["floors"]])
+            assert connection.exec_driver_sql("SELECT COUNT(*) FROM run WHERE forward_floor_ms IS NOT NULL").scalar() == 0
+        migrate(engine, "0013", downgrade=True)
+        with engine.connect() as connection:
+            schema = inspect(connection)
+            assert "device_ceiling" not in schema.get_table_names()
+            assert set(connection.exec_driver_sql("SELECT forward_floor_ms FROM run").all()) == {(0.25,)}
+            assert set(connection.exec_driver_sql("SELECT floor_ms FROM layer_time").all()) == {(0.125,)}
+            assert [c["name"] for c in schema.get_columns("run_summary")] == RUN_SUMMARY_0013_COLUMNS
+            assert_latest_run_shows_every_run_column(connection)
+        assert row_counts(engine)["run"] == before["run"]
     finally:
         engine.dispose()

@@ -69,7 +69,7 @@ LAUNCH = "launches: [{kernel: k, grid: [1], block: [1]}]"
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, fuses: [maxpool]}}", 'a.fuses[0]: expected "relu", got "maxpool"'),
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, compile_time: [B]}}",
      "a.compile_time[0]: expected a shape name (C, M, H, W, K, S, P, PS, "
-     "or a later layer's M2, K2, S2, P2, PS2, N1, ...), never B, got \"B\""),
+     "a later layer's M2, K2, S2, P2, PS2, N1, ..., or an absorbed layer's SRC_H, SRC_W), never B, got \"B\""),
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, params: {{T: [1, 2]}}}}", "a.params.T: expected object, got [1, 2]"),
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, params: {{T: {{default: 1}}}}}}", "a.params.T: 'values' is a required property"),
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, min_cc: '8.0'}}", "a.min_cc: expected number, got \"8.0\""),

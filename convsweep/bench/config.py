@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ConvsweepError
+from ..formats import FORMATS
 from ..network import load_network
 from ..paths import ROOT, resolve_network_path
 from ..schema import load_schema, validate
@@ -71,6 +72,11 @@ def load_bench_config(path: str | Path = DEFAULT_CONFIG) -> BenchConfig:
                      for i, entry in enumerate(raw["networks"]))
 
     e2e = raw["end_to_end"]
+    for i, name in enumerate(e2e["inputs"]):
+        if name not in FORMATS:
+            raise ConfigError(f"{f}: end_to_end.inputs[{i}]: expected one of {', '.join(FORMATS)}, got {name!r}")
+        if (why := FORMATS[name].refusal(network, raw["dataset"])) is not None:
+            raise ConfigError(f"{f}: end_to_end.inputs[{i}]: {why}")
     if e2e["graph"] and e2e["host_memory"] == "pageable":
         raise ConfigError(f"{f}: end_to_end.graph: a CUDA graph cannot capture copies from pageable memory: "
                           "expected host_memory pinned or registered, or graph: false")
@@ -82,6 +88,11 @@ def load_bench_config(path: str | Path = DEFAULT_CONFIG) -> BenchConfig:
         if key not in conv_names and key not in rows:
             raise ConfigError(f"{f}: targets.ms.{key}: unknown key (expected a conv layer of {network.name} "
                               f"({', '.join(conv_names)}) or one of {', '.join(rows)})")
+        if key.startswith("end_to_end") and isinstance(value, dict):
+            unknown = sorted(set(value) - set(FORMATS))
+            if unknown:
+                raise ConfigError(f"{f}: targets.ms.{key}.{unknown[0]}: expected an input format "
+                                  f"({', '.join(FORMATS)})")
         ms[key] = {p: float(v) for p, v in value.items()} if isinstance(value, dict) else float(value)
     targets = {"batch": t.get("batch", raw["batch"]), "device": t["device"], "ms": ms}
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..checks import check_indices, check_logits, check_output, loosest_precision
 from ..errors import failure_message
+from ..floors import fastest_unit
 from ..gpu import DeviceArray
 from ..inputs import Batch
 from ..network import Layer
@@ -51,7 +52,8 @@ def event_samples(gpu, timing: Timing, run: Callable[[], None], min_warmup: int 
 
 
 def measure_ceilings(gpu, timing: Timing, copy_bytes: int) -> dict:
-    """Device-to-device copy (the memory floor's rate) and pinned host-to-device copy, timed with events."""
+    """Device-to-device copy (the memory floor's rate) and pinned host-to-device and device-to-host
+    copies (the end to end's), timed with events."""
     stream = timing.stream
     src = gpu.alloc((copy_bytes,), np.uint8)
     dst = gpu.alloc((copy_bytes,), np.uint8)
@@ -62,7 +64,9 @@ def measure_ceilings(gpu, timing: Timing, copy_bytes: int) -> dict:
     host[...] = 1
     head = DeviceArray(dst.ptr, (h2d_bytes,), np.dtype(np.uint8))
     h2d = event_samples(gpu, timing, lambda: gpu.upload(host, head, stream), min_warmup=1)
-    return {"copy_bytes": copy_bytes, "copy_samples_ms": copy, "h2d_bytes": h2d_bytes, "h2d_samples_ms": h2d}
+    d2h = event_samples(gpu, timing, lambda: gpu.download(head, host, stream), min_warmup=1)
+    return {"copy_bytes": copy_bytes, "copy_samples_ms": copy, "h2d_bytes": h2d_bytes, "h2d_samples_ms": h2d,
+            "d2h_samples_ms": d2h}
 
 
 # -- conv candidates -----------------------------------------------------------------------------
@@ -106,7 +110,7 @@ def measure_candidate(gpu, timing: Timing, network, cand: Candidate, inputs: Lay
     var = get_variant(cand.variant)
     stream = timing.stream
     rec = {"layer": cand.layer, "variant": cand.variant, "params": cand.params, "resolved_params": cand.resolved,
-           "precision": var.precision, "tolerance": var.tolerance, "fused": list(var.fuses), "status": "failed",
+           "precision": var.precision, "unit": var.unit, "tolerance": var.tolerance, "fused": list(var.fuses), "status": "failed",
            "error": None, "max_rel_err": None, "max_rel_err_after": None, "samples_ms": []}
     try:
         shape = network.variant_shape(network.layer(cand.layer), var.fuses, timing.batch)
@@ -175,8 +179,10 @@ def _network_record(plan: ConvPlan, network, batch: int) -> dict:
     names = {n: v.name for n, v in plan.variants.items()}
     return {"variant": variant_label(names), "variants": names, "params_by_layer": plan.params,
             "precision": loosest_precision(v.precision for v in plan.variants.values()),
+            "unit": fastest_unit(v.unit for v in plan.variants.values()),
             "status": "failed", "error": None, "samples_ms": [],
-            **network_traffic(network, batch, {n: v.fuses for n, v in plan.variants.items()})}
+            **network_traffic(network, batch, {n: v.fuses for n, v in plan.variants.items()},
+                              {n: v.absorbs_input for n, v in plan.variants.items()})}
 
 
 def measure_forward(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan, inputs: Batch,
@@ -203,14 +209,16 @@ def measure_forward(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan, in
 def measure_end_to_end(gpu, timing: Timing, config: BenchConfig, plan: ConvPlan, inputs: Batch,
                        backend: Backend, chunk_images: int | None = None) -> dict:
     """Host images -> host logits on the bench file's streams, chunked as jobs chunk (by
-    `chunk_images` when given: a small batch's own), at the batch `inputs` holds. Events around the
-    whole pass on streams[0]; with `graph` (the default) the pass is captured once as a CUDA graph
-    and each timed pass is one replay of it."""
-    network, e2e, batch = config.network, config.end_to_end, len(inputs.idx)
+    `chunk_images` when given: a small batch's own), at the batch `inputs` holds, shipped in its
+    input format (its network starts with the layer that makes the input from what was shipped).
+    Events around the whole pass on streams[0]; with `graph` (the default) the pass is captured
+    once as a CUDA graph and each timed pass is one replay of it."""
+    network, e2e, batch = inputs.network, config.end_to_end, len(inputs.idx)
     chunks = pass_chunks(batch, e2e["streams"], chunk_images or e2e["chunk_images"])
     rec = {**_network_record(plan, network, batch), "batch": batch, "streams": e2e["streams"],
-           "host_memory": e2e["host_memory"], "graph": e2e["graph"], "chunks": len(chunks),
-           "chunk_images": max(hi - lo for lo, hi in chunks)}
+           "host_memory": e2e["host_memory"], "graph": e2e["graph"], "input_format": inputs.input_format.name,
+           "chunks": len(chunks), "chunk_images": max(hi - lo for lo, hi in chunks),
+           "tail_images": min(hi - lo for lo, hi in chunks)}
     try:
         streams = [gpu.stream() for _ in range(e2e["streams"])]
         net = backend.network(gpu, network, inputs.weights, plan, len(streams), rec["chunk_images"])

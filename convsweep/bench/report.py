@@ -9,24 +9,32 @@ import math
 import numpy as np
 from tabulate import tabulate
 
+from ..floors import UNITS, Ceiling, Work, forward_floor_ms, work_floor_ms
 from ..network import Network, weight_shapes
 from ..numbers import finite, median
 from ..stats import MIN_SAMPLES, bootstrap_ratio, relative_spread
 
-BENCH_FORMAT = 1  # the version of the bench JSON (`convsweep bench --json`)
+BENCH_FORMAT = "bench-2"  # the version of the bench JSON (`convsweep bench --json`); 2: ceilings a store takes
 CUDNN_MODES = ("fp32", "tf32", "fp16")  # cuDNN columns; a variant is compared with the mode of its precision class
 INSTEAD_MODES = ("fp32", "fp16")  # PyTorch's whole forward, the ways a user would run it instead of ours
+
+
+def ceiling_of(result_ceilings: dict, device: str | None) -> Ceiling | None:
+    """The measured rates a bench result's `ceilings` hold, as convsweep.floors takes them (None
+    without the device copy rate)."""
+    c = result_ceilings
+    if not c.get("dtod_GBps"):
+        return None
+    matmul = c.get("matmul_TFLOPps") or {}
+    return Ceiling(device, c["dtod_GBps"] * 1e9, (c.get("h2d_GBps") or 0) * 1e9 or None,
+                   (c.get("d2h_GBps") or 0) * 1e9 or None,
+                   {unit: matmul[unit] * 1e12 for unit in UNITS if matmul.get(unit)})
 
 
 def copy_rate(nbytes: int, ms: float, read_and_write: bool = True) -> float:
     """Bytes per second of a copy of `nbytes` that took `ms`; a device-to-device copy moves each
     byte twice through memory (read + written), a host-to-device copy once over the link."""
     return (2 if read_and_write else 1) * nbytes / (ms * 1e-3)
-
-
-def floor_ms(nbytes: int, rate: float | None) -> float | None:
-    """The least time moving `nbytes` at `rate` bytes/s can take."""
-    return nbytes / rate * 1e3 if rate else None
 
 
 def throughput(nbytes: int | None, flops: int | None, ms: float | None) -> tuple[float | None, float | None]:
@@ -51,27 +59,45 @@ def tied_with(best: dict | None, record: dict) -> bool:
     return len(a) >= MIN_SAMPLES and len(b) >= MIN_SAMPLES and bootstrap_ratio(a, b)[1] <= 1.0
 
 
-def network_traffic(network: Network, batch: int, fuses: dict[str, tuple]) -> dict:
-    """Bytes and FLOPs of one pass as the runner executes it, conv layers fusing `fuses[name]`.
+def network_traffic(network: Network, batch: int, fuses: dict[str, tuple], absorbs: dict[str, tuple] | None = None) -> dict:
+    """Bytes and FLOPs of one pass as the runner executes it, conv layers fusing `fuses[name]` (and
+    absorbing the network's first layer where `absorbs[name]` says they do).
 
     `plan_bytes`: each launched step reads its inputs (and weights) and writes its output once
     (each layer kind says what that is); `network_bytes`: the input, every weight and the logits
-    once, the floor of a network fused into one kernel.
+    once, the floor of a network fused into one kernel; `shipped_bytes` and `logits_bytes`: what
+    crosses the bus each way (the input in its format), `host_bytes` both.
     """
     e = np.dtype(network.dtype).itemsize
     weights = sum(math.prod(shape) for shape in weight_shapes(network).values())
     plan_bytes = flops = 0
-    for step in network.steps(fuses):
+    for step in network.steps(fuses, absorbs):
         step_bytes, step_flops = step.layer.kind.traffic(network, step, batch, e)
         plan_bytes += step_bytes
         flops += step_flops
-    io = batch * (math.prod(network.input_shape) + math.prod(network.layers[-1].out_shape))
-    return {"plan_bytes": plan_bytes, "network_bytes": e * (io + weights), "flops": flops, "host_bytes": e * io}
+    shipped = batch * math.prod(network.input_shape) * np.dtype(network.shipped_dtype).itemsize
+    logits = batch * math.prod(network.layers[-1].out_shape) * e
+    return {"plan_bytes": plan_bytes, "network_bytes": shipped + logits + e * weights, "flops": flops,
+            "shipped_bytes": shipped, "logits_bytes": logits, "host_bytes": shipped + logits}
 
 
-def target_for(targets: dict, key: str, precision: str | None = None) -> float | None:
+def target_for(targets: dict, key: str, kind: str | None = None) -> float | None:
+    """A row's target: one number, or one per kind of row (a conv layer's per precision class, the end
+    to end's per input format)."""
     value = targets.get("ms", {}).get(key)
-    return value.get(precision) if isinstance(value, dict) else value
+    return value.get(kind) if isinstance(value, dict) else value
+
+
+def _listed(rec) -> list:
+    """The end-to-end records (one per input format), from a list or, as older callers give, one."""
+    return rec if isinstance(rec, list) else [] if rec is None else [rec]
+
+
+def _floor(ceiling: Ceiling | None, nbytes: int | None, rec: dict) -> float | None:
+    """A row's floor at the measured rates: `nbytes`, and its FLOPs on its unit."""
+    if ceiling is None or not nbytes:
+        return None
+    return work_floor_ms(ceiling, Work(nbytes, rec.get("flops"), rec.get("unit")))
 
 
 def build_result(meas: dict, targets: dict) -> dict:
@@ -81,11 +107,14 @@ def build_result(meas: dict, targets: dict) -> dict:
     is computed here, so a test can feed it fake numbers.
     """
     c = meas["ceilings"]
-    copy_ms, h2d_ms = median(c.get("copy_samples_ms")), median(c.get("h2d_samples_ms"))
+    copy_ms, h2d_ms, d2h_ms = (median(c.get(f"{k}_samples_ms")) for k in ("copy", "h2d", "d2h"))
     dtod = copy_rate(c["copy_bytes"], copy_ms) if copy_ms else None
     h2d = copy_rate(c["h2d_bytes"], h2d_ms, read_and_write=False) if h2d_ms else None
+    d2h = copy_rate(c["h2d_bytes"], d2h_ms, read_and_write=False) if d2h_ms else None
     ceilings = {**c, "copy_median_ms": copy_ms, "dtod_GBps": dtod * 1e-9 if dtod else None,
-                "h2d_median_ms": h2d_ms, "h2d_GBps": h2d * 1e-9 if h2d else None}
+                "h2d_median_ms": h2d_ms, "h2d_GBps": h2d * 1e-9 if h2d else None,
+                "d2h_median_ms": d2h_ms, "d2h_GBps": d2h * 1e-9 if d2h else None}
+    ceiling = ceiling_of(ceilings, meas.get("device"))
     batch = meas["batch"]
     judged = targets.get("batch") == batch
     device_note = None
@@ -123,30 +152,34 @@ def build_result(meas: dict, targets: dict) -> dict:
             row = {"kind": "conv", "label": layer, **{k: v for k, v in rec.items()}, "best": rec is chosen,
                    "tied": tied_with(chosen, rec)}
             row["max_rel_err"] = finite(row.get("max_rel_err"))
-            derived(row, rec.get("bytes"), rec.get("flops"), floor_ms(rec["bytes"], dtod) if rec.get("bytes") else None,
+            derived(row, rec.get("bytes"), rec.get("flops"), _floor(ceiling, rec.get("bytes"), rec),
                     target_for(targets, layer, rec.get("precision")),
                     cudnn.get("layers", {}).get(layer, {}) if cudnn.get("available") else {})
             rows.append(row)
 
     # The fastest correct forward plan first (the one end to end runs), then the other plans.
     # Each row's label is its targets key.
+    # An end-to-end row per input format, at the bench's batch and at the small one.
     network_recs = [("forward", "forward", meas.get("forward")),
                     *(("forward", "forward", r) for r in meas.get("other_forwards", [])),
-                    ("end_to_end", "end_to_end", meas.get("end_to_end")),
-                    ("end_to_end", "end_to_end_small", meas.get("end_to_end_small"))]
+                    *(("end_to_end", "end_to_end", r) for r in _listed(meas.get("end_to_end"))),
+                    *(("end_to_end", "end_to_end_small", r) for r in _listed(meas.get("end_to_end_small")))]
     for kind, key, rec in network_recs:
         if rec is None:
             continue
         row = {"kind": kind, "label": key, **rec}
         row["max_rel_err"] = finite(row.get("max_rel_err"))
+        compute = _floor(ceiling, rec.get("plan_bytes"), rec)
         if kind == "forward":
-            floor = floor_ms(rec["plan_bytes"], dtod) if rec.get("plan_bytes") else None
-            row["network_floor_ms"] = finite(floor_ms(rec["network_bytes"], dtod)) if rec.get("network_bytes") else None
-            derived(row, rec.get("plan_bytes"), rec.get("flops"), floor, target_for(targets, key, rec.get("precision")),
+            row["network_floor_ms"] = finite(_floor(ceiling, rec.get("network_bytes"), rec))
+            derived(row, rec.get("plan_bytes"), rec.get("flops"), compute, target_for(targets, key, rec.get("precision")),
                     cudnn.get("forward", {}) if cudnn.get("available") else {})
         else:
-            floor = floor_ms(rec["host_bytes"], h2d) if rec.get("host_bytes") else None
-            derived(row, rec.get("host_bytes"), rec.get("flops"), floor, target_for(targets, key, rec.get("precision")))
+            batch_of = rec.get("batch") or batch
+            floor = (forward_floor_ms(ceiling, rec.get("shipped_bytes"), rec.get("logits_bytes"), compute,
+                                      (rec.get("tail_images") or batch_of) / batch_of) if ceiling else None)
+            derived(row, rec.get("host_bytes"), rec.get("flops"), floor,
+                    target_for(targets, key, rec.get("input_format", "fp32")))
         rows.append(row)
 
     for profiler, run in (meas.get("harness") or {}).items():
@@ -160,7 +193,8 @@ def build_result(meas: dict, targets: dict) -> dict:
         derived(row, None, None, None, target_for(targets, key))
         rows.append(row)
 
-    return {"format": BENCH_FORMAT, "config": meas.get("config"), "device": meas.get("device"), "batch": batch,
+    return {"format": BENCH_FORMAT, "bench_id": meas.get("bench_id"), "measured_at": meas.get("measured_at"),
+            "config": meas.get("config"), "device": meas.get("device"), "batch": batch,
             "instead": instead_rows(meas, next((r for r in rows if r["kind"] == "forward"), None)),
             "instead_note": (meas.get("instead") or {}).get("note"),
             "repeats": meas.get("repeats"), "warmup": meas.get("warmup"), "seed": meas.get("seed"),
@@ -248,8 +282,9 @@ def table_rows(result: dict) -> list[list[str]]:
         elif r["kind"] == "end_to_end":
             how = (f"{r.get('streams')} streams" + (f", {r['chunks']} x {r['chunk_images']} images" if r.get("chunks") else "")
                    + (", CUDA graph" if r.get("graph") else ""))
-            out.append(line(f"end to end, batch {r['batch']} ({how})" if r["label"] == "end_to_end_small"
-                            else f"end to end ({how})", r))
+            what = f"end to end {r.get('input_format', 'fp32')}"
+            out.append(line(f"{what}, batch {r['batch']} ({how})" if r["label"] == "end_to_end_small"
+                            else f"{what} ({how})", r))
         elif r["kind"] == "harness":
             out.append(line(f"harness {r['profiler']} (cached job)", r))
     return out
@@ -263,16 +298,20 @@ def format_report(result: dict) -> str:
     c = result["ceilings"]
     head = [f"convsweep bench: {result.get('device')}, batch {result['batch']}, {result.get('repeats')} repeats "
             f"(median of events, after {result.get('warmup')} warm-up passes)",
-            f"memory floor rate: device copy {_ms(c.get('dtod_GBps'), 0)} GB/s (read + write); "
-            f"pinned H2D {_ms(c.get('h2d_GBps'), 1)} GB/s"]
+            f"measured rates (the floors'): device copy {_ms(c.get('dtod_GBps'), 0)} GB/s (read + write); "
+            f"pinned H2D {_ms(c.get('h2d_GBps'), 1)} GB/s, D2H {_ms(c.get('d2h_GBps'), 1)} GB/s"]
     matmul = c.get("matmul_TFLOPps")
     if matmul:
         head.append("matmul ceilings (PyTorch): " + ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in matmul.items() if v))
+    if not result["rows"]:  # --ceilings-only: the rates are the whole answer
+        return "\n".join(head)
     table = tabulate(table_rows(result), headers=TABLE_HEADERS, tablefmt="github", disable_numparse=True)
-    notes = ["floor: the row's least bytes (inputs, weights, output once each) at the device copy rate; "
-             "forward: every launched layer's traffic (the whole network fused into one kernel: "
+    notes = ["floor (convsweep/floors.py): the row's least bytes (inputs, weights, output once each) at the device "
+             "copy rate, or its FLOPs at the measured matmul rate of its unit, whichever is longer; forward: every "
+             "launched layer's traffic (the whole network fused into one kernel: "
              + (_ms(next((r.get("network_floor_ms") for r in result["rows"] if r["kind"] == "forward"), None)) or "?")
-             + " ms); end to end: input and logits at the pinned H2D rate",
+             + " ms); end to end: the input in its format up at the pinned H2D rate, the forward, the logits down, "
+             "pipelined over the chunks (the longest stage, plus the others' share of the smallest chunk)",
              "±%: the samples' median absolute deviation in % of their median (one slow repeat does not widen it)",
              "ours/cuDNN: against the cuDNN mode of the variant's precision class (fp32, tf32, fp16)",
              "tied: a candidate the samples cannot tell from the best (the 95% bootstrap interval of its "

@@ -3,10 +3,13 @@ docstring), and the result dict that bench.report shapes."""
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from ..errors import failure_message
+from ..formats import FP32
 from ..inputs import load_batch
 from ..numbers import median
 from ..progress import progress
@@ -29,6 +32,7 @@ class BenchOptions:
     batch: int | None = None
     repeats: int | None = None
     harness_profilers: tuple[str, ...] = ()
+    ceilings_only: bool = False  # only the device's rates (copies, matmul): what the floors are reckoned at
 
 
 def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backend: Backend = Backend(),
@@ -37,14 +41,22 @@ def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backe
     `load_torch` finds PyTorch: tests pass numpy stand-ins for both."""
     network = config.network
     batch, repeats = options.batch or config.batch, options.repeats or config.repeats
-    meas = {"config": str(config.path), "batch": batch, "repeats": repeats, "warmup": config.warmup, "seed": config.seed}
+    meas = {"config": str(config.path), "batch": batch, "repeats": repeats, "warmup": config.warmup, "seed": config.seed,
+            "bench_id": uuid.uuid4().hex, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     torch, torch_note = load_torch()  # imported before any timing, so the import is never inside a phase
     with backend.gpu() as gpu:
         meas["device"] = gpu.name
         meas["environment"] = environment(gpu)
         timing = Timing(batch, config.warmup, repeats, gpu.stream())
-        log(f"ceilings: {config.copy_mib} MiB device copy, pinned H2D")
+        log(f"ceilings: {config.copy_mib} MiB device copy, pinned H2D and D2H")
         meas["ceilings"] = measure_ceilings(gpu, timing, config.copy_mib << 20)
+        if options.ceilings_only:
+            if torch is not None:
+                log("matmul ceilings (PyTorch)")
+                meas["ceilings"]["matmul_TFLOPps"] = measure_matmul(torch, timing)
+            else:
+                log(f"matmul ceilings: {torch_note}: floors count bytes only")
+            return build_result(meas, config.targets)
         meas["convs"] = []
         inputs_by_layer = {}
         total = sum(len(config.candidates.get(layer.name, ())) for layer in network.conv_layers)
@@ -86,14 +98,17 @@ def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backe
             meas["end_to_end"] = {"status": "skipped", "error": why, "samples_ms": [], "streams": config.end_to_end["streams"]}
         else:
             meas["forward"] = fastest[1]
-            log(f"end to end, {config.end_to_end['streams']} streams")
-            meas["end_to_end"] = measure_end_to_end(gpu, timing, config, fastest[0], net_inputs, backend)
-            small = config.end_to_end["small_batch"]
-            if small:
-                log(f"end to end at batch {small['batch']}")
-                meas["end_to_end_small"] = measure_end_to_end(gpu, timing, config, fastest[0],
-                                                              load_batch(network, config.dataset, small["batch"]),
-                                                              backend, small["chunk_images"])
+            e2e, small = config.end_to_end, config.end_to_end["small_batch"]
+            meas["end_to_end"], meas["end_to_end_small"] = [], []
+            for fmt in e2e["inputs"]:  # each input format: what crosses the bus
+                log(f"end to end, input {fmt}, {e2e['streams']} streams")
+                shipped = net_inputs if fmt == FP32 else load_batch(network, config.dataset, batch, fmt)
+                meas["end_to_end"].append(measure_end_to_end(gpu, timing, config, fastest[0], shipped, backend))
+                if small:
+                    log(f"end to end, input {fmt}, batch {small['batch']}")
+                    meas["end_to_end_small"].append(measure_end_to_end(
+                        gpu, timing, config, fastest[0], load_batch(network, config.dataset, small["batch"], fmt),
+                        backend, small["chunk_images"]))
         meas["other_forwards"] = [rec for _, rec in forwards if rec is not meas["forward"]]
         gpu.device.sync()
         if torch is None:

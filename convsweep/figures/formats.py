@@ -1,4 +1,5 @@
-"""The formats figure: each input format's end-to-end time against the batch, beside its physical floor."""
+"""The formats figure: each input format's end-to-end time against the batch, beside its floor at the GPU's
+measured rates (convsweep.floors)."""
 from __future__ import annotations
 
 from typing import Any
@@ -27,7 +28,7 @@ def format_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
 
 
 def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None = None):
-    """End-to-end time per input format against the batch, each format's physical floor dashed beside
+    """End-to-end time per input format against the batch, each format's floor dashed beside
     it. One line per format; where a cell (format and batch) has several runs, the fastest."""
     formats = sorted({r["input_format"] for r in rows}, key=_format_order)
     if not formats:
@@ -36,9 +37,9 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
         raise MissingData(f"experiment {experiment!r} has ok runs in one input format only ({formats[0]}): the "
                           f"formats figure compares several ({NEEDS})")
     if not any(r["forward_floor_ms"] for r in rows):
-        raise MissingData(f"experiment {experiment!r} stores no forward floors: its runs were measured without the "
-                          "integrity checks that reckon them; sweep it again (its `input` key in experiments.yaml "
-                          "picks the formats)")
+        raise MissingData(f"experiment {experiment!r} stores no forward floors: the GPU's rates were never measured "
+                          "(`convsweep bench --ceilings-only --db URL` on it, seconds), or its runs predate what the "
+                          "floors are reckoned from (sweep it again)")
     best, several = fastest(rows, ("input_format", "batch"), time="forward_ms")
     batches = sorted({b for _, b in best})
     # wider than one panel: the title, centred on the figure, clears the legend beside it
@@ -63,8 +64,9 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
     note = ("End to end: the whole pass host to host, the batch shipped in its format, the device making the "
             "network's input from it, every layer and the logits back; timed as "
             + "; or ".join(how.get(t, t) for t in timers) + ", median over the timed passes. "
-            "Floor (dashed): the least the pass could physically take, the shipped bytes at the GPU's host-link "
-            "rate or the device work at its peak rates, whichever is longer."
+            "Floor (dashed): the least the pass could take at this GPU's measured rates (convsweep bench): the "
+            "shipped bytes up at the GPU's measured host-to-device rate, the compute, the logits down, pipelined "
+            "over the chunks (the longest stage plus the others' share of the smallest chunk)."
             + (" Where a cell has several runs (variants, streams, host memories, settings), the fastest is "
                "shown with its floor." if several else ""))
     return finish(fig, f"End-to-end time by input format: {experiment}",

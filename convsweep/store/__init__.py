@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib
 
 _HOME = {
+    "ceilings": ["ingest_ceiling", "refresh_floors"],
     "engine": ["alembic_config", "make_engine", "migrate", "one_line", "open_store", "resolve_url", "show_url",
                "sqlite_path"],
     "ingest": ["check_result", "ingest_files", "ingest_result", "read_result"],
     "ingest_report": ["IngestReport"],
-    "models": ["Base", "Build", "Environment", "KernelProfile", "KernelStat", "LayerTime", "Memcpy", "Phase", "Run",
+    "models": ["Base", "Build", "DeviceCeiling", "Environment", "KernelProfile", "KernelStat", "LayerTime", "Memcpy", "Phase", "Run",
                "Sample", "Sweep"],
     "profiles": ["ingest_profile"],
 }

@@ -22,6 +22,7 @@ from convsweep.progress import progress
 from convsweep.record import Measurement, ResultFile
 from convsweep.schema import validate
 
+from .ceilings import BENCH_FORMAT, ingest_ceiling, latest_ceiling, set_floors
 from .engine import _writer, one_line, storing
 from .ingest_report import IngestReport
 from .models import Base, Build, Environment, KernelStat, LayerTime, Memcpy, Phase, Run, Sample, Sweep
@@ -94,6 +95,8 @@ def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | Non
     if isinstance(result, dict) and result.get("format") == PROFILE_FORMAT:  # an Nsight Compute profile job's file
         check_values(result, result_path or f"profile {result.get('job_id', '?')}")
         return ingest_profile(engine, result, result_path)
+    if isinstance(result, dict) and result.get("format") == BENCH_FORMAT:  # `convsweep bench --json`: a GPU's rates
+        return ingest_ceiling(engine, result, result_path)
     source = result_path or f"result {result.get('job_id', '?') if isinstance(result, dict) else '?'}"
     check_result(result, source)
     found = measurements(ResultFile.from_json(result), source)
@@ -142,6 +145,7 @@ def _run_row(session: Session, measurement: Measurement, result_path: str | None
     sweep_id = _get_or_create(session, Sweep, {k: sweep.pop(k) for k in ("experiment", "config_hash")},
                               {**sweep, "created_at": now})
     environment = measurement.environment_columns()
+    gpu = environment.get("gpu")
     environment_id = _get_or_create(session, Environment, {"env_hash": environment.pop("env_hash")}, environment)
     build_ids = {_get_or_create(session, Build, {"build_key": build.pop("build_key")}, build)
                  for build in measurement.build_rows()}
@@ -154,6 +158,10 @@ def _run_row(session: Session, measurement: Measurement, result_path: str | None
     run.memcpys = [Memcpy(**row) for row in measurement.memcpy_rows()]
     run.layer_times = [LayerTime(**row) for row in measurement.layer_time_rows()]
     run.phase_times = [Phase(**row) for row in measurement.phase_rows()]
+    ceilings = session.info.setdefault("ceilings", {})  # the GPU's latest rates, looked up once a transaction
+    if gpu not in ceilings:
+        ceilings[gpu] = latest_ceiling(session, gpu)
+    set_floors(run, run.layer_times, ceilings[gpu])
     return run
 
 

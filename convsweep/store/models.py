@@ -49,6 +49,29 @@ run_build = Table(
 )
 
 
+class DeviceCeiling(Base):
+    """One GPU's measured rates, from a `convsweep bench` (its `ceilings`): device copy, pinned copies
+    each way, dense matmul per unit. The floors of every run on a GPU of that name are reckoned at its
+    latest (convsweep.floors); storing a new one reckons them again."""
+
+    __tablename__ = "device_ceiling"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    bench_id: Mapped[str] = mapped_column(String, unique=True)  # the bench run's: storing its file again adds nothing
+    gpu: Mapped[str] = mapped_column(String, index=True)  # as environment.gpu names it
+    gpu_uuid: Mapped[str | None] = mapped_column(String)
+    hostname: Mapped[str | None] = mapped_column(String)
+    measured_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    dtod_gbps: Mapped[float] = mapped_column(Float)  # device-to-device copy, read + write
+    h2d_gbps: Mapped[float | None] = mapped_column(Float)  # pinned host to device
+    d2h_gbps: Mapped[float | None] = mapped_column(Float)
+    fp32_tflops: Mapped[float | None] = mapped_column(Float)  # dense matmul (cuBLAS, through PyTorch)
+    tf32_tflops: Mapped[float | None] = mapped_column(Float)
+    fp16_tflops: Mapped[float | None] = mapped_column(Float)
+    source: Mapped[str | None] = mapped_column(String)  # the bench file it came from
+    ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
 class Sweep(Base):
     __tablename__ = "sweep"
     __table_args__ = (UniqueConstraint("experiment", "config_hash"),)
@@ -186,7 +209,17 @@ class Run(AxisColumns, Base):
     failed_pass: Mapped[int | None] = mapped_column(Integer)  # the first of them whose output was wrong
     fresh_passes: Mapped[int | None] = mapped_column(Integer)  # timed passes over inputs not seen before in the run
     caching_ratio: Mapped[float | None] = mapped_column(Float)  # median pass on repeated / on fresh inputs
-    forward_floor_ms: Mapped[float | None] = mapped_column(Float)  # the fastest the whole pass could physically be
+    peak_floor_ms: Mapped[float | None] = mapped_column(Float)  # the whole pass at the GPU's peak rates: below it, suspect
+    # What a pass moves over the bus (the input in its format, the logits) and its smallest chunk: with the
+    # conv layers' work (floors) what the floors at measured rates are reckoned from (convsweep.floors).
+    shipped_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    logits_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    tail_images: Mapped[int | None] = mapped_column(Integer)
+    # The floors at this GPU's measured rates (the latest device_ceiling of its GPU; NULL without one):
+    # the compute of a pass (compute_ms's) and the host-to-host pass (forward_ms's).
+    ceiling_id: Mapped[int | None] = mapped_column(Integer, index=True)  # device_ceiling.id (a column SQLite can add)
+    compute_floor_ms: Mapped[float | None] = mapped_column(Float)
+    forward_floor_ms: Mapped[float | None] = mapped_column(Float)
 
     sweep: Mapped[Sweep] = relationship()
     environment: Mapped[Environment] = relationship()
@@ -259,7 +292,9 @@ class LayerTime(Base):
     op_time_spread: Mapped[float | None] = mapped_column(Float)
     flops: Mapped[int | None] = mapped_column(BigInteger)
     bytes: Mapped[int | None] = mapped_column(BigInteger)
-    # The physical floor the integrity checks held op_time_ms to (NULL where none ran).
+    # The physical floor the integrity checks held op_time_ms to, at the GPU's peak rates (NULL where none ran).
+    peak_floor_ms: Mapped[float | None] = mapped_column(Float)
+    # Its floor at the GPU's measured rates (run.ceiling_id's; NULL without one): what "× floor" divides by.
     floor_ms: Mapped[float | None] = mapped_column(Float)
 
 

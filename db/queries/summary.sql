@@ -6,9 +6,10 @@
 -- test); "suspect: " and the first of its reasons for a run whose times the integrity checks doubt (faster than
 -- the physical floor, faster on inputs it had seen, work outside the timer): shown, never counted as fastest.
 -- `convsweep query failures` has every reason in full.
--- input: what the batch crossed the bus as (the `input` axis). forward × floor: the forward pass's time over
--- its physical floor at the GPU's peak rates (the device work's, or the input's bytes over the host link,
--- whichever is longer): 1.2 means within 20% of what the hardware allows; empty where no floor is stored.
+-- input: what the batch crossed the bus as (the `input` axis). forward × floor: the host-to-host pass over its
+-- floor at this GPU's measured rates (convsweep/floors.py: the input up, the compute, the logits down, pipelined
+-- over the chunks): 1.2 means within 20% of what this machine allows. Empty until `convsweep bench
+-- --ceilings-only --db URL` has measured the GPU's rates (seconds, once per machine).
 SELECT experiment,
        variant,
        batch,

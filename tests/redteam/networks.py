@@ -34,11 +34,12 @@ class _ConvWithSideWork:
         self.op, self.gpu, self.side, self.scratch, self.side_workspace, self.repeats = \
             op, gpu, side, scratch, workspace, repeats
 
-    def enqueue(self, stream, y: DeviceArray, x: DeviceArray, shape, workspace: DeviceArray | None = None):
-        self.op.enqueue(stream, y, x, shape, workspace)
+    def enqueue(self, stream, y: DeviceArray, x: DeviceArray, shape, workspace: DeviceArray | None = None,
+                absorbed_args: tuple = ()):
+        self.op.enqueue(stream, y, x, shape, workspace, absorbed_args)
         self.side.wait(self.gpu.event(stream))  # fork after the layer; nothing ever waits for `side`
         for _ in range(self.repeats):
-            self.op.enqueue(self.side, self.scratch.rows(0, shape.B), x, shape, self.side_workspace)
+            self.op.enqueue(self.side, self.scratch.rows(0, shape.B), x, shape, self.side_workspace, absorbed_args)
 
     def __getattr__(self, name):  # the ConvOp's build, variant, weights, ... for whoever reads them
         return getattr(self.op, name)
