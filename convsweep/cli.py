@@ -268,7 +268,7 @@ def cmd_query(args) -> None:
 
 
 def cmd_compare(args) -> None:
-    from .compare import DEFAULT, any_slower, compare, render
+    from .compare import DEFAULT, compare, gate, render
 
     a, b = args.a or DEFAULT[0], args.b or DEFAULT[1]
     if not (args.a and args.b):
@@ -276,7 +276,10 @@ def cmd_compare(args) -> None:
                                          if (a, b) == DEFAULT else ""), file=sys.stderr)
     result = compare(args.db, a, b, metric=args.metric, threshold=args.threshold, db_b=args.db_b, cpu=args.cpu)
     print(render(result, args.format))
-    if any_slower(result):
+    failed, said = gate(result, args.fail_on)
+    if args.fail_on != "never":
+        print(f"compare: {said}", file=sys.stderr)
+    if failed:
         raise SystemExit(1)
 
 
@@ -303,12 +306,11 @@ def cmd_report(args) -> None:
 def cmd_bench(args) -> None:
     from .bench import BenchOptions, format_report, load_bench_config, run_bench
     from .fileio import write_json_atomic
+    from .store import ingest_ceiling, open_store
 
     config = load_bench_config(args.config)
     options = BenchOptions(batch=args.batch, repeats=args.repeats,
                            harness_profilers=("events", "nsys") if args.harness else (), ceilings_only=args.ceilings_only)
-    from .store import ingest_ceiling, open_store
-
     engine = open_store(args.db) if args.db else None  # first: a store that cannot be used fails before the GPU work
     result = run_bench(config, options, log=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
     if args.json:
@@ -441,9 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write every number (samples included) to FILE")
     p.add_argument("--harness", action="store_true",
                    help="also run a LeNet job twice with events and twice under nsys (if found) and judge the cached runs' total_s")
-    p.add_argument("--ceilings-only", action="store_true",
-                   help="measure only the device's rates (copies each way, matmul per unit): what the floors of "
-                        "its runs are reckoned at (seconds, not minutes)")
+    p.add_argument("--ceilings-only", action="store_true", help="measure only the device's rates (copies each way, "
+                   "matmul per unit), which the floors of its runs are reckoned at: seconds, not minutes")
     p.add_argument("--db", help="store the measured rates in this result store and reckon the floors of its runs on "
                                 "this GPU at them (`convsweep ingest` of a --json file does the same)")
     p.set_defaults(func=cmd_bench)
@@ -454,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "rev:NAME), experiment:NAME, results:DIR (a sweep's results directory), runs:LO-HI, "
                                    "or the bare value; with none, previous and latest. Each matched job gets the ratio "
                                    "of B's median to A's over the stored samples, a 95%% bootstrap interval and a "
-                                   "verdict. Exit status 1 when any job is SLOWER beyond the threshold.")
+                                   "verdict. Exit status 1 when a verdict fails --fail-on (SUSPECT never does).")
     p.add_argument("a", nargs="?", help="the baseline selection (default: previous)")
     p.add_argument("b", nargs="?", help="the selection compared with it (default: latest)")
     p.add_argument("--db", help=DB_HELP)
@@ -470,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also compare the jobs timed on the CPU (the float64 reference): left out by default, "
                         "since a shared host moves their times by tens of percent between runs")
     p.add_argument("--format", choices=("table", "json"), default="table", help="(default: %(default)s)")
+    p.add_argument("--fail-on", choices=("slower", "unsure", "never"), default="slower",
+                   help="the gate: exit 1 on SLOWER, on SLOWER or UNSURE, or never (default: %(default)s)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("report", help="write an experiment's tables, seeds-format report and figures",

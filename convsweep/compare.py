@@ -34,7 +34,7 @@ from .config import tunables_text
 from .errors import ConvsweepError, StoreError
 from .fileio import json_column
 from .query import fetch_dicts
-from .stats import SLOWER, compare_samples
+from .stats import SLOWER, UNSURE, compare_samples
 from .store import resolve_url, show_url
 
 # What two jobs must share to be one job: the cell as report tells cells apart (experiment, variant, a value of
@@ -272,6 +272,26 @@ def _note(row: dict) -> str:
 
 def any_slower(result: dict) -> bool:
     return any(row["verdict"] == SLOWER for row in result["rows"])
+
+
+# `--fail-on`: the verdicts that fail a regression gate. SUSPECT never does: its times cannot be trusted either way.
+FAIL_ON = {"slower": (SLOWER,), "unsure": (SLOWER, UNSURE), "never": ()}
+
+
+def gate(result: dict, fail_on: str = "slower") -> tuple[bool, str]:
+    """Whether the comparison fails the gate, and the line that says why: the failing jobs by verdict,
+    and the SUSPECT ones the gate passed over (a suspect time is no evidence of a change either way)."""
+    if fail_on not in FAIL_ON:
+        raise ConvsweepError(f"compare: unknown --fail-on {fail_on!r}: expected one of {', '.join(FAIL_ON)}")
+    counts = {verdict: n for verdict, n in result["verdicts"].items() if verdict in FAIL_ON[fail_on] and n}
+    failed = bool(counts)
+    said = (f"gate --fail-on {fail_on}: " + ("failed: " + ", ".join(f"{n} {v}" for v, n in counts.items())
+                                            if failed else "passed"))
+    suspect = result["verdicts"].get(SUSPECT, 0)
+    if suspect and fail_on != "never":
+        said += (f"; {suspect} SUSPECT job{'s' * (suspect != 1)} ignored (the integrity checks doubt "
+                 f"{'their' if suspect != 1 else 'its'} times: `convsweep query failures` says why)")
+    return failed, said
 
 
 def render(result: dict, fmt: str = "table") -> str:

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from convsweep.cli import main as cli_main
-from convsweep.compare import SUSPECT, Selection, any_slower, compare
+from convsweep.compare import SUSPECT, Selection, any_slower, compare, gate
 from convsweep.errors import ConvsweepError
 from convsweep.stats import FASTER, SAME, SLOWER
 from convsweep.store import ingest_result, open_store
@@ -230,7 +230,8 @@ def test_previous_and_latest_select_per_job_and_are_the_default(db_url, capsys):
         cli_main(["compare", "--db", db_url])
     assert exit_status.value.code == 1
     out, err = capsys.readouterr()
-    assert err.strip() == "compare: previous -> latest: each job's newest measurement against the one before it"
+    assert err.splitlines() == ["compare: previous -> latest: each job's newest measurement against the one before it",
+                                "compare: gate --fail-on slower: failed: 1 SLOWER"]
     assert "1 SAME, 1 SLOWER; 1 job only in B" in out
 
 
@@ -272,8 +273,10 @@ def test_a_suspect_measurement_is_shown_as_such_and_never_counted_faster(db_url,
     assert (rows["tiled"]["checks_a"], rows["tiled"]["checks_b"], rows["tiled"]["suspect"]) == (None, "fast", None)
     assert result["verdicts"] == {SAME: 1, SUSPECT: 1} and not any_slower(result)
 
-    assert cli_main(["compare", a[:7], b[:7], "--db", db_url]) == 0
-    table = capsys.readouterr().out
+    assert cli_main(["compare", a[:7], b[:7], "--db", db_url, "--fail-on", "slower"]) == 0
+    table, said = capsys.readouterr()
+    assert said.strip() == ("compare: gate --fail-on slower: passed; 1 SUSPECT job ignored (the integrity checks "
+                            "doubt its times: `convsweep query failures` says why)")
     assert "1 SAME, 1 SUSPECT" in table and "| note" in table
     naive = next(line for line in table.splitlines() if "| naive " in line)
     assert "| SUSPECT " in naive and "| B suspect: conv1 took 0.05 ms, below the physical floor" in naive
@@ -281,3 +284,49 @@ def test_a_suspect_measurement_is_shown_as_such_and_never_counted_faster(db_url,
     # `convsweep compare` alone: naive's newest measurement is the suspect one, held against the one before
     assert {row["variant"]: row["verdict"] for row in compare(db_url, "previous", "latest")["rows"]} == {
         "naive": SUSPECT, "tiled": SAME}
+
+
+@pytest.mark.parametrize("verdicts, fail_on, failed, said", [
+    ({"SAME": 3}, "slower", False, "gate --fail-on slower: passed"),
+    ({"SAME": 1, "SLOWER": 2, "UNSURE": 1}, "slower", True, "gate --fail-on slower: failed: 2 SLOWER"),
+    ({"SAME": 1, "SLOWER": 2, "UNSURE": 1}, "unsure", True, "gate --fail-on unsure: failed: 2 SLOWER, 1 UNSURE"),
+    ({"UNSURE": 1}, "slower", False, "gate --fail-on slower: passed"),
+    ({"SLOWER": 1, "SUSPECT": 2}, "never", False, "gate --fail-on never: passed"),
+    ({"SLOWER": 1, "SUSPECT": 2}, "slower", True, "gate --fail-on slower: failed: 1 SLOWER; 2 SUSPECT jobs ignored"),
+])
+def test_the_gate_fails_on_the_verdicts_asked_and_never_on_a_suspect_one(verdicts, fail_on, failed, said):
+    assert gate({"verdicts": verdicts}, fail_on)[0] is failed
+    assert gate({"verdicts": verdicts}, fail_on)[1].startswith(said)
+
+
+def test_the_gate_at_the_command_line_exits_1_only_when_asked(db_url, capsys):
+    a, b = "a" * 40, "b" * 40
+    two_commits(db_url, [stored("tiled", a, noisy(20.0, 10, 0.003, 1))], [stored("tiled", b, noisy(30.0, 10, 0.003, 2))])
+    with pytest.raises(SystemExit) as exit_status:
+        cli_main(["compare", a[:7], b[:7], "--db", db_url, "--fail-on", "slower"])
+    assert exit_status.value.code == 1
+    assert capsys.readouterr().err.strip() == "compare: gate --fail-on slower: failed: 1 SLOWER"
+    assert cli_main(["compare", a[:7], b[:7], "--db", db_url, "--fail-on", "never"]) == 0  # a look, not a gate
+    out, err = capsys.readouterr()
+    assert "1 SLOWER" in out and err == ""
+    with pytest.raises(ConvsweepError, match="unknown --fail-on 'sometimes'"):
+        gate({"verdicts": {}}, "sometimes")
+
+
+def test_the_github_workflow_gates_with_a_compare_the_cli_accepts():
+    """.github/workflows/gpu-regressions.yml: only where a GPU runner is declared, and its compare line is
+    one this CLI parses, failing on SLOWER."""
+    import shlex
+
+    import yaml
+
+    from convsweep.cli import build_parser
+    from convsweep.paths import ROOT
+
+    workflow = yaml.safe_load((ROOT / ".github/workflows/gpu-regressions.yml").read_text())
+    gate_job = workflow["jobs"]["gate"]
+    assert "vars.CONVSWEEP_GPU_RUNNER == 'true'" in gate_job["if"] and "gpu" in gate_job["runs-on"]
+    line = next(step["run"] for step in gate_job["steps"] if "convsweep compare" in step.get("run", ""))
+    words = shlex.split(line.split("|")[0])
+    args = build_parser().parse_args(words[words.index(".venv/bin/convsweep") + 1:])
+    assert (args.a, args.b, args.fail_on) == ("$BASE", "$HEAD", "slower")
