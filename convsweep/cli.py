@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
+from .cliargs import positive_int, positive_seconds
 from .errors import ConvsweepError
 from .paths import DEFAULT_DB_URL
 from .figures import KINDS as PLOT_KINDS
@@ -283,6 +283,12 @@ def cmd_compare(args) -> None:
         raise SystemExit(1)
 
 
+def cmd_watch(args) -> None:
+    from .watch import WatchOptions, watch
+
+    watch(WatchOptions(args.configfile, args.experiment, args.cores, args.cpu, args.threshold))
+
+
 def cmd_report(args) -> None:
     from . import report
 
@@ -337,26 +343,6 @@ def cmd_browse(args) -> None:
     status = serve(args.db, port=args.port, host=args.host)
     if status:
         raise SystemExit(status)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
-    return value
 
 
 DB_HELP = f"SQLAlchemy URL of the result store (default: $CONVSWEEP_DB or {DEFAULT_DB_URL})"
@@ -426,9 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the named queries")
     # The defaults are convsweep.query's DEFAULT_TIMEOUT_S and DEFAULT_MAX_ROWS (a test ties them), written
     # out so that building the parser does not import the database layer for every command.
-    p.add_argument("--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=positive_seconds, default=5.0, metavar="SECONDS",
                    help="stop the query when it runs longer (default: %(default)s)")
-    p.add_argument("--max-rows", type=_positive_int, default=10_000, metavar="N",
+    p.add_argument("--max-rows", type=positive_int, default=10_000, metavar="N",
                    help="show at most N rows, and say so when there were more (default: %(default)s)")
     p.set_defaults(func=cmd_query)
 
@@ -438,8 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "same shapes when PyTorch is installed; prints ms, GB/s, GFLOP/s, the memory floor, "
                                    "ratios and the targets of the file.")
     p.add_argument("--config", default="bench/default.yaml", help="the bench file (default: %(default)s)")
-    p.add_argument("--batch", type=_positive_int, help="images per batch (default: the file's, 10000)")
-    p.add_argument("--repeats", type=_positive_int, help="timed runs per measurement (default: the file's, 20)")
+    p.add_argument("--batch", type=positive_int, help="images per batch (default: the file's, 10000)")
+    p.add_argument("--repeats", type=positive_int, help="timed runs per measurement (default: the file's, 20)")
     p.add_argument("--json", metavar="FILE", help="write every number (samples included) to FILE")
     p.add_argument("--harness", action="store_true",
                    help="also run a LeNet job twice with events and twice under nsys (if found) and judge the cached runs' total_s")
@@ -475,6 +461,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the gate: exit 1 on SLOWER, on SLOWER or UNSURE, or never (default: %(default)s)")
     p.set_defaults(func=cmd_compare)
 
+    p = sub.add_parser("watch",
+                       help="on each save of a kernel or the sweep file: snakemake, then compare the jobs it re-ran",
+                       description="Watches kernels/ (.cu, .cuh, variants.yaml) and the sweep file; on each save runs "
+                                   "Snakemake as `snakemake` would, a line per finished job, then `compare previous "
+                                   "latest` over the jobs it measured (never a gate), until Ctrl-C.")
+    p.add_argument("--configfile", metavar="FILE", help="the sweep file, as snakemake's (default: experiments.yaml)")
+    p.add_argument("--experiment", help="run and compare this experiment of the sweep file alone")
+    p.add_argument("--cores", type=positive_int, help="snakemake --cores (default: the profile's)")
+    p.add_argument("--cpu", action="store_true", help="also compare the jobs timed on the CPU, as compare --cpu")
+    p.add_argument("--threshold", type=float, default=0.05, help="as compare's (default: %(default)s)")
+    p.set_defaults(func=cmd_watch)
+
     p = sub.add_parser("report", help="write an experiment's tables, seeds-format report and figures",
                        description="Writes, for one experiment, any of: its runs as one Markdown table (--out, "
                                    "summary.md); the seeds-format report (--markdown report.md, --html for the same "
@@ -508,7 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "read-only, with every db/queries/*.sql as a canned query titled by the question "
                                    "it answers, until Ctrl-C. Datasette serves SQLite files only.")
     p.add_argument("--db", help=DB_HELP)
-    p.add_argument("--port", type=_positive_int, default=8001, help="the port to listen on (default: %(default)s)")
+    p.add_argument("--port", type=positive_int, default=8001, help="the port to listen on (default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default: %(default)s, this machine only)")
     p.set_defaults(func=cmd_browse)

@@ -334,12 +334,22 @@ def extra_registry_paths() -> tuple[Path, ...]:
 
 def load_registry(path: Path = REGISTRY_PATH) -> dict[str, Variant]:
     """The registry at `path` (the shipped one by default) joined by every file $CONVSWEEP_VARIANTS
-    names; read once per process for each path and value of the variable (a test that sets it sees it)."""
-    return _load_registries(Path(path), extra_registry_paths())
+    names; read once per version of those files and value of the variable (a test that sets it sees it,
+    and `convsweep watch` sees a registry saved since)."""
+    paths = (Path(path), *extra_registry_paths())
+    return _load_registries(paths[0], paths[1:], tuple(_version(p) for p in paths))
+
+
+def _version(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None  # missing: _load_registries says so, with the file's name
+    return stat.st_mtime_ns, stat.st_size
 
 
 @functools.lru_cache(maxsize=8)
-def _load_registries(path: Path, extras: tuple[Path, ...]) -> dict[str, Variant]:
+def _load_registries(path: Path, extras: tuple[Path, ...], versions: tuple = ()) -> dict[str, Variant]:
     """`path`'s entries, then each extra file's; a missing file or a name two files define is one
     ConfigError line naming the file and the key."""
     registry = _read_registry(path, path.name)

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Engine, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from convsweep.errors import StoreError
 from convsweep.floors import UNITS, Ceiling, Work, compute_floor_ms, forward_floor_ms, work_floor_ms
@@ -112,7 +112,7 @@ def refresh_floors(session: Session, gpu: str) -> int:
     """Reckon the floors of every stored run on a GPU of this name at its latest rates; how many."""
     row = latest_ceiling(session, gpu)
     runs = session.scalars(select(Run).join(Environment, Environment.id == Run.environment_id)
-                           .where(Environment.gpu == gpu)).all()
+                           .where(Environment.gpu == gpu).options(selectinload(Run.layer_times))).all()
     for run in runs:
         set_floors(run, run.layer_times, row)
     return len(runs)
