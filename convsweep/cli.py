@@ -256,15 +256,15 @@ def _result_files(paths: list[str]) -> list[Path]:
 
 
 def cmd_query(args) -> None:
-    from .query import list_queries, run_query
+    from .questions import named_queries, run_question
 
     if args.list or not args.query:
-        for name, description in list_queries():
+        for name, description in named_queries():
             print(f"{name:12s} {description}")
         return
     params = _parse_params(args.param, typed=False)  # bound as text: the SQL casts what it compares
-    print(run_query(args.db, args.query, fmt=args.format, params=params or None, timeout_s=args.timeout,
-                    max_rows=args.max_rows))
+    print(run_question(args.db, args.query, fmt=args.format, params=params or None, timeout_s=args.timeout,
+                       max_rows=args.max_rows))
 
 
 def cmd_compare(args) -> None:

@@ -128,17 +128,17 @@ def _newest_runs(db: str | None, selection: Selection) -> list[dict]:
     by_job: dict[tuple, list[dict]] = {}
     for run in runs:
         run["variants"], run["params"] = json_column(run["variants"]), json_column(run["params"]) or {}
-        by_job.setdefault((_cell(run), json.dumps(run["params"], sort_keys=True)), []).append(run)
+        by_job.setdefault((job_cell(run), json.dumps(run["params"], sort_keys=True)), []).append(run)
     pick = PER_JOB.get(selection.kind, -1)  # the newest, or for `previous` the one before it
     return [measured[pick] for measured in by_job.values() if len(measured) >= -pick]
 
 
-def _cell(run: dict) -> tuple:
+def job_cell(run: dict) -> tuple:
     """A job's identity across runs: its values of CELL."""
     return tuple(json.dumps(run[column], sort_keys=True) if column == "variants" else run[column] for column in CELL)
 
 
-def _samples(db: str | None, run_ids: list[int]) -> dict[str, dict[int, list[float]]]:
+def stored_samples(db: str | None, run_ids: list[int]) -> dict[str, dict[int, list[float]]]:
     """metric -> run id -> one value per timed pass, for every metric the runs have: op_time (the conv layers' op
     times added up: the job's "Op Time"), forward_ms (the whole pass), and each conv layer's name (its op time)."""
     if not run_ids:
@@ -166,7 +166,7 @@ def _side(db: str | None, selection: Selection, where: str) -> tuple[list[dict],
     runs = _newest_runs(db, selection)
     if not runs:
         raise ConvsweepError(f"compare: {selection} selects no ok or suspect run in {where}")
-    return runs, _samples(db, [run["id"] for run in runs])
+    return runs, stored_samples(db, [run["id"] for run in runs])
 
 
 def _selection(text: str, side: str) -> Selection:
@@ -189,7 +189,7 @@ def _pairs(runs_a: list[dict], runs_b: list[dict]) -> tuple[list[tuple[dict, dic
     def by_cell(runs):
         cells: dict[tuple, dict[str, dict]] = {}
         for run in runs:
-            cells.setdefault(_cell(run), {})[json.dumps(run["params"], sort_keys=True)] = run
+            cells.setdefault(job_cell(run), {})[json.dumps(run["params"], sort_keys=True)] = run
         return cells
 
     cells_a, cells_b = by_cell(runs_a), by_cell(runs_b)

@@ -80,6 +80,11 @@ def list_queries() -> list[tuple[str, str]]:
     return found
 
 
+def is_query_name(text: str) -> bool:
+    """Whether `text` reads as a query's name rather than SQL."""
+    return bool(_QUERY_NAME.fullmatch(text.strip()))
+
+
 def resolve_sql(sql_or_name: str) -> str:
     """The text of a named query or of a .sql file, or the argument itself when it is SQL."""
     candidate = sql_or_name.strip()
@@ -100,7 +105,12 @@ def run_query(url: str | None, sql_or_name: str, fmt: str = "table", params: dic
     cut at max_rows says so under the table, or on stderr for CSV and JSON, whose parsers a line would break."""
     if fmt not in FORMATS:
         raise StoreError(f"unknown output format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    columns, rows, truncated = fetch(url, sql_or_name, params, timeout_s=timeout_s, max_rows=max_rows)
+    return present(fetch(url, sql_or_name, params, timeout_s=timeout_s, max_rows=max_rows), fmt, max_rows)
+
+
+def present(answer: "Answer", fmt: str, max_rows: int | None) -> str:
+    """An answer rendered as `fmt`, saying where it was cut at max_rows."""
+    columns, rows, truncated = answer
     rendered = render(columns, rows, fmt)
     if truncated:
         note = f"first {max_rows} row{'s' * (max_rows != 1)}; --max-rows to change"

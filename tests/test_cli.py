@@ -250,10 +250,10 @@ def test_a_query_param_without_a_value_is_one_line():
 
 
 def test_query_passes_its_time_limit_and_row_cap(monkeypatch, capsys):
-    from convsweep import cli, query
+    from convsweep import cli, query, questions
 
     asked = {}
-    monkeypatch.setattr(query, "run_query", lambda *args, **kwargs: asked.update(kwargs) or "table")
+    monkeypatch.setattr(questions, "run_question", lambda *args, **kwargs: asked.update(kwargs) or "table")
     assert cli.main(["query", "summary", "--timeout", "2.5", "--max-rows", "7", "--param", "batch=100"]) == 0
     assert (asked["timeout_s"], asked["max_rows"], asked["params"]) == (2.5, 7, {"batch": "100"})
     assert cli.main(["query", "summary"]) == 0
