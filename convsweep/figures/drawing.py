@@ -22,7 +22,7 @@ PANEL_WIDTH_IN = 5.0
 PANEL_HEIGHT_IN = 3.8
 LEGEND_WIDTH_IN = 2.4
 CAPTION_FONT_PT = 8
-CAPTION_CHARS_PER_INCH = 17  # DejaVu Sans at 8 pt averages about 4 pt a character
+CAPTION_CHARS_PER_INCH = 16  # DejaVu Sans at 8 pt averages about 4.4 pt a character (17 let a line of wide ones run off)
 BATCH_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 VARIANT_LINESTYLES = ("-", "--", ":", "-.")
 
