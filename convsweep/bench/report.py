@@ -88,11 +88,6 @@ def target_for(targets: dict, key: str, kind: str | None = None) -> float | None
     return value.get(kind) if isinstance(value, dict) else value
 
 
-def _listed(rec) -> list:
-    """The end-to-end records (one per input format), from a list or, as older callers give, one."""
-    return rec if isinstance(rec, list) else [] if rec is None else [rec]
-
-
 def _floor(ceiling: Ceiling | None, nbytes: int | None, rec: dict) -> float | None:
     """A row's floor at the measured rates: `nbytes`, and its FLOPs on its unit."""
     if ceiling is None or not nbytes:
@@ -162,8 +157,8 @@ def build_result(meas: dict, targets: dict) -> dict:
     # An end-to-end row per input format, at the bench's batch and at the small one.
     network_recs = [("forward", "forward", meas.get("forward")),
                     *(("forward", "forward", r) for r in meas.get("other_forwards", [])),
-                    *(("end_to_end", "end_to_end", r) for r in _listed(meas.get("end_to_end"))),
-                    *(("end_to_end", "end_to_end_small", r) for r in _listed(meas.get("end_to_end_small")))]
+                    *(("end_to_end", "end_to_end", r) for r in meas.get("end_to_end") or []),
+                    *(("end_to_end", "end_to_end_small", r) for r in meas.get("end_to_end_small") or [])]
     for kind, key, rec in network_recs:
         if rec is None:
             continue

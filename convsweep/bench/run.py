@@ -95,7 +95,7 @@ def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backe
                 why = (f"the bench file has no candidates for {', '.join(missing)}" if missing
                        else "a conv layer has no correct candidate")
                 meas["forward"] = {"status": "skipped", "error": why, "samples_ms": []}
-            meas["end_to_end"] = {"status": "skipped", "error": why, "samples_ms": [], "streams": config.end_to_end["streams"]}
+            meas["end_to_end"] = [{"status": "skipped", "error": why, "samples_ms": [], "streams": config.end_to_end["streams"]}]
         else:
             meas["forward"] = fastest[1]
             e2e, small = config.end_to_end, config.end_to_end["small_batch"]
