@@ -18,7 +18,7 @@ from pathlib import Path
 from .cliargs import positive_int, positive_seconds
 from .errors import ConvsweepError
 from .paths import DEFAULT_DB_URL
-from .figures import KINDS as PLOT_KINDS
+from .figures import FIGURES, KINDS as PLOT_KINDS
 
 
 def process_age() -> float | None:
@@ -512,12 +512,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_browse)
 
     p = sub.add_parser("plot", help="draw figures from the database as PNG files",
-                       description="Draws, from the latest measurement of each setting: op-time (each conv layer's op "
-                                   "time per variant and batch), speedup (over the naive variant), roofline (GFLOP/s "
-                                   "against FLOPs per floor byte, under the ceilings of --bench), streams (forward "
-                                   "time and overlap per stream count and host memory), phases (where each job's "
-                                   "wall time went) and tuning (every tunable setting's op time, ranked). Prints the "
-                                   "files written, and the figures skipped for want of data with the reason.")
+                       description="Draws from the stored measurements, one PNG per kind: "
+                                   + " ".join(f"{kind}: {FIGURES[kind].description}" for kind in PLOT_KINDS)
+                                   + " Prints the files written, and the figures skipped for want of data with the "
+                                   "reason.")
     p.add_argument("kind", choices=(*PLOT_KINDS, "all"), metavar="KIND",
                    help=f"one of {', '.join(PLOT_KINDS)}, or all")
     p.add_argument("--experiment", help="plot this experiment (default: each stored one)")

@@ -98,6 +98,16 @@ def test_a_dirty_tree_is_starred_and_a_job_measured_twice_at_one_commit_is_sprea
     assert "(with uncommitted changes)" in caption(fig) and "* a dirty tree" in caption(fig)
 
 
+def test_a_step_at_a_dirty_tree_is_labelled_with_its_star(tmp_path):
+    """The step line names the commit as the x axis does: an uncommitted edit's step is `abc1234*`."""
+    levels = series([20.0] * 3 + [24.0] * 3, seed=31)
+    results = [measurement("tiled", i, level, seed=i, dirty=(i == 3)) for i, level in enumerate(levels)]
+    fig = figure("history", EXPERIMENT, store(f"sqlite:///{tmp_path / 'r.sqlite'}", results))
+    (ax,) = panels(fig).values()
+    (label,) = [t.get_text() for t in ax.texts]
+    assert label.split()[0] == commit(3)[:7] + "*" and label.split()[1].startswith("+"), label
+
+
 def test_no_job_measured_twice_is_one_line_of_missing_data(tmp_path):
     url = store(f"sqlite:///{tmp_path / 'r.sqlite'}",
                 [measurement("tiled", 0, 20.0, seed=1), measurement("naive", 0, 40.0, seed=2),

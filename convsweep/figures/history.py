@@ -88,7 +88,7 @@ def _commit_slots(points: list[dict[str, Any]]) -> tuple[dict[int, float], list[
     for p in ordered:
         key = (p["git_commit"], bool(p["git_dirty"]))
         if key != last:
-            ticks.append((str(p["git_commit"])[:SHORT_HASH] if p["git_commit"] else "?") + ("*" if key[1] else ""))
+            ticks.append(_commit_label(p["git_commit"], p["git_dirty"]))
             last = key
         slot_of[p["run_id"]] = len(ticks) - 1
     together: dict[tuple, list[int]] = {}
@@ -99,6 +99,11 @@ def _commit_slots(points: list[dict[str, Any]]) -> tuple[dict[int, float], list[
         for k, run_id in enumerate(runs):
             x[run_id] = slot + ((k + 0.5) / len(runs) - 0.5) * 0.6
     return x, ticks
+
+
+def _commit_label(commit: str | None, dirty: bool | None) -> str:
+    """A commit as the x axis and the step lines name it: its short hash, * where the tree was dirty."""
+    return (str(commit)[:SHORT_HASH] if commit else "?") + ("*" if dirty else "")
 
 
 def _panel(ax, points: list[dict[str, Any]], x: dict[int, float]) -> None:
@@ -119,7 +124,7 @@ def _panel(ax, points: list[dict[str, Any]], x: dict[int, float]) -> None:
         at = (xs[k - 1] + xs[k]) / 2 if k else xs[k]  # between the last point before and the first after
         color = STEP_COLORS.get(step.verdict, "0.3")
         ax.axvline(at, color=color, linestyle="--", linewidth=1, gid="step")
-        ax.text(at, 0.98, f" {str(step.commit or '?')[:SHORT_HASH]} {(step.ratio - 1) * 100:+.1f}%", color=color,
+        ax.text(at, 0.98, f" {_commit_label(step.commit, step.dirty)} {(step.ratio - 1) * 100:+.1f}%", color=color,
                 fontsize=7, rotation=90, ha="right", va="top", transform=ax.get_xaxis_transform())
     ax.set_title(points[0]["label"], fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
