@@ -134,13 +134,16 @@ class Timings(Part):
 
 @dataclass
 class GridPlace(Part):
-    """Where a setting sits in its job (format 3)."""
+    """Where a setting sits in its job (format 3): its index in the job's valid settings, how many the job
+    chose and has, the search that chose them, and `proposal`, the order in which a model-guided search
+    asked for it (0 first; None where the settings were chosen up front: grid, random)."""
 
     job_key: str
     index: int
     settings: int
     valid: int
     search: dict[str, Any]
+    proposal: int | None = None
 
 
 @dataclass
