@@ -15,33 +15,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .cliargs import positive_int, positive_seconds
+from . import replay
+from .cliargs import positive_int, positive_seconds, process_age
 from .errors import ConvsweepError
 from .paths import DEFAULT_DB_URL
 from .figures import FIGURES, KINDS as PLOT_KINDS
-
-
-def process_age() -> float | None:
-    """Seconds since this process started, or None where that is unknown.
-
-    On Linux both ends are on the boot clock: the start in clock ticks since boot (/proc/self/stat
-    field 22) against /proc/uptime. psutil's create_time() adds a boot time truncated to whole
-    seconds and is compared with time.time(), which put total_s up to a second too high.
-    """
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22; `comm` may hold ' ' and ')'
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import psutil
-
-        return max(0.0, time.time() - psutil.Process().create_time())
-    except Exception:
-        return None
 
 
 def _parse_params(items: list[str], typed: bool = True) -> dict:
@@ -83,7 +61,8 @@ def cmd_jobs(args) -> None:
         if args.json:
             print(json.dumps({**job.to_dict(), "sweep": job.sweep, "job_id": job.job_id, "settings": settings.chosen}))
         else:
-            print(f"{job.experiment}\t{job.job_id}\t{len(settings.chosen)} of {settings.valid} settings")
+            print(f"{job.experiment}\t{job.job_id}\t{settings.budget or len(settings.chosen)} of {settings.valid} "
+                  f"settings{' (' + job.search['strategy'] + ')' if settings.guided else ''}")
 
 
 def _read_spec(args) -> dict:
@@ -147,7 +126,8 @@ def cmd_measure(args) -> None:
 
     data = _read_spec(args)
     settings = data.get("settings")  # None: every setting of the job
-    measure_to_file(_job_spec(data.get("job", {})), None if settings is None else list(settings), Path(args.out))
+    measure_to_file(_job_spec(data.get("job", {})), None if settings is None else list(settings), Path(args.out),
+                    [tuple(pair) for pair in data.get("told") or []])
 
 
 def cmd_compile(args) -> None:
@@ -527,6 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a `convsweep bench --json` file: its device copy bandwidth and matmul rates are the "
                         "roofline's ceilings (without it the roofline has none)")
     p.set_defaults(func=cmd_plot)
+    for commands in (replay,):  # the commands whose parsers live beside them
+        commands.add_parser(sub, DB_HELP)
     return parser
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import random
 from dataclasses import asdict, dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
-from . import axes
+from . import axes, search as search_mod
 from .axes import AXES, NAMES, OMITTED_AT_DEFAULT, Axis, job_id_part
 from .errors import ConfigError, ConvsweepError, DataError, ShapeError
 from .fileio import canonical_hash
@@ -89,8 +88,9 @@ class JobSpec(Cell):
     `grid` is a list of {"layers": [...], "values": {tunable: [values]}}: each entry's setting
     applies to all its layers (a variant's grid in experiments.yaml ties every layer it runs),
     so the settings are the product of the entries' combinations, less those the registry's
-    restrictions or a layer's shape rule out. `search` is {"strategy": "grid"} (all of them) or
-    {"strategy": "random", "max_settings": N, "seed": S} (a seeded sample).
+    restrictions or a layer's shape rule out. `search` is {"strategy": "grid"} (all of them),
+    {"strategy": "random", "budget": N, "seed": S} (a seeded sample) or a guided strategy with the same
+    keys, which measures N of them as convsweep.search proposes.
     """
 
     grid: list[dict]
@@ -162,10 +162,14 @@ def _label(variants: dict[str, str]) -> str:
 @dataclass(frozen=True)
 class Settings:
     """What a job's search picked from its grid: `chosen` (conv layer -> tunables, in grid order)
-    out of `valid` settings that the restrictions and the layers' shapes allow."""
+    out of `valid` settings that the restrictions and the layers' shapes allow. For a guided search
+    every valid setting is chosen, as a candidate: `budget` of them are measured, in the order it
+    proposes them."""
 
     chosen: list[dict[str, dict]]
     valid: int
+    guided: bool = False
+    budget: int | None = None  # how many are measured; None: every chosen one
 
 
 _SETTINGS: dict[str, Settings] = {}  # by the hash of choose_settings' arguments: the planner asks once per cell
@@ -174,7 +178,8 @@ _SETTINGS: dict[str, Settings] = {}  # by the hash of choose_settings' arguments
 def choose_settings(network_path: str, variants: dict[str, str], grid: list[dict], search: dict, where: str) -> Settings:
     """The valid settings of `grid` for this network (product of each entry's allowed combinations,
     those that fit every layer's shape), then the search's pick: all, or `max_settings` of them
-    drawn with `seed` (the same draw for every batch and stream count of the cell).
+    drawn with `seed` (the same draw for every batch and stream count of the cell), or all of them as
+    a guided search's candidates.
     One ConfigError line when nothing is left."""
     from .network import load_network
     from .variants import check_grid_size, load_registry
@@ -213,11 +218,9 @@ def choose_settings(network_path: str, variants: dict[str, str], grid: list[dict
     if not valid:
         raise ConfigError(f"{where}: {first_misfit}" if combos == 1 else
                           f"{where}: none of the {combos} settings of the grid fits; the first: {first_misfit}")
-    chosen = valid
-    if search["strategy"] == "random" and search["max_settings"] < len(valid):
-        picked = random.Random(search["seed"]).sample(range(len(valid)), search["max_settings"])
-        chosen = [valid[i] for i in sorted(picked)]
-    _SETTINGS[key] = Settings(chosen, len(valid))
+    chosen = [valid[i] for i in search_mod.up_front(search, len(valid))]
+    guided = search_mod.is_guided(search)
+    _SETTINGS[key] = Settings(chosen, len(valid), guided, search_mod.budget(search, len(valid)) if guided else None)
     return _SETTINGS[key]
 
 
@@ -368,9 +371,7 @@ def _check_device_memory(net, steps, batch: int, streams: int, chunk_images: int
 def _search(exp: dict, where: str) -> dict:
     """The experiment's search; the schema has checked its keys and types."""
     search = dict(exp["search"])
-    if search["strategy"] == "grid" and set(search) != {"strategy"}:
-        extra = sorted(set(search) - {"strategy"})[0]
-        raise ConfigError(f"{where}.{extra}: only the random strategy takes it (grid measures every setting)")
+    search_mod.check(search, where)
     return search
 
 

@@ -71,6 +71,7 @@ class JobContext:
 
     def measurement(self, index: int) -> Measurement:
         """Setting `index`'s measurement before measuring: identity and provenance; failed until measured."""
-        run, spec = self.runs[index], self.spec
+        run, spec, settings = self.runs[index], self.spec, self.settings
         return Measurement.new(spec.job_id, run.run_key, run.to_dict(), spec.sweep, self.git, self.sources,
-                               GridPlace(spec.job_key, index, len(self.runs), self.settings.valid, spec.search))
+                               GridPlace(spec.job_key, index, settings.budget or len(self.runs), settings.valid,
+                                         spec.search))

@@ -163,7 +163,8 @@ def _run_job(spec: JobSpec, out_path: Path, process_age: float | None, backend: 
         resume = ResumeStore(out_path, resume_key(ctx))
         stored = resume.load()
         todo = [i for i, run in enumerate(ctx.runs) if run.run_key not in stored]
-        print(f"{spec.job_id}: {len(ctx.runs)} of {ctx.settings.valid} valid settings"
+        told = told_before(stored)
+        print(f"{spec.job_id}: {_counted(ctx)}"
               + (f", {len(ctx.runs) - len(todo)} of them measured before" if len(todo) < len(ctx.runs) else ""),
               flush=True)
         fresh: list[Measurement] = []
@@ -175,13 +176,13 @@ def _run_job(spec: JobSpec, out_path: Path, process_age: float | None, backend: 
         shared: dict = {}
         files: dict = {}
         if todo and nsys_path:
-            child = child or ProfiledChild(pool, spec, todo, out_path, nsys_path)
+            child = child or ProfiledChild(pool, spec, todo, out_path, nsys_path, told)
             shared, files = _measure_under_nsys(ctx, todo, child, keep)
         elif todo:
             from .measure import measure_settings
             from .runner import Backend
 
-            shared = measure_settings(ctx, todo, backend or Backend(), keep)
+            shared = measure_settings(ctx, todo, backend or Backend(), keep, told)
             if spec.profiler == "auto" and profiled:
                 for m in fresh:
                     m.profiler_note = NSYS_MISSING_NOTE
@@ -189,13 +190,31 @@ def _run_job(spec: JobSpec, out_path: Path, process_age: float | None, backend: 
     wall = (process_age or 0.0) + time.perf_counter() - started
     _share_job_time(fresh, shared, wall)
     by_key = {**stored, **{m.run_key: m for m in fresh}}
+    if ctx.settings.guided:  # the settings it proposed, in that order
+        measurements = sorted(by_key.values(), key=lambda m: m.grid.proposal)
+    else:
+        measurements = [by_key[run.run_key] for run in ctx.runs]
     result = ResultFile(FORMAT, spec.job_id, spec.job_key, spec.to_dict(), spec.sweep,
-                        SettingCounts(ctx.settings.valid, len(fresh), len(ctx.runs) - len(todo)),
-                        started_at, wall, {k: finite(v) for k, v in shared.items()}, files,
-                        [by_key[run.run_key] for run in ctx.runs])
+                        SettingCounts(ctx.settings.valid, len(fresh), len(stored)),
+                        started_at, wall, {k: finite(v) for k, v in shared.items()}, files, measurements)
     result.write(out_path)
     resume.clear()
     return result
+
+
+def _counted(ctx: JobContext) -> str:
+    settings = ctx.settings
+    if settings.guided:
+        return f"up to {settings.budget} of {settings.valid} valid settings, as {ctx.spec.search['strategy']} proposes them"
+    return f"{len(ctx.runs)} of {settings.valid} valid settings"
+
+
+def told_before(stored: dict[str, Measurement]) -> list[tuple[int, float | None]]:
+    """What a resumed guided search measured before: (index, objective) in the order proposed."""
+    from .search import objective
+
+    done = sorted((m for m in stored.values() if m.grid and m.grid.proposal is not None), key=lambda m: m.grid.proposal)
+    return [(m.grid.index, objective(m.status, m.timings.op_time_ms if m.timings else None)) for m in done]
 
 
 def _share_job_time(fresh: list[Measurement], shared: dict, wall: float) -> None:
@@ -218,10 +237,11 @@ class ProfiledChild:
     `nsys profile`, run on a pool thread so that this process prepares while nsys starts (~2 s)."""
 
     def __init__(self, pool: ThreadPoolExecutor, spec: JobSpec, todo: list[int] | None, out_path: Path,
-                 nsys_path: str):
+                 nsys_path: str, told: list[tuple[int, float | None]] = ()):
         self._tmp = tempfile.TemporaryDirectory()
         spec_file, self.progress = Path(self._tmp.name) / "job.json", Path(self._tmp.name) / "measured.jsonl"
-        spec_file.write_text(json.dumps({"job": {**spec.to_dict(), "sweep": spec.sweep}, "settings": todo}))
+        spec_file.write_text(json.dumps({"job": {**spec.to_dict(), "sweep": spec.sweep}, "settings": todo,
+                                         "told": list(told)}))
         self.report_base = out_path.with_suffix("")
         command = [sys.executable, "-m", "convsweep.cli", "measure", "--spec-file", str(spec_file),
                    "--out", str(self.progress)]
@@ -269,7 +289,8 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
     read_s = time.perf_counter() - t
     files = {"nsys_report": str(child.report_base.with_suffix(".nsys-rep")), "nsys_sqlite": str(sqlite_path)} \
         if sqlite_path is not None else {}
-    for i in todo:
+    # A guided search's settings are those the child's search proposed; an up-front one's, all it was given.
+    for i in (list(measured) if ctx.settings.guided else todo):
         m = measured.get(i)
         if m is None:
             m = ctx.measurement(i)
@@ -331,7 +352,8 @@ def read_progress(path: Path) -> list[dict]:
     return lines
 
 
-def measure_to_file(spec: JobSpec, todo: list[int] | None, out_path: Path) -> None:
+def measure_to_file(spec: JobSpec, todo: list[int] | None, out_path: Path,
+                    told: list[tuple[int, float | None]] = ()) -> None:
     """The child half of a job under nsys (or ncu): measure settings `todo` (None: all), appending each
     finished one to `out_path` (one JSON line, flushed) and last the phases the settings shared. A
     machine that cannot run them is told to the parent as a line {"machine": message}, then raised."""
@@ -346,7 +368,7 @@ def measure_to_file(spec: JobSpec, todo: list[int] | None, out_path: Path) -> No
 
         indices = list(range(len(ctx.runs))) if todo is None else todo
         try:
-            shared = measure_settings(ctx, indices, Backend(), lambda m: write({"measurement": m.to_json()}))
+            shared = measure_settings(ctx, indices, Backend(), lambda m: write({"measurement": m.to_json()}), told)
         except MachineError as e:
             write({"machine": str(e)})
             raise

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -37,6 +37,7 @@ from .progress import progress
 from .provenance import GpuMonitor, environment, host_environment, host_gpu_arch
 from .record import Measurement, Sample, Stopping, Timings
 from .runner import Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks, pipeline_buffers, pipeline_pass, poison_logits
+from .search import Search, UpFront, objective, proposals
 from .stats import StoppingRule
 from .timing import FLUSH, EnergyObserver, HostClock, L2FlushObserver, Reading, pipeline_timer, sample
 from .variants import Variant, layer_flops
@@ -96,18 +97,25 @@ class GpuSession:
 
 
 def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backend(),
-                     on_measured: Callable[[Measurement], None] = lambda m: None) -> dict:
-    """Measure settings `todo` (indices into ctx.runs) in this process; each finished measurement
-    goes to `on_measured` as it is made. Returns the seconds of the phases they shared. A failure
-    before any setting could run (data, a spec it cannot run) is every remaining setting's failure; the
-    machine's (MachineError: no GPU, no disk) is raised, with what was measured already handed on."""
+                     on_measured: Callable[[Measurement], None] = lambda m: None,
+                     told: Sequence[tuple[int, float | None]] = ()) -> dict:
+    """Measure settings `todo` (indices into ctx.runs) in this process, all of them or, for a guided search,
+    those it proposes among them (`told`: what a resumed job measured before, in the order proposed); each
+    finished measurement goes to `on_measured` as it is made. Returns the seconds of the phases they shared.
+    A failure before any setting could run (data, a spec it cannot run) is every remaining setting's failure
+    (a guided search's next proposals'); the machine's (MachineError: no GPU, no disk) is raised, with what
+    was measured already handed on."""
     shared: dict[str, float] = {}
     done: set[int] = set()
+    asked = proposals([run.params for run in ctx.runs], ctx.spec.search, todo, told)
 
     def finish(record: Measurement, own_s: float) -> None:
         record.timings.total_s = own_s  # its own time; run_job adds its share of the job's
+        if (proposal := asked.proposal_of(record.grid.index)) is not None:
+            record.grid.proposal = proposal
         done.add(record.grid.index)
         on_measured(record)
+        asked.tell(record.grid.index, objective(record.status, record.timings.op_time_ms))
 
     try:
         t = time.perf_counter()
@@ -119,24 +127,24 @@ def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backen
         shared["reference"] = time.perf_counter() - t
         cpu = {v.is_cpu for v in ctx.variants.values()}
         if cpu == {True}:
-            _measure_cpu_settings(ctx, todo, finish)
+            _measure_cpu_settings(ctx, asked, finish)
         elif cpu == {False}:
-            _measure_gpu_settings(ctx, todo, backend, shared, finish)
+            _measure_gpu_settings(ctx, asked, backend, shared, finish)
         else:
             raise ConvsweepError("a job cannot mix the CPU 'reference' variant with GPU variants")
     except MachineError:
         raise
     except Exception as e:  # the job's own failure: every setting not yet measured is stored with it
         message, env = failure_message(e), environment()
-        for i in todo:
-            if i not in done:
-                record = ctx.measurement(i)
-                record.error, record.environment = message, env
-                finish(record, 0.0)
+        unfinished = [i for i in getattr(asked, "order", todo) if i not in done] or asked.propose()
+        for i in unfinished:
+            record = ctx.measurement(i)
+            record.error, record.environment = message, env
+            finish(record, 0.0)
     return shared
 
 
-def _measure_cpu_settings(ctx: JobContext, todo: list[int], finish) -> None:
+def _measure_cpu_settings(ctx: JobContext, asked: Search | UpFront, finish) -> None:
     """The CPU reference: synchronous numpy, so a host clock around each layer is an honest timer."""
     network = ctx.batch.network
     conv_names = list(ctx.variants)  # the timed layers: a fused network's conv1 times the later convs too
@@ -144,28 +152,34 @@ def _measure_cpu_settings(ctx: JobContext, todo: list[int], finish) -> None:
     cast = {k: v.astype(dtype) for k, v in ctx.batch.weights.items()}
     images = ctx.batch.images.astype(dtype)
     timer = HostClock()
-    for i in todo:
-        started, record, run, out = time.perf_counter(), ctx.measurement(i), ctx.runs[i], {}
+    while batch := asked.propose():
+        for i in batch:
+            _measure_cpu_setting(ctx, i, network, conv_names, cast, images, timer, finish)
 
-        def one_pass(marks: dict) -> None:
-            x = images
-            for layer in network.layers:
-                t = timer.clock()
-                x = reference_layer(layer, cast, x)
-                marks[layer.name] = [(t, timer.clock())]
-            out["logits"] = x
 
-        sampled = sample(timer, one_pass, StoppingRule.of(run.repeats, run.stopping), warmup=run.warmup)
-        t = time.perf_counter()
-        samples = [s for n, reading in enumerate(sampled.readings) for s in
-                   [*(Sample("op_time_ms", name, n, reading.marked_ms(name)) for name in conv_names),
-                    Sample("forward_ms", None, n, reading.ms)]]
-        record.profiler, record.samples, record.builds = "cpu", samples, []
-        record.timings = _timings_from_samples(samples, conv_names)
-        record.environment, record.stopping = environment(), Stopping.from_json(sampled.stopping)
-        _complete(record, out["logits"], ctx)
-        record.phases_s = {"warmup": sampled.warmup_s, "timed": sampled.timed_s, "check": time.perf_counter() - t}
-        finish(record, time.perf_counter() - started)
+def _measure_cpu_setting(ctx: JobContext, i: int, network, conv_names: list[str], cast: dict, images: np.ndarray,
+                         timer: HostClock, finish) -> None:
+    started, record, run, out = time.perf_counter(), ctx.measurement(i), ctx.runs[i], {}
+
+    def one_pass(marks: dict) -> None:
+        x = images
+        for layer in network.layers:
+            t = timer.clock()
+            x = reference_layer(layer, cast, x)
+            marks[layer.name] = [(t, timer.clock())]
+        out["logits"] = x
+
+    sampled = sample(timer, one_pass, StoppingRule.of(run.repeats, run.stopping), warmup=run.warmup)
+    t = time.perf_counter()
+    samples = [s for n, reading in enumerate(sampled.readings) for s in
+               [*(Sample("op_time_ms", name, n, reading.marked_ms(name)) for name in conv_names),
+                Sample("forward_ms", None, n, reading.ms)]]
+    record.profiler, record.samples, record.builds = "cpu", samples, []
+    record.timings = _timings_from_samples(samples, conv_names)
+    record.environment, record.stopping = environment(), Stopping.from_json(sampled.stopping)
+    _complete(record, out["logits"], ctx)
+    record.phases_s = {"warmup": sampled.warmup_s, "timed": sampled.timed_s, "check": time.perf_counter() - t}
+    finish(record, time.perf_counter() - started)
 
 
 def build_requests(network, variants: dict[str, Variant], run: RunSpec) -> list[BuildRequest]:
@@ -191,13 +205,15 @@ def _compile_errors(ctx: JobContext, todo: list[int], builds: dict) -> dict[int,
     return errors
 
 
-def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, shared: dict, finish) -> None:
+def _measure_gpu_settings(ctx: JobContext, asked: Search | UpFront, backend: Backend, shared: dict, finish) -> None:
     spec, clock = ctx.spec, backend.clock
     chunks = pass_chunks(spec.batch, spec.streams, spec.chunk_images)
     # The builds compile on the CPU cores (for NVML's idea of the GPU's architecture: no CUDA context
     # is needed to know it; sm_90 where there is no GPU, so that a kernel that does not compile says
-    # so on any machine), while other jobs may hold the GPU.
+    # so on any machine), while other jobs may hold the GPU. A guided search's first proposals alone are
+    # known now: each later round of them compiles in parallel before it is measured.
     arch = spec.arch if spec.arch != "auto" else host_gpu_arch() or "sm_90"
+    todo = asked.propose()
     requests = [r for i in todo for r in build_requests(ctx.batch.network, ctx.variants, ctx.runs[i])]
     holder = f"job {spec.job_id} ({spec.experiment})"
     with ExitStack() as stack:
@@ -245,26 +261,45 @@ def _measure_gpu_settings(ctx: JobContext, todo: list[int], backend: Backend, sh
         # Where NVML could not tell (GPUs of several kinds), each op compiles for this GPU itself.
         session = GpuSession(gpu, streams, buffers, monitor, chunks, backend, arch if spec.arch != "auto" else gpu.arch,
                              rounds, _peaks(backend, gpu, monitor))
-        settings = progress(todo, desc=f"job {spec.job_id}", unit="setting", enabled=len(todo) > 1)
-        for n, i in enumerate(settings):
-            started, record = clock(), ctx.measurement(i)
-            try:
-                with nvtx_range(f"setting {i}"), gpu.scope():
-                    logits, guard = _measure_gpu_setting(session, ctx, record)
+        bar = progress(total=asked.budget, desc=f"job {spec.job_id}", unit="setting", enabled=asked.budget > 1)
+        measured = 0
+        while todo:
+            for i in todo:
+                record = _measure_one(session, ctx, i, env, finish)
+                measured += 1
+                bar.update(1)
+                # The job log's line; on a terminal, drawn above the bar rather than through it.
+                bar.write(f"[{measured}/{asked.budget}] {_describe(record)}", file=sys.stdout)
+                sys.stdout.flush()
+            if todo := asked.propose():  # a guided search's next round, compiled in parallel first
                 t = clock()
-                _complete(record, logits, ctx)
-                guard.apply(record)  # a wrong timed pass, and what else the checks found
-                record.integrity.peaks = session.peaks
-                judge_floors(record, ctx.batch.network)
-                settle(record)
-                record.phases_s["check"] = clock() - t
-            except Exception as e:  # this setting's failure (compile, launch, shape): the others go on
-                record.status, record.error = "failed", failure_message(e)
-            record.environment = env
-            finish(record, clock() - started)
-            # The job log's line; on a terminal, drawn above the bar rather than through it.
-            settings.write(f"[{n + 1}/{len(todo)}] {_describe(record)}", file=sys.stdout)
-            sys.stdout.flush()
+                requests = [r for i in todo for r in build_requests(ctx.batch.network, ctx.variants, ctx.runs[i])]
+                with backend.compile_all(requests, session.arch) as pending:
+                    pending.wait()
+                shared["compile"] += clock() - t
+        bar.close()
+
+
+def _measure_one(session: GpuSession, ctx: JobContext, i: int, env: dict, finish) -> Measurement:
+    """Setting i, measured, checked and handed to `finish`; a failure of its own (compile, launch, shape) is
+    its result, and the job goes on."""
+    clock = session.backend.clock
+    started, record = clock(), ctx.measurement(i)
+    try:
+        with nvtx_range(f"setting {i}"), session.gpu.scope():
+            logits, guard = _measure_gpu_setting(session, ctx, record)
+        t = clock()
+        _complete(record, logits, ctx)
+        guard.apply(record)  # a wrong timed pass, and what else the checks found
+        record.integrity.peaks = session.peaks
+        judge_floors(record, ctx.batch.network)
+        settle(record)
+        record.phases_s["check"] = clock() - t
+    except Exception as e:
+        record.status, record.error = "failed", failure_message(e)
+    record.environment = env
+    finish(record, clock() - started)
+    return record
 
 
 def _peaks(backend: Backend, gpu, monitor) -> dict | None:

@@ -256,6 +256,10 @@ def _profile_job(spec: JobSpec, out_path: Path, log, required: bool) -> dict:
     if ncu is None:  # ncu: auto on a machine without it: said in the file, and the sweep goes on
         result["reason"] = "ncu (Nsight Compute) is not on PATH or $NCU: not profiled (ncu: auto)"
         return _write_profile(out_path, result, started)
+    if spec.settings().guided:  # which settings it measures is known only once it has run
+        result["reason"] = (f"a {spec.search['strategy']} search's settings are known only once it ran: not "
+                            "profiled (profile its winner with a grid job)")
+        return _write_profile(out_path, result, started)
     kernels = [name for v in dict.fromkeys(spec.variants.values()) for name in get_variant(v).kernel_names]
     report_base = out_path.with_suffix("")
     with writing(report_base.parent):

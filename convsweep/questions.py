@@ -1,15 +1,17 @@
 """Every named question `convsweep query` answers: the SQL files of db/queries, which convsweep.query runs
 read-only, and those SQL alone cannot answer, computed in Python over the same read-only reads (a job's
-steps across commits: convsweep.history). A module above both, so that the SQL runner imports nothing of
-what is computed with it."""
+steps across commits: convsweep.history; the fronts of op time against energy: convsweep.pareto). A module
+above both, so that the SQL runner imports nothing of what is computed with it."""
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import StoreError
 from .history import regressions
+from .pareto import pareto, pareto_note
 from .paths import QUERIES_DIR
 from .query import DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_S, FORMATS, Answer, fetch, is_query_name, list_queries, present
 
@@ -17,16 +19,21 @@ from .query import DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_S, FORMATS, Answer, fetch, 
 @dataclass(frozen=True)
 class Computed:
     """A named question answered in Python: `function(url, params)` returns (columns, rows), reading through
-    convsweep.query's read-only fetch_dicts as compare does (cut at max_rows; no timeout of its own)."""
+    convsweep.query's read-only fetch_dicts as compare does (cut at max_rows; no timeout of its own). `note`, where
+    given, gives the line `convsweep query` shows with the rows: what they leave out, say."""
 
     function: Callable[[str | None, dict[str, Any] | None], tuple[list[str], list[Sequence[Any]]]]
     description: str
+    note: Callable[[str | None, dict[str, Any] | None], str | None] | None = None
 
 
 COMPUTED: dict[str, Computed] = {
     "regressions": Computed(regressions, "Where did a job's Op Time step up or down across its commits, and by how "
                                          "much (ruptures' change points, each confirmed by a bootstrap verdict "
                                          "beyond 5%)?"),
+    "pareto": Computed(pareto, "Which settings of each conv layer and batch does no other beat on both op time and "
+                               "energy per pass (the front, each point's op time with its 95% interval), and which "
+                               "variants lie on it?", note=pareto_note),
 }
 
 
@@ -58,4 +65,12 @@ def run_question(url: str | None, sql_or_name: str, fmt: str = "table", params: 
     """convsweep.query.run_query for every named question, computed ones included."""
     if fmt not in FORMATS:
         raise StoreError(f"unknown output format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    return present(fetch_question(url, sql_or_name, params, timeout_s, max_rows), fmt, max_rows)
+    rendered = present(fetch_question(url, sql_or_name, params, timeout_s, max_rows), fmt, max_rows)
+    computed = COMPUTED.get(sql_or_name.strip())
+    note = computed.note(url, params) if computed is not None and computed.note is not None else None
+    if not note:
+        return rendered
+    if fmt != "table":  # CSV and JSON stay machine-readable: the line goes to stderr, as present's cut does
+        print(note, file=sys.stderr)
+        return rendered
+    return f"{rendered}\n\n{note}"

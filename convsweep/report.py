@@ -1,6 +1,7 @@
 """`convsweep report`: an experiment as the course reports were typed by hand, generated. Per variant:
 the seeds' table, the speedup over the previous variant and over the naive baseline, and what Nsight
-Compute says bounds each conv kernel; then the figures. Written as Markdown (report.md, figures
+Compute says bounds each conv kernel; then which variants lie on each conv layer's front of op time
+against energy per pass, where energy was measured; then the figures. Written as Markdown (report.md, figures
 linked), as one self-contained HTML page (figures embedded: what the Snakemake report shows) and as
 CSV tables.
 
@@ -67,12 +68,13 @@ READING_GUIDE = [
 @dataclass
 class Experiment:
     """What the report of one experiment is made from: its runs (the latest measurement of each
-    setting) and its rows of the `why` query."""
+    setting), its rows of the `why` query and its fronts of op time against energy (convsweep.pareto)."""
 
     name: str
     runs: list[dict[str, Any]]
     why_columns: list[str] = field(default_factory=list)
     why: list[dict[str, Any]] = field(default_factory=list)
+    fronts: list = field(default_factory=list)
 
 
 # -- reading -----------------------------------------------------------------------------------------
@@ -87,7 +89,9 @@ class NoRuns(ConvsweepError):
 
 
 def load(url: str | None, experiment: str) -> Experiment:
-    """The experiment's runs and Nsight Compute rows; NoRuns when it has no run stored."""
+    """The experiment's runs, Nsight Compute rows and fronts; NoRuns when it has no run stored."""
+    from .pareto import fronts
+
     _, runs = _rows(url, RUNS_SQL, {"experiment": experiment})
     if not runs:
         raise NoRuns(f"no runs of experiment {experiment!r} in the database: run its sweep first")
@@ -97,7 +101,8 @@ def load(url: str | None, experiment: str) -> Experiment:
         if not run["conv_layers"] or run["timed_layers"] != run["conv_layers"]:
             run["op_time_ms"] = None
     why_columns, why = _rows(url, "why")
-    return Experiment(experiment, runs, why_columns, [row for row in why if row["experiment"] == experiment])
+    return Experiment(experiment, runs, why_columns, [row for row in why if row["experiment"] == experiment],
+                      fronts(url, experiment, intervals=False))
 
 
 # -- speedups ----------------------------------------------------------------------------------------
@@ -169,6 +174,7 @@ def build(experiment: Experiment, figures: Sequence[Path] = (), figures_dir: Pat
     for index, variant in enumerate(order):
         previous = order[index - 1] if index > 0 else None
         blocks += _variant_section(experiment, variant, previous, best, shown)
+    blocks += _front_section(experiment)
     blocks += _figure_section(experiment.name, figures, figures_dir)
     return blocks
 
@@ -340,6 +346,35 @@ def _evidence_line(row: dict[str, Any]) -> str:
     detail = "; ".join(fact for fact in facts if fact)
     return f"batch {row['batch']}, {row['layer']} `{row['kernel']}`{setting}: **{row['why']}**" + (
         f" ({detail})" if detail else "")
+
+
+def _front_section(experiment: Experiment) -> list:
+    """Per conv layer and batch, the variants on the front of op time against energy per pass, fastest first;
+    nothing where no setting has an energy per pass."""
+    from .pareto import left_out_line, without_energy
+
+    measured = [front for front in experiment.fronts if front.measured]
+    if not measured:
+        return []
+    several = len({front.cell_text for front in measured}) > 1
+    rows = [[front.layer, str(front.batch), *([front.cell_text] if several else []), _front_variants(front.front),
+             f"{len(front.front)}/{len(front.measured)}"] for front in measured]
+    left_out = left_out_line(without_energy(experiment.fronts))
+    return [Heading(2, "Op time against energy"),
+            Paragraph("Per conv layer and batch, the variants with a setting on the front, fastest first: the settings "
+                      "no other setting beats on both the layer's op time and the energy per pass (the whole GPU's, "
+                      "per pass); front/settings counts them among the settings with an energy. `convsweep query "
+                      "pareto` lists them with their op time intervals." + (f" {left_out}." if left_out else "")),
+            Table(["layer", "batch", *(["cell"] if several else []), "on the front", "front/settings"], rows,
+                  [False, True, *([False] if several else []), False, True])]
+
+
+def _front_variants(front: Sequence) -> str:
+    """'`tiled` (2 settings), `naive`': the front's variants in its order, fastest first."""
+    counts: dict[str, int] = {}
+    for point in front:
+        counts[point.variant] = counts.get(point.variant, 0) + 1
+    return ", ".join(f"`{variant}`" + (f" ({n} settings)" if n > 1 else "") for variant, n in counts.items())
 
 
 def _figure_section(experiment: str, figures: Sequence[Path], figures_dir: Path | None) -> list:

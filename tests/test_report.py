@@ -204,7 +204,7 @@ def test_drawing_skips_kinds_without_data_and_none_is_no_error(tmp_path):
     assert done.paths == [] and "no ok run" in done.skipped[0][1] and list(figures.iterdir()) == []
     drawn = report.draw(url, EXPERIMENT, figures)
     assert {p.stem for p in drawn.paths} >= {"op-time", "speedup", "roofline", "phases", "tuning"}
-    assert {kind for kind, _ in drawn.skipped} == {"streams", "formats", "history"}
+    assert {kind for kind, _ in drawn.skipped} == {"streams", "formats", "history", "pareto"}
 
 
 def test_summary_md_tells_a_grids_settings_apart_fastest_first(tmp_path):

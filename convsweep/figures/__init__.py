@@ -1,6 +1,6 @@
 """`convsweep plot`: figures from the result store (op time, speedup over naive, roofline, streams,
-input formats, job phases, tuning landscape, each job's history across commits), each with a caption
-saying what was measured where.
+input formats, job phases, tuning landscape, each job's history across commits, op time against energy
+per pass and its front), each with a caption saying what was measured where.
 
 FIGURES is the registry: every kind in the order it is drawn and reported, the rows it reads and
 the module that draws them. Adding a figure is one module in this package and one line there. The
@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import ConvsweepError
 from ..reading import Ceilings, MissingData, load_ceilings
-from . import formats, history, op_time, phases, roofline, speedup, streams, tuning
+from . import formats, history, op_time, pareto, phases, roofline, speedup, streams, tuning
 from .drawing import matplotlib_classes, save
 from .rows import experiments, layer_rows
 
@@ -45,6 +45,7 @@ FIGURES: dict[str, FigureKind] = {
     "phases": FigureKind(phases.phase_rows, phases.draw),
     "tuning": FigureKind(layer_rows, tuning.draw),
     "history": FigureKind(history.history_rows, history.draw),
+    "pareto": FigureKind(pareto.pareto_rows, pareto.draw),
 }
 KINDS = tuple(FIGURES)
 
