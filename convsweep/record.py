@@ -138,6 +138,8 @@ class GridPlace(Part):
     chose and has, the search that chose them, and `proposal`, the order in which a model-guided search
     asked for it (0 first; None where the settings were chosen up front: grid, random)."""
 
+    OPTIONAL = frozenset({"proposal"})
+
     job_key: str
     index: int
     settings: int
