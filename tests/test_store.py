@@ -731,7 +731,7 @@ def test_a_job_file_with_one_bad_measurement_stores_nothing(engine, tmp_path, in
     (lambda f: f["measurements"][1]["grid"].update(job_key="other"),
      "measurements[1].grid.job_key: expected the file's job_key '{job_key}', got 'other'"),
     (lambda f: f.update(measurements=[]), "measurements: must not be empty"),
-    (lambda f: f["job"]["search"].update(strategy="random"), "job.search: 'max_settings' is a required property"),
+    (lambda f: f["job"]["search"].update(strategy="random"), "job.search: 'seed' is a required property"),
     (lambda f: f.pop("job_key"), "(top level): 'job_key' is a required property"),
     (lambda f: f.update(format=5), "format: expected one of [1, 2, 3], got 5"),
 ])
