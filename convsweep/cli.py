@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from . import replay
+from . import kerneltuner, replay
 from .cliargs import positive_int, positive_seconds, process_age
 from .errors import ConvsweepError
 from .paths import DEFAULT_DB_URL
@@ -507,8 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a `convsweep bench --json` file: its device copy bandwidth and matmul rates are the "
                         "roofline's ceilings (without it the roofline has none)")
     p.set_defaults(func=cmd_plot)
-    for commands in (replay,):  # the commands whose parsers live beside them
-        commands.add_parser(sub, DB_HELP)
+    replay.add_parser(sub, DB_HELP)  # the commands whose parsers live beside them
+    kerneltuner.add_parsers(sub, DB_HELP)
     return parser
 
 

@@ -12,6 +12,7 @@ import os
 import shlex
 import sys
 import threading
+from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 
@@ -277,14 +278,32 @@ class SweepPlan:
         job = self.job(experiment, job_id)
         return ",".join(f"{name}={get_variant(name).entry_hash}" for name in sorted(set(job.variants.values())))
 
-    def finish(self) -> None:
+    def finish(self, targets: Iterable[str] = ()) -> None:
         """onsuccess and onerror: let go of Snakemake's timer, store the results of the jobs that
-        finished where an experiment's ingest did not run, and print what the sweep left behind."""
+        finished where an experiment's ingest did not run, and print what the sweep left behind, for
+        the experiments this invocation asked for (`targets`, Snakemake's: none is all of them)."""
         from .outcome import finish_sweep
 
         release_scheduler_timer()
-        finish_sweep(self.db_url, [self._experiment_files(e) for e in self.experiments])
+        finish_sweep(self.db_url, [self._experiment_files(e) for e in self.targeted_experiments(targets)])
         skip_final_collection()
+
+    def targeted_experiments(self, targets: Iterable[str]) -> list[str]:
+        """The experiments whose files `targets` name: all of them for none, or for a rule's name (`all`);
+        else those a target path lies in (results/E/..., its own files only). So `snakemake
+        results/E/summary.md` never writes another experiment's report, which would then stand as done."""
+        targets = list(targets)
+        results = Path(self.results_dir).resolve()
+        named: set[str] = set()
+        for target in targets:
+            path = Path(target)
+            if len(path.parts) == 1 and not path.suffix:  # a rule, not a file
+                return list(self.experiments)
+            try:
+                named.add(path.resolve().relative_to(results).parts[0])
+            except (ValueError, IndexError):  # a file outside the results folder: every experiment's, say
+                return list(self.experiments)
+        return [e for e in self.experiments if e in named] if targets else list(self.experiments)
 
     def _experiment_files(self, experiment: str):
         """An experiment's jobs, results and logs as the rules name them, for convsweep.outcome."""

@@ -185,7 +185,7 @@ class Measurement(Part):
     verdict and the times. Fields in the order jobs write them. `logits` (not a field, never written)
     holds the output array where the caller asked to keep it."""
 
-    OPTIONAL = frozenset({"prediction_agreement", "profiler_note", "integrity"})
+    OPTIONAL = frozenset({"prediction_agreement", "profiler_note", "integrity", "imported_from"})
     PARTS = {"grid": GridPlace, "stopping": Stopping, "timings": Timings, "samples": Sample, "integrity": Integrity}
 
     measurement_id: str  # uuid4 hex, new each time the setting is measured; the ingest key
@@ -223,6 +223,7 @@ class Measurement(Part):
     prediction_agreement: float | None = None
     profiler_note: str | None = None
     integrity: Integrity | None = None  # GPU measurements since format 3's integrity checks
+    imported_from: str | None = None  # what another tool's file it was read from (convsweep.kerneltuner); None: measured here
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -302,7 +303,7 @@ class Measurement(Part):
             "throttled_passes": len(set(throttle["repeats"])) if throttle else None,
             "note": "; ".join(n for n in (self.note, self.profiler_note) if n) or None,
             "energy_j": energy.get("joules"), "energy_per_pass_j": energy.get("joules_per_pass"),
-            **self.integrity_columns(),
+            "imported_from": self.imported_from, **self.integrity_columns(),
         }
 
     def integrity_columns(self) -> dict[str, Any]:

@@ -517,3 +517,27 @@ def test_a_finished_run_does_not_wait_for_snakemakes_rescheduling_timer():
         assert unrelated.is_alive()
     finally:
         unrelated.cancel()
+
+
+def test_a_targeted_sweep_leaves_the_other_experiments_files_alone(tmp_path):
+    """`snakemake results/first/summary.md` ends with the first experiment's outcome only: it writes no report
+    of the second, which would then stand as done (seen on the lent H100 with sweeps/search.yaml: the second
+    experiment's own targeted run said "Nothing to be done"). Then the second runs when asked for."""
+    small_sweep(tmp_path, {"first": {"variants": ["reference"]}, "second": {"variants": ["reference"]}})
+    proc = snakemake(tmp_path, "results/first/summary.md")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "convsweep: first: 1 of 1 jobs finished" in proc.stderr and "convsweep: second" not in proc.stderr
+    second = tmp_path / "results" / "second"
+    assert [p.relative_to(second).parts[0] for p in second.rglob("*") if p.is_file()] == ["specs"]  # its job's spec alone
+    proc = snakemake(tmp_path, "results/second/summary.md")
+    assert proc.returncode == 0 and started(proc, "run_job") == 1, proc.stderr[-3000:]
+    assert "convsweep: second: 1 of 1 jobs finished" in proc.stderr
+
+
+def test_the_experiments_a_target_names():
+    plan = SweepPlan({"results_dir": "results", "experiments": {
+        "a": {"variants": ["reference"], "batches": [8]}, "b": {"variants": ["reference"], "batches": [8]}}}, "x.yaml")
+    assert plan.targeted_experiments([]) == plan.targeted_experiments(["all"]) == ["a", "b"]
+    assert plan.targeted_experiments(["results/b/summary.md", "./results/b/report.md"]) == ["b"]
+    assert plan.targeted_experiments(["results/a/runs/x.json", "results/b/ingested.json"]) == ["a", "b"]
+    assert plan.targeted_experiments(["elsewhere/file.txt"]) == ["a", "b"]

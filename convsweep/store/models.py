@@ -184,6 +184,8 @@ class Run(AxisColumns, Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     result_path: Mapped[str | None] = mapped_column(String)
+    # Where a run read from another tool's file came from (a Kernel Tuner cache: convsweep.kerneltuner); NULL: measured here.
+    imported_from: Mapped[str | None] = mapped_column(String)
     # What the measurement was taken from (docs/result-format.md).
     source_hash: Mapped[str | None] = mapped_column(String)  # of all its kernel files together
     sources: Mapped[dict[str, Any] | None]  # kernel file -> its source hash
