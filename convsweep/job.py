@@ -209,8 +209,8 @@ def _counted(ctx: JobContext) -> str:
     return f"{len(ctx.runs)} of {settings.valid} valid settings"
 
 
-def told_before(stored: dict[str, Measurement]) -> list[tuple[int, float | None]]:
-    """What a resumed guided search measured before: (index, objective) in the order proposed."""
+def told_before(stored: dict[str, Measurement]) -> list[tuple[int, dict[str, float] | None]]:
+    """What a resumed guided search measured before: (index, each layer's op time) in the order proposed."""
     from .search import objective
 
     done = sorted((m for m in stored.values() if m.grid and m.grid.proposal is not None), key=lambda m: m.grid.proposal)
@@ -237,7 +237,7 @@ class ProfiledChild:
     `nsys profile`, run on a pool thread so that this process prepares while nsys starts (~2 s)."""
 
     def __init__(self, pool: ThreadPoolExecutor, spec: JobSpec, todo: list[int] | None, out_path: Path,
-                 nsys_path: str, told: list[tuple[int, float | None]] = ()):
+                 nsys_path: str, told: list[tuple[int, dict[str, float] | None]] = ()):
         self._tmp = tempfile.TemporaryDirectory()
         spec_file, self.progress = Path(self._tmp.name) / "job.json", Path(self._tmp.name) / "measured.jsonl"
         spec_file.write_text(json.dumps({"job": {**spec.to_dict(), "sweep": spec.sweep}, "settings": todo,
@@ -353,7 +353,7 @@ def read_progress(path: Path) -> list[dict]:
 
 
 def measure_to_file(spec: JobSpec, todo: list[int] | None, out_path: Path,
-                    told: list[tuple[int, float | None]] = ()) -> None:
+                    told: list[tuple[int, dict[str, float] | None]] = ()) -> None:
     """The child half of a job under nsys (or ncu): measure settings `todo` (None: all), appending each
     finished one to `out_path` (one JSON line, flushed) and last the phases the settings shared. A
     machine that cannot run them is told to the parent as a line {"machine": message}, then raised."""

@@ -54,10 +54,13 @@ def _timings_from_samples(samples: list[Sample], conv_names: list[str], compile_
 
 
 def _floor_shape(network, name: str, variant: Variant, batch: int):
-    """The problem a timed layer's floor is reckoned on: the conv alone, or for a fused network the
-    whole run of layers its kernel computes (whose intermediate maps need not leave the chip), read
-    from what was shipped where it absorbs the network's first layer."""
-    fused = network.fused_layers(name, variant.fuses) if variant.fuses_tail else ()
+    """The problem a timed layer's floor is reckoned on: what its kernel computes and writes, the conv and
+    the layers it fuses (a relu and max-pool: the pooled maps are its output; a fused network's whole run,
+    whose intermediate maps need not leave the chip), read from what was shipped where it absorbs the
+    network's first layer. (Reckoned on the conv alone, a pool-fusing kernel's floor counted the unpooled
+    maps it never writes: on the lent H100, tf32_sliding_window's conv1 at batch 10000 took 0.35 ms
+    against a 0.378 ms floor and was wrongly suspect.)"""
+    fused = network.fused_layers(name, variant.fuses)
     return network.conv_shape(network.layer(name), batch, fused, network.absorbed_input(name, variant.absorbs_input))
 
 
@@ -98,7 +101,7 @@ class GpuSession:
 
 def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backend(),
                      on_measured: Callable[[Measurement], None] = lambda m: None,
-                     told: Sequence[tuple[int, float | None]] = ()) -> dict:
+                     told: Sequence[tuple[int, dict[str, float] | None]] = ()) -> dict:
     """Measure settings `todo` (indices into ctx.runs) in this process, all of them or, for a guided search,
     those it proposes among them (`told`: what a resumed job measured before, in the order proposed); each
     finished measurement goes to `on_measured` as it is made. Returns the seconds of the phases they shared.
@@ -107,7 +110,8 @@ def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backen
     was measured already handed on."""
     shared: dict[str, float] = {}
     done: set[int] = set()
-    asked = proposals([run.params for run in ctx.runs], ctx.spec.search, todo, told)
+    asked = proposals([run.params for run in ctx.runs], ctx.spec.search, todo, told,
+                      groups=[entry["layers"] for entry in ctx.spec.grid])
 
     def finish(record: Measurement, own_s: float) -> None:
         record.timings.total_s = own_s  # its own time; run_job adds its share of the job's

@@ -28,22 +28,42 @@ MIN_OK = 2  # a job with fewer ok settings has nothing to search
 
 @dataclass(frozen=True)
 class Grid:
-    """One job's whole grid: each setting's tunables and its Op Time (its conv layers' median op times added
-    up), None where it failed, came out wrong or is suspect."""
+    """One job's whole grid: each setting's tunables and each conv layer's median op time (None where the
+    setting failed, came out wrong or is suspect), and `groups`, the layers whose tunables move together."""
 
     job: str
     variant: str
     batch: int | None
     params: list[dict[str, dict]]
-    op_time_ms: list[float | None]
+    layer_ms: list[dict[str, float] | None]
+    groups: list[list[str]]
+
+    @property
+    def op_time_ms(self) -> list[float | None]:
+        """Each setting's Op Time: its conv layers' op times added up."""
+        return [sum(t.values()) if t else None for t in self.layer_ms]
 
     @property
     def best_ms(self) -> float:
         return min(t for t in self.op_time_ms if t is not None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"job": self.job, "variant": self.variant, "batch": self.batch,
-                "settings": [{"params": p, "op_time_ms": t} for p, t in zip(self.params, self.op_time_ms)]}
+        return {"job": self.job, "variant": self.variant, "batch": self.batch, "groups": self.groups,
+                "settings": [{"params": p, "layer_ms": t} for p, t in zip(self.params, self.layer_ms)]}
+
+
+def tied_groups(params: Sequence[dict[str, dict]]) -> list[list[str]]:
+    """The layers whose tunables are equal in every setting move together (a variant's grid that ties them);
+    each other layer is a group of its own."""
+    groups: list[list[str]] = []
+    for layer in dict.fromkeys(layer for p in params for layer in p):
+        for group in groups:
+            if all(p.get(group[0]) == p.get(layer) for p in params):
+                group.append(layer)
+                break
+        else:
+            groups.append([layer])
+    return groups
 
 
 def stored_grids(db: str | None, experiment: str) -> list[Grid]:
@@ -51,27 +71,33 @@ def stored_grids(db: str | None, experiment: str) -> list[Grid]:
     measurement; one line when there is none."""
     from .query import fetch_dicts
 
-    _, runs = fetch_dicts(db, "SELECT r.id, r.job_key, r.job_id, r.variant, r.batch, r.params, r.status, r.grid, "
-                              "SUM(l.op_time_ms) AS op_time_ms, COUNT(l.op_time_ms) AS timed, "
-                              "COUNT(l.layer) AS layers FROM latest_run r LEFT JOIN layer_time l ON l.run_id = r.id "
-                              "WHERE r.experiment = :experiment GROUP BY r.id, r.job_key, r.job_id, r.variant, "
-                              "r.batch, r.params, r.status, r.grid ORDER BY r.job_key, r.id", {"experiment": experiment})
+    _, runs = fetch_dicts(db, "SELECT id, job_key, job_id, variant, batch, params, status, grid FROM latest_run "
+                              "WHERE experiment = :experiment ORDER BY job_key, id", {"experiment": experiment})
     if not runs:
         raise ConvsweepError(f"replay: no stored run of experiment {experiment!r}")
+    _, layers = fetch_dicts(db, "SELECT l.run_id, l.layer, l.op_time_ms FROM layer_time l JOIN latest_run r "
+                                "ON r.id = l.run_id WHERE r.experiment = :experiment", {"experiment": experiment})
+    times: dict[int, dict[str, float | None]] = {}
+    for row in layers:
+        times.setdefault(row["run_id"], {})[row["layer"]] = row["op_time_ms"]
     jobs: dict[str, list[dict]] = {}
     for run in runs:
         jobs.setdefault(run["job_key"], []).append(run)
     grids = []
-    for key, members in jobs.items():
+    for members in jobs.values():
         place = [_json(m["grid"]) or {} for m in members]
         if any((p.get("search") or {}).get("strategy") != "grid" for p in place) or \
                 len({p.get("index") for p in place}) != (place[0].get("valid") or -1):
             continue  # a sample, a guided search, or a grid not wholly stored: not a known space
         members.sort(key=lambda m: _json(m["grid"])["index"])
-        grids.append(Grid(members[0]["job_id"], members[0]["variant"], members[0]["batch"],
-                          [_json(m["params"]) or {} for m in members],
-                          [float(m["op_time_ms"]) if m["status"] == "ok" and m["timed"] == m["layers"] and m["timed"]
-                           else None for m in members]))
+        params = [_json(m["params"]) or {} for m in members]
+        layer_ms = []
+        for m in members:
+            t = times.get(m["id"]) or {}
+            ok = m["status"] == "ok" and t and all(v is not None for v in t.values())
+            layer_ms.append({layer: float(v) for layer, v in t.items()} if ok else None)
+        grids.append(Grid(members[0]["job_id"], members[0]["variant"], members[0]["batch"], params, layer_ms,
+                          tied_groups(params)))
     if not grids:
         raise ConvsweepError(f"replay: experiment {experiment!r} has no job whose whole grid is stored "
                              "(search: grid, every valid setting measured)")
@@ -95,7 +121,8 @@ def load_grids(path: str | Path) -> tuple[str, list[Grid]]:
             raise ConvsweepError(f"{path}: format: expected {GRIDS_FORMAT!r}, got {data.get('format')!r}")
         return data["experiment"], [Grid(job["job"], job["variant"], job.get("batch"),
                                          [s["params"] for s in job["settings"]],
-                                         [s["op_time_ms"] for s in job["settings"]]) for job in data["jobs"]]
+                                         [s["layer_ms"] for s in job["settings"]], job["groups"])
+                                    for job in data["jobs"]]
     except OSError as e:
         raise ConvsweepError(f"{path}: cannot read: {e.strerror}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -142,7 +169,7 @@ def judge(grids: Sequence[Grid], strategy: str, budget: str | int = DEFAULT_BUDG
         n = budget_for(budget, len(grid.params))
         for seed in range(1 if strategy == "grid" else seeds):  # the grid's order has no seed
             search = {"strategy": "grid"} if strategy == "grid" else {"strategy": strategy, "budget": n, "seed": seed}
-            outcome = run(grid.params, grid.op_time_ms.__getitem__, search, tolerance, grid.best_ms)
+            outcome = run(grid.params, grid.layer_ms.__getitem__, search, tolerance, grid.best_ms, grid.groups)
             searches += 1
             measured += len(outcome.order)
             settings += len(grid.params)

@@ -37,12 +37,13 @@ def test_the_grid_always_reaches_the_best_and_measures_everything(search_grids):
     assert judged.reached == judged.searches == 8 and judged.measured == judged.settings == 1250
 
 
-def test_guided_search_beats_a_random_sample_of_the_same_budget_on_the_measured_space(search_grids):
-    """The docs/search.md table's claim: on the H100's 1,250 settings, at 20% of each grid and 20 seeds,
-    TPE comes within 2% of the best far more often than a random sample of the same size."""
+def test_tpe_meets_the_target_on_the_measured_space_where_a_random_sample_does_not(search_grids):
+    """The issue's target, on the H100's 1,250 settings (docs/search.md's table): within 2% of the grid's best
+    in at least 95% of 20 seeds per grid, measuring at most 20% of the settings; a random sample of the same
+    size comes within 2% in about a third of them."""
     tpe, sampled = judge(search_grids, "tpe", "20%", 20), judge(search_grids, "random", "20%", 20)
     assert tpe.measured == sampled.measured <= 0.2 * tpe.settings
-    assert tpe.reached >= 0.7 * tpe.searches and sampled.reached <= 0.4 * sampled.searches
+    assert tpe.reached >= 0.95 * tpe.searches and sampled.reached <= 0.4 * sampled.searches
 
 
 def test_budgets_are_a_share_or_a_count():
