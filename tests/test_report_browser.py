@@ -173,7 +173,7 @@ def test_the_sweep_writes_the_seeds_format_report_and_its_tables(built):
         assert f"## `{variant}`" in text
     assert "× over naive (baseline)" in text and "**compute-bound: SM 67% of peak, tensor pipe 58%**" in text
     assert "None: `reference` runs on the CPU" in text
-    for kind in ("op-time", "speedup", "roofline", "streams", "phases", "tuning"):
+    for kind in ("op-time", "speedup", "roofline", "streams", "phases", "tuning", "pareto"):
         assert f"![{kind}](figures/{kind}.png)" in text and (built.results / "figures" / f"{kind}.png").is_file()
     seeds = (built.results / "tables" / "seeds.csv").read_text().splitlines()
     assert seeds[0].startswith("variant,tunables,batch") and any(line.startswith("reference,") for line in seeds)
@@ -191,7 +191,7 @@ def test_every_figure_of_the_html_report_renders(built, browser):
     assert EXPERIMENT in data["categories"], f"no category {EXPERIMENT}: {list(data['categories'])}"
     figures = {path: r for path, r in data["results"].items() if r["mime_type"].startswith("image/")}
     drawn = sorted(p.name for p in (built.results / "figures").glob("*.png"))
-    assert sorted(r["filename"] for r in figures.values()) == drawn and len(drawn) == 6
+    assert sorted(r["filename"] for r in figures.values()) == drawn and len(drawn) == 7  # pareto too: it has energy
     for path, result in sorted(figures.items()):
         label = result["labels"]["figure"]
         row = row_for(browser, built.report, EXPERIMENT, "figures", label)

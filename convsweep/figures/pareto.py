@@ -10,6 +10,7 @@ from .drawing import LEGEND_WIDTH_IN, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, n
 
 FRONT_COLOR = "0.2"
 LOG_SPAN = 10  # an axis whose values span this factor or more is logarithmic
+MAX_COLUMNS = 4  # panels a row: more wrap, so that a sweep of many cells stays a page wide
 
 
 def pareto_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
@@ -34,21 +35,31 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
     if not measured:
         raise MissingData(f"experiment {experiment!r} has no ok run with an energy per pass: a sweep with "
                           "energy_window_s 0 measures none (`convsweep query energy` shows what each job measured)")
-    layers = sorted({(r["layer_index"], r["layer"]) for r in measured})
-    columns = sorted({(r["batch"], r["cell"]) for r in measured})
-    several_cells = len({cell for _, cell in columns}) > 1
-    colors = variant_colors(r["variant"] for r in measured)
-    fig, axes = new_figure(len(layers), len(columns), PANEL_WIDTH_IN * len(columns) + LEGEND_WIDTH_IN,
-                           PANEL_HEIGHT_IN * len(layers) + 1.6)
-    for row, (index, layer) in enumerate(layers):
-        for col, (batch, cell) in enumerate(columns):
-            points = [r for r in measured if r["layer_index"] == index and (r["batch"], r["cell"]) == (batch, cell)]
-            title = f"{layer}, batch {batch}" + (f", {cell}" if several_cells else "")
-            _panel(axes[row][col], points, colors, title)
+    keys = sorted({(r["layer_index"], r["layer"], r["batch"], r["cell"]) for r in measured},
+                  key=lambda k: (k[2], str(k[3]), k[0]))
+    several_cells = len({k[3] for k in keys}) > 1
+    panels = [(k, [r for r in measured if (r["layer_index"], r["layer"], r["batch"], r["cell"]) == k]) for k in keys]
+    alone = sum(len(points) < 2 for _, points in panels)  # a front of one setting among one says nothing
+    panels = [(k, points) for k, points in panels if len(points) >= 2]
+    if not panels:
+        raise MissingData(f"experiment {experiment!r} has no conv layer and batch with two settings or more that "
+                          "have an energy per pass: there is no front to draw")
+    colors = variant_colors(r["variant"] for _, points in panels for r in points)
+    cols = min(MAX_COLUMNS, len(panels))
+    rows_n = -(-len(panels) // cols)
+    fig, axes = new_figure(rows_n, cols, PANEL_WIDTH_IN * cols + LEGEND_WIDTH_IN, PANEL_HEIGHT_IN * rows_n + 1.6)
+    for n, ((_, layer, batch, cell), points) in enumerate(panels):
+        title = f"{layer}, batch {batch}" + (f", {cell}" if several_cells else "")
+        _panel(axes[n // cols][n % cols], points, colors, title)
+    for n in range(len(panels), rows_n * cols):
+        axes[n // cols][n % cols].set_axis_off()
+    measured = [r for _, points in panels for r in points]
     _legend(fig, colors)
     settings = len({r["run_id"] for r in measured})
     fronts = {(r["layer_index"], r["batch"], r["cell"]) for r in measured}
     left_out = left_out_line(len({r["run_id"] for r in rows if r["energy_per_pass_j"] is None}))
+    if alone:
+        left_out = "; ".join(filter(None, [left_out, f"{alone} conv layer and batch with one setting alone left out"]))
     note = (f"{settings} setting{'s' * (settings != 1)} of experiment {experiment} with an energy per pass, the "
             f"latest measurement of each where it is ok (suspect, incorrect and failed ones are never drawn), in "
             f"{len(fronts)} panel{'s' * (len(fronts) != 1)}. x: the panel's conv layer's median op time over the "
