@@ -140,7 +140,7 @@ def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backen
         raise
     except Exception as e:  # the job's own failure: every setting not yet measured is stored with it
         message, env = failure_message(e), environment()
-        unfinished = [i for i in getattr(asked, "order", todo) if i not in done] or asked.propose()
+        unfinished = [i for i in asked.proposed if i not in done] or asked.propose()
         for i in unfinished:
             record = ctx.measurement(i)
             record.error, record.environment = message, env

@@ -116,6 +116,11 @@ class Search:
     def done(self) -> bool:
         return len(self.order) >= self.budget
 
+    @property
+    def proposed(self) -> list[int]:
+        """The settings proposed so far, in that order (measured, or waiting to be)."""
+        return self.order
+
     def propose(self, k: int = COMPILE_AHEAD) -> list[int]:
         """Up to k settings not measured nor pending, fewer as the budget runs out; [] when it has."""
         out: list[int] = []
@@ -183,6 +188,7 @@ class UpFront:
     def __init__(self, todo: Sequence[int]):
         self._todo: list[int] | None = list(todo)
         self.budget = len(self._todo)
+        self.proposed = list(todo)  # all of them, from the start
 
     def propose(self, k: int = COMPILE_AHEAD) -> list[int]:
         todo, self._todo = self._todo or [], None
