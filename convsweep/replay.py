@@ -213,6 +213,7 @@ def add_parser(sub, db_help: str) -> None:
 
 def cmd_replay(args) -> None:
     from .query import render
+    from .search import STRATEGIES
 
     if args.grids:
         experiment, grids = load_grids(args.grids)
@@ -222,13 +223,18 @@ def cmd_replay(args) -> None:
         experiment, grids = args.experiment, stored_grids(args.db, args.experiment)
     else:
         raise ConvsweepError("replay: give --experiment (the database's grids) or --grids FILE")
+    strategies = [name.strip() for name in args.strategy.split(",")]
+    for name in strategies:  # every mistake of the command line before any output
+        if name not in STRATEGIES:
+            raise ConvsweepError(f"replay --strategy: unknown {name!r}: expected one of {', '.join(STRATEGIES)}")
+    budget_for(args.budget, 1)
+    if args.seeds < 1:
+        raise ConvsweepError(f"replay --seeds: expected 1 or more, got {args.seeds}")
     if args.save:
         save_grids(args.save, experiment, grids, args.grids or "the database")
         print(f"wrote {len(grids)} grids of {experiment} to {args.save}")
-    if args.seeds < 1:
-        raise ConvsweepError(f"replay --seeds: expected 1 or more, got {args.seeds}")
     settings = sum(len(g.params) for g in grids)
     print(f"{experiment}: {len(grids)} grids, {settings:,} settings; budget {args.budget} of each grid, "
           f"{args.seeds} seeds, within {TOLERANCE:.0%} of each grid's best")
-    rows = [judged_row(judge(grids, name.strip(), args.budget, args.seeds)) for name in args.strategy.split(",")]
+    rows = [judged_row(judge(grids, name, args.budget, args.seeds)) for name in strategies]
     print(render(JUDGED_COLUMNS, rows, args.format))

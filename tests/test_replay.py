@@ -97,3 +97,15 @@ def _place(measurement: dict, block: int, index: int, search: dict) -> None:
     measurement["run_key"] = f"key-{block}"
     measurement["job_id"] = "naive-b10-grid"
     measurement["grid"] = {"job_key": "job-grid", "index": index, "settings": 5, "valid": 5, "search": search}
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--strategy", "grid,bayes"], "convsweep: replay --strategy: unknown 'bayes': expected one of grid, random, tpe"),
+    (["--budget", "0%"], "convsweep: replay --budget: expected a share in (0%, 100%], got 0%"),
+    (["--budget", "x"], "convsweep: replay --budget: expected N settings or P%, got 'x'"),
+    (["--seeds", "0"], "convsweep: replay --seeds: expected 1 or more, got 0"),
+])
+def test_a_bad_option_is_one_line_before_any_output(args, expected, capsys):
+    assert cli_main(["replay", "--grids", str(DATA / "search-grids.json"), *args]) != 0
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().startswith(expected) and len(err.strip().splitlines()) == 1
