@@ -14,10 +14,10 @@ from convsweep.cli import main as cli_main
 from convsweep.errors import StoreError
 from convsweep.pareto import PARETO_COLUMNS, fronts, non_dominated
 from convsweep.questions import COMPUTED, fetch_question, named_queries, run_question
-from convsweep.store import ingest_result, open_store
 
 from store_fixtures import as_reader
 from test_compare import stored
+from test_history import store
 from test_stats import noisy
 
 EXPERIMENT = "lenet86-baseline"
@@ -45,14 +45,6 @@ def setting(variant: str, op_time_ms: float, joules: float | None, seed: int, **
     """A run of `variant` whose passes take about `op_time_ms` (conv layers added up), at `joules` per pass."""
     return stored(variant, COMMIT, noisy(op_time_ms, SAMPLES, 0.003, seed),
                   energy=energy(joules) if joules is not None else None, **kwargs)
-
-
-def store(url: str, results: list[dict]) -> str:
-    engine = open_store(url)
-    for result in results:
-        ingest_result(engine, result)
-    engine.dispose()
-    return url
 
 
 def known_results() -> list[dict]:
