@@ -31,6 +31,7 @@ shell.prefix(plan.shell_prefix(workflow.deployment_settings.deployment_method))
 wildcard_constraints:
     experiment=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     job=r"[A-Za-z0-9][A-Za-z0-9_.+=-]*",
+    group=r"winners-[A-Za-z0-9_.+=-]+",
 
 
 # A database that cannot take the results stops the sweep before any job runs; then each job's spec
@@ -53,6 +54,7 @@ onerror:
 
 include: "workflow/rules/infer.smk"
 include: "workflow/rules/profile.smk"
+include: "workflow/rules/confirm.smk"
 include: "workflow/rules/store.smk"
 include: "workflow/rules/report.smk"
 

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from . import kerneltuner, replay
+from . import confirm, kerneltuner, replay
 from .cliargs import positive_int, positive_seconds, process_age
 from .errors import ConvsweepError
 from .paths import DEFAULT_DB_URL
@@ -37,18 +37,18 @@ def _parse_params(items: list[str], typed: bool = True) -> dict:
 
 
 def resolve_arch(arch: str) -> str:
-    """'auto' is the GPU's own architecture, or sm_90 (the lent H100) where there is no GPU."""
+    """'auto' is the GPU's own target (sm_90a on an H100), or the lent H100's where there is no GPU."""
     if arch != "auto":
         return arch
     from .gpu import Gpu, gpu_available
-    from .provenance import host_gpu_arch
+    from .provenance import NO_GPU_ARCH, host_gpu_arch
 
     if found := host_gpu_arch():
         return found
 
     ok, _ = gpu_available()
     if not ok:
-        return "sm_90"
+        return NO_GPU_ARCH
     with Gpu() as gpu:
         return gpu.arch
 
@@ -146,6 +146,9 @@ def cmd_compile(args) -> None:
         var = get_variant(name)
         if var.is_cpu:
             raise ConvsweepError(f"variant '{name}' runs on the CPU: nothing to compile")
+        if args.variant == "all" and var.arch and arch not in var.arch:  # one variant asked for: its one-line refusal
+            print(f"{name}: not built: needs {' or '.join(var.arch)} (registry arch), not {arch}")
+            continue
         combos = var.all_combinations() if args.all_params else [var.resolve_params(_parse_params(args.param), "--param")]
         for params in combos:
             macro_sets = _build_macros(var, params, fixed, args.network, args.layer)
@@ -369,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="variants compiled per layer shape, given no --define, are built for each conv layer of this "
                         "network that they fit (default: %(default)s)")
     p.add_argument("--layer", help="with --network: build for this conv layer only")
-    p.add_argument("--arch", default="auto", help="e.g. sm_90; auto: this machine's GPU, or sm_90 without one")
+    p.add_argument("--arch", default="auto", help="e.g. sm_90; auto: this machine's GPU's own (sm_90a on an H100), "
+                                                  "or sm_90a without one")
     p.add_argument("--out", help="write the builds (and, with --record-errors, the compile errors) as JSON")
     p.add_argument("--record-errors", action="store_true",
                    help="a kernel that does not compile is written to --out and the exit status stays 0: "
@@ -509,6 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot)
     replay.add_parser(sub, DB_HELP)  # the commands whose parsers live beside them
     kerneltuner.add_parsers(sub, DB_HELP)
+    confirm.add_parser(sub)
     return parser
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from .fileio import canonical_hash, write_atomic
 from .errors import CompileError
 from .paths import KERNELS_DIR, cache_dir, relative_to_root
-from .variants import ConvShape, Variant
+from .variants import ConvShape, Variant, load_registry
 
 _ERROR_LINE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?:catastrophic )?error: (?P<msg>.*)$", re.M)
 _ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
@@ -127,9 +127,20 @@ def source_hash(source: Path) -> str:
     return canonical_hash([[relative_to_root(p), text] for p, text in _sources_with_text(source).items()])
 
 
+def build_arch(source: Path, name: str, arch: str) -> str:
+    """`arch`, for a build of `name` from `source`, once the registered variant of that name and source has
+    allowed it (Variant.build_arch: a one-line CompileError for a target its registry arch rules out, sm_90
+    for a wgmma kernel); any other module (layers.cu) builds for any target."""
+    variant = load_registry().get(name)
+    if variant is None or variant.source is None or Path(variant.source).resolve() != Path(source).resolve():
+        return arch
+    return variant.build_arch(arch)
+
+
 def compile_source(source: Path, name: str, params: dict, arch: str) -> CompiledModule:
-    """Compile one .cu file for `arch` (e.g. sm_90) with `params` as macros; cached on disk."""
-    from cuda.core import Program, ProgramOptions
+    """Compile one .cu file for `arch` (e.g. sm_90a; one its registered variant allows: build_arch) with
+    `params` as macros; cached on disk."""
+    from cuda.core import Program
 
     source = Path(source)
     prebuilt = _PREBUILT.get()
@@ -137,6 +148,7 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Compiled
         if isinstance(found, CompileError):
             raise found
         return found
+    arch = build_arch(source, name, arch)
     defines = [(k, str(v)) for k, v in sorted(params.items())]
     include_dirs = _cuda_include_dirs()
     option_record = {"arch": arch, "defines": defines, "std": "c++17", "lineinfo": True,
@@ -150,16 +162,10 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Compiled
         return CompiledModule(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
                      meta["compile_ms"], True, meta["log"], tuple(KernelResources(**k) for k in meta["kernels"]))
 
-    options = ProgramOptions(
-        name=relative_to_root(source), arch=arch, std="c++17", lineinfo=True, ptxas_options=["-v"],
-        define_macro=defines or None,
-        include_path=[str(source.parent), *include_dirs],
-        use_bundled_headers=not include_dirs and nvrtc_version() >= "13.3",
-    )
     log = io.StringIO()
     start = time.perf_counter()
     try:
-        obj = Program(source.read_text(), "c++", options).compile("cubin", logs=log)
+        obj = Program(source.read_text(), "c++", _options(source, arch, defines, include_dirs)).compile("cubin", logs=log)
     except Exception as e:  # NVRTCError carries the compiler's log in its message
         text = str(e)
         raise CompileError(_first_error(text, relative_to_root(source), name), log=text) from None
@@ -170,6 +176,44 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Compiled
     _store_cached(key, cubin, {"compile_ms": compile_ms, "log": text, "kernels": [asdict(k) for k in kernels]})
     return CompiledModule(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
                  compile_ms, False, text, kernels)
+
+
+def _options(source: Path, arch: str, defines: list, include_dirs: tuple[str, ...]):
+    from cuda.core import ProgramOptions
+
+    return ProgramOptions(
+        name=relative_to_root(source), arch=arch, std="c++17", lineinfo=True, ptxas_options=["-v"],
+        define_macro=defines or None,
+        include_path=[str(source.parent), *include_dirs],
+        use_bundled_headers=not include_dirs and nvrtc_version() >= "13.3",
+    )
+
+
+def compile_ptx(source: Path, name: str, params: dict, arch: str) -> str:
+    """The PTX NVRTC makes of what compile_source builds (same target and options), uncached: for
+    reading which instructions a kernel asks for (wgmma, mma.sync). Through cuda.bindings' NVRTC, which
+    needs no driver: cuda.core's PTX output asks the driver whether it could load it."""
+    from cuda.bindings import nvrtc
+
+    source = Path(source)
+    defines = [(k, str(v)) for k, v in sorted(params.items())]
+    options = _options(source, build_arch(source, name, arch), defines, _cuda_include_dirs())
+    flags = [flag for flag in options.as_bytes("nvrtc") if not flag.startswith(b"--ptxas-options")]
+    _, program = nvrtc.nvrtcCreateProgram(source.read_bytes(), relative_to_root(source).encode(), 0, [], [])
+    try:
+        (result,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            _, size = nvrtc.nvrtcGetProgramLogSize(program)
+            log = b" " * size
+            nvrtc.nvrtcGetProgramLog(program, log)
+            text = log.decode(errors="replace")
+            raise CompileError(_first_error(text, relative_to_root(source), name), log=text)
+        _, size = nvrtc.nvrtcGetPTXSize(program)
+        ptx = b" " * size
+        nvrtc.nvrtcGetPTX(program, ptx)
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+    return ptx.rstrip(b"\0").decode()
 
 
 # The builds of the job being measured, by cache key (compile_all fills it): a CompiledModule, or
@@ -239,6 +283,7 @@ def compile_all(requests: list[BuildRequest], arch: str, workers: int | None = N
     import cuda.core
 
     _ = cuda.core.Device, cuda.core.Program, cuda.core.ProgramOptions, nvrtc_version(), _cuda_include_dirs()
+    load_registry()  # build_arch reads it: validated here, once, not by several workers at once
     requests = list(dict.fromkeys(requests))
     pool = ThreadPoolExecutor(max_workers=min(workers or build_workers(), max(1, len(requests))))
     pending = PendingBuilds({request: pool.submit(build, request) for request in requests}, arch)

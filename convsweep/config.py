@@ -116,6 +116,13 @@ class JobSpec(Cell):
         """'fp16_sliding_window-b10000-s1-pinned-cold-0123456789': the label, the axes, the key's start."""
         return f"{self.label}{job_id_part({name: getattr(self, name) for name in NAMES})}-{self.job_key[:10]}"
 
+    @property
+    def winners_id(self) -> str:
+        """The confirm job of this job's cell (convsweep.confirm): 'winners-b10000-s1-0123456789', the same
+        for every job of the experiment that differs from it only in variant and tunables."""
+        cell = {k: v for k, v in self.to_dict().items() if k not in ("variants", "grid", "search")}
+        return f"winners-b{self.batch}-s{self.streams}-{canonical_hash(cell)[:10]}"
+
     @classmethod
     def from_dict(cls, d: dict, sweep: dict | None = None) -> "JobSpec":
         return cls(**{k: v for k, v in d.items() if k != "sweep"}, sweep=sweep or d.get("sweep", {}))

@@ -127,7 +127,11 @@ class Gpu:
 
     @property
     def arch(self) -> str:
-        return f"sm_{self.device.arch}"
+        """NVRTC's target for this GPU (provenance.own_arch: sm_90a on an H100)."""
+        from .provenance import own_arch
+
+        cc = self.device.compute_capability
+        return own_arch(cc.major, cc.minor)
 
     @property
     def compute_capability(self) -> float:

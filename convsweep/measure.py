@@ -26,21 +26,22 @@ import numpy as np
 from .checks import check_logits
 from .compile import LAYERS_SOURCE, BuildRequest
 from .config import JobSpec, RunSpec, tunables_text
-from .context import JobContext
+from .context import JobContext, timed_variants
 from .errors import CompileError, ConvsweepError, MachineError, failure_message
 from .gpulock import bind_free_gpu, gpu_lock, holds_lock_of
 from .inputs import load_batch
 from .integrity import IntegrityObserver, Rounds, fresh_rounds, judge_floors, settle
-from .network import reference_layer
+from .network import load_network, reference_layer
 from .numbers import finite, median
+from .paths import resolve_network_path
 from .progress import progress
-from .provenance import GpuMonitor, environment, host_environment, host_gpu_arch
+from .provenance import NO_GPU_ARCH, GpuMonitor, environment, host_environment, host_gpu_arch
 from .record import Measurement, Sample, Stopping, Timings
 from .runner import Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks, pipeline_buffers, pipeline_pass, poison_logits
 from .search import Search, UpFront, objective, proposals
 from .stats import StoppingRule
 from .timing import FLUSH, EnergyObserver, HostClock, L2FlushObserver, Reading, pipeline_timer, sample
-from .variants import Variant, layer_flops
+from .variants import Variant, get_variant, layer_flops
 
 
 def _timings_from_samples(samples: list[Sample], conv_names: list[str], compile_ms: float | None = None) -> Timings:
@@ -213,10 +214,10 @@ def _measure_gpu_settings(ctx: JobContext, asked: Search | UpFront, backend: Bac
     spec, clock = ctx.spec, backend.clock
     chunks = pass_chunks(spec.batch, spec.streams, spec.chunk_images)
     # The builds compile on the CPU cores (for NVML's idea of the GPU's architecture: no CUDA context
-    # is needed to know it; sm_90 where there is no GPU, so that a kernel that does not compile says
+    # is needed to know it; the lent H100's where there is no GPU, so that a kernel that does not compile says
     # so on any machine), while other jobs may hold the GPU. A guided search's first proposals alone are
     # known now: each later round of them compiles in parallel before it is measured.
-    arch = spec.arch if spec.arch != "auto" else host_gpu_arch() or "sm_90"
+    arch = spec.arch if spec.arch != "auto" else host_gpu_arch() or NO_GPU_ARCH
     todo = asked.propose()
     requests = [r for i in todo for r in build_requests(ctx.batch.network, ctx.variants, ctx.runs[i])]
     holder = f"job {spec.job_id} ({spec.experiment})"
@@ -409,3 +410,97 @@ def measure(run: RunSpec, keep_logits: bool = False, backend: Backend = Backend(
     measure_settings(ctx, [0], backend, measured.append)
     return measured[0]
 
+
+
+@dataclass
+class Interleaved:
+    """Settings re-measured in alternation (`measure_interleaved`): each one's op time per conv layer and round
+    (None where the setting failed), its status and error, and the GPU's clocks around the rounds."""
+
+    op_time_ms: list[dict[str, list[float]]]
+    status: list[str]
+    error: list[str | None]
+    environment: dict | None = None
+    clocks: dict | None = None
+    clocks_after: dict | None = None
+
+
+def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, backend: Backend = Backend()
+                        ) -> Interleaved:
+    """Settings of one cell (`spec`'s batch, input and axes; each its own variants and tunables: `runs`)
+    measured in one process on one stream, round after round, one pass of each in turn: A B C A B C ...
+    Each network is built and its first pass, host to host, checked against float64 before the rounds (a wrong
+    one takes no part); a round's pass runs on the batch already on the device, its stream held until the pass
+    is enqueued, and times each conv layer between CUDA events, L2 written over before each under a cold cache.
+    A GPU that cannot be opened raises MachineError."""
+    network = load_network(resolve_network_path(spec.network))
+    layers = [timed_variants(network, {layer: get_variant(name) for layer, name in run.variants.items()})
+              for run in runs]
+    batch = load_batch(network, spec.dataset, spec.batch, spec.input_format)
+    result = Interleaved([{name: [] for name in variants} for variants in layers], ["ok"] * len(runs),
+                         [None] * len(runs))
+    arch = spec.arch if spec.arch != "auto" else host_gpu_arch() or NO_GPU_ARCH
+    requests = [r for run, variants in zip(runs, layers) for r in build_requests(batch.network, variants, run)]
+    with ExitStack() as stack:
+        stack.enter_context(backend.compile_all(requests, arch)).wait()
+        stack.enter_context(bind_free_gpu(f"winners of {spec.experiment} at batch {spec.batch}"))
+        gpu = stack.enter_context(backend.gpu())
+        if not holds_lock_of(gpu.uuid):
+            stack.enter_context(gpu_lock(gpu.uuid, f"winners of {spec.experiment}"))
+        monitor = stack.enter_context(backend.monitor(gpu.uuid, gpu.pci_bus_id))
+        result.environment = environment(gpu, monitor)
+        stream = gpu.stream()
+        buffers = pipeline_buffers(gpu, batch.network, batch.images, spec.host_memory, stream)
+        chunks = pass_chunks(spec.batch, 1, spec.chunk_images)
+        flush = gpu.l2_flusher() if spec.cache == "cold" else None
+        timer = pipeline_timer(gpu, stream, graph=False)
+        flag = gpu.host_array((1,), np.int32, "pinned")
+
+        def checked_pass(net):  # host to host, as a job's pass: its logits are checked
+            def run(marks: dict):
+                start, _, _, end = pipeline_pass(gpu, net, [stream], chunks, buffers, marks, flush)
+                return start, end
+            return run
+
+        def held_pass(net):
+            # The batch already on the device, the stream held until the whole pass is enqueued: a layer's events
+            # then bound its kernels alone. (Without the hold, on the lent H100 a batch-100 conv layer whose kernel
+            # nsys timed at 5 us measured 47 us between events: the host's launches, not the kernel.)
+            def run(marks: dict):
+                net.hold(stream, flag)
+                start = gpu.event(stream)
+                for lo, hi in chunks:
+                    net.enqueue(stream, net.lanes[0], buffers.x_dev.rows(lo, hi), buffers.logits_dev.rows(lo, hi),
+                                hi - lo, marks, flush)
+                end = gpu.event(stream)
+                flag[0] = 1
+                return start, end
+            return run
+
+        nets = {}
+        for i, (run, variants) in enumerate(zip(runs, layers)):
+            try:
+                plan = ConvPlan(variants, {layer: var.resolve_params(run.params.get(layer), f"params.{layer}")
+                                           for layer, var in variants.items()}, arch if spec.arch != "auto" else gpu.arch)
+                net = backend.network(gpu, batch.network, batch.weights, plan, 1, max(hi - lo for lo, hi in chunks))
+                poison_logits(gpu, buffers, stream)
+                timer.warm(checked_pass(net))
+                check = check_logits(buffers.logits_host.copy(), batch.reference, batch.dataset.labels, batch.idx,
+                                     variants.values())
+                result.status[i], result.error[i] = check.status, check.error
+                if check.status == "ok":
+                    nets[i] = net
+            except Exception as e:  # this setting's failure (a build, a launch): the others go on
+                result.status[i], result.error[i] = "failed", failure_message(e)
+        result.clocks = monitor.clocks()
+        bar = progress(total=rounds, desc=f"winners at batch {spec.batch}", unit="round", enabled=rounds > 1)
+        for _ in range(rounds):
+            for i, net in nets.items():
+                reading = timer.time(held_pass(net))
+                reading.ms  # waits for the pass
+                for name, times in result.op_time_ms[i].items():
+                    times.append(reading.marked_ms(name))
+            bar.update(1)
+        bar.close()
+        result.clocks_after = monitor.clocks()
+    return result

@@ -36,7 +36,8 @@ NAMED_AT_ZERO = ("ok", "failed", "incorrect")
 PROBLEMS = ("suspect", "failed", "incorrect")  # statuses whose settings are rows of the table, with their reason
 # Rows in the order a reader acts on them: what to rerun first, then what was stored as a result.
 WHAT_ORDER = ("did not finish", "not stored", "report not made", "failed", "incorrect", "suspect",
-              "profile did not finish", "profile skipped")
+              "profile did not finish", "profile skipped", "winners not confirmed")
+UNFINISHED = {"run": "did not finish", "profile": "profile did not finish", "winners": "winners not confirmed"}
 LATEST_RUNS = "SELECT job_id, status, error, checks FROM latest_run WHERE experiment = :experiment"
 
 
@@ -47,7 +48,7 @@ class JobFiles:
     job_id: str
     result: Path
     log: Path
-    profile: bool = False  # a profile_kernels job (Nsight Compute), else a run_job
+    kind: str = "run"  # run (run_job), profile (profile_kernels: Nsight Compute) or winners (confirm_winners)
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def _cut(text: str) -> str:
 def collect(url: str, experiment: ExperimentFiles, not_stored: dict[Path, str]) -> Outcome:
     """The experiment's outcome: statuses from the database (the latest measurement of each setting
     of the jobs whose result is stored), the rest from the result files and the logs."""
-    runs = [job for job in experiment.jobs if not job.profile]
+    runs = [job for job in experiment.jobs if job.kind == "run"]
     outcome = Outcome(experiment.name, jobs=len(runs), finished=sum(job.result.exists() for job in runs))
     stored = {job.job_id for job in runs if job.result.exists() and job.result not in not_stored}
     if stored:
@@ -166,12 +167,12 @@ def collect(url: str, experiment: ExperimentFiles, not_stored: dict[Path, str]) 
             outcome.where.append(job.result)
         elif not job.result.exists():
             if not job.log.exists():
-                why = "not started"
+                why = "waits for its cell's jobs" if job.kind == "winners" else "not started"
             else:
                 why = _cut(last_reason(job.log) or "stopped without a `convsweep:` line: see its log")
                 outcome.where.append(job.log)
-            outcome.problems[("job", "profile did not finish" if job.profile else "did not finish", why)] += 1
-        elif job.profile and (skipped := _profile_skipped(job.result)):
+            outcome.problems[("job", UNFINISHED[job.kind], why)] += 1
+        elif job.kind == "profile" and (skipped := _profile_skipped(job.result)):
             outcome.problems[("job", "profile skipped", _cut(skipped))] += 1
     results = [job.result for job in experiment.jobs]
     if outcome.finished == outcome.jobs and not not_stored and _ingested(experiment, results):

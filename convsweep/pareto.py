@@ -193,3 +193,32 @@ def _experiment(params: dict[str, str] | None) -> str | None:
     if unknown:
         raise StoreError(f"pareto: unknown --param {unknown[0]}: expected experiment")
     return params.get("experiment")
+
+
+def front_section(fronts: Sequence[Front]) -> list:
+    """Per conv layer and batch, the variants on the front of op time against energy per pass, fastest first;
+    nothing where no setting has an energy per pass: the report's section."""
+    from .document import Heading, Paragraph, Table
+
+    measured = [front for front in fronts if front.measured]
+    if not measured:
+        return []
+    several = len({front.cell_text for front in measured}) > 1
+    rows = [[front.layer, str(front.batch), *([front.cell_text] if several else []), _front_variants(front.front),
+             f"{len(front.front)}/{len(front.measured)}"] for front in measured]
+    left_out = left_out_line(without_energy(fronts))
+    return [Heading(2, "Op time against energy"),
+            Paragraph("Per conv layer and batch, the variants with a setting on the front, fastest first: the settings "
+                      "no other setting beats on both the layer's op time and the energy per pass (the whole GPU's, "
+                      "per pass); front/settings counts them among the settings with an energy. `convsweep query "
+                      "pareto` lists them with their op time intervals." + (f" {left_out}." if left_out else "")),
+            Table(["layer", "batch", *(["cell"] if several else []), "on the front", "front/settings"], rows,
+                  [False, True, *([False] if several else []), False, True])]
+
+
+def _front_variants(front: Sequence) -> str:
+    """'`tiled` (2 settings), `naive`': the front's variants in its order, fastest first."""
+    counts: dict[str, int] = {}
+    for point in front:
+        counts[point.variant] = counts.get(point.variant, 0) + 1
+    return ", ".join(f"`{variant}`" + (f" ({n} settings)" if n > 1 else "") for variant, n in counts.items())

@@ -174,10 +174,52 @@ class SweepPlan:
         return "auto" if self.config.experiments[experiment]["ncu"] == "auto" else "true"
 
     def result_folders(self, experiment: str) -> list[str]:
-        """What ingest_results reads: the experiment's runs/ folder, and ncu/ when it profiles. Folders
+        """What ingest_results reads: the experiment's runs/ folder, ncu/ when it profiles and winners/ when it
+        confirms winners (after runs/: a confirmation names stored runs). Folders
         rather than the files, so the command stays one line however many jobs there are."""
         return [f"{self.results_dir}/{experiment}/runs"] + (
-            [f"{self.results_dir}/{experiment}/ncu"] if self._profiled_job_ids(experiment) else [])
+            [f"{self.results_dir}/{experiment}/ncu"] if self._profiled_job_ids(experiment) else []) + (
+            [f"{self.results_dir}/{experiment}/winners"] if self.winner_groups(experiment) else [])
+
+    @cached_property
+    def _winner_groups(self) -> dict[str, dict[str, list[JobSpec]]]:
+        groups: dict[str, dict[str, list[JobSpec]]] = {e: {} for e in self.experiments}
+        for job in self.jobs:
+            if self.config.experiments[job.experiment]["confirm"]["top"] and job.streams == 1 \
+                    and self.gpus(job.experiment, job.job_id):
+                groups[job.experiment].setdefault(job.winners_id, []).append(job)
+        # A cell of one setting has nothing to tell apart.
+        return {e: {g: jobs for g, jobs in cells.items() if len(jobs) > 1 or self._settings(jobs[0]) > 1}
+                for e, cells in groups.items()}
+
+    def _settings(self, job: JobSpec) -> int:
+        settings = job.settings()
+        return settings.budget or len(settings.chosen)
+
+    def winner_groups(self, experiment: str) -> list[str]:
+        """The confirm jobs of an experiment (convsweep.confirm): one per cell of its one-stream GPU jobs that
+        measure two settings or more between them, where `confirm: top` is not 0."""
+        return list(self._winner_groups[experiment])
+
+    def winners_file(self, experiment: str, group: str) -> str:
+        return f"{self.results_dir}/{experiment}/winners/{group}.json"
+
+    def winners_files(self, experiment: str) -> list[str]:
+        return [self.winners_file(experiment, group) for group in self.winner_groups(experiment)]
+
+    def winners_inputs(self, experiment: str, group: str) -> list[str]:
+        """A confirm job's inputs: the result files of its cell's jobs."""
+        return [self.run_file(experiment, job.job_id) for job in self._winner_groups[experiment][group]]
+
+    def winners_spec_file(self, experiment: str, group: str) -> str:
+        return f"{self.results_dir}/{experiment}/specs/{group}.json"
+
+    def winners_spec(self, experiment: str, group: str) -> dict:
+        """What `convsweep confirm-job` reads (convsweep.confirm.ConfirmSpec)."""
+        jobs = self._winner_groups[experiment][group]
+        confirm = self.config.experiments[experiment]["confirm"]
+        return {"experiment": experiment, "group_id": group, "job": jobs[0].to_dict(),
+                "results": self.winners_inputs(experiment, group), "top": confirm["top"], "rounds": confirm["rounds"]}
 
     def ingested_file(self, experiment: str) -> str:
         return f"{self.results_dir}/{experiment}/ingested.json"
@@ -196,7 +238,7 @@ class SweepPlan:
             ingested = self.ingested_file(experiment)
             if os.path.exists(ingested):
                 targets += [f for f in self.run_files(experiment) + self.profile_files(experiment)
-                            if not os.path.exists(f)]
+                            + self.winners_files(experiment) if not os.path.exists(f)]
             targets += [ingested, *self.report_files(experiment)]
         return targets
 
@@ -216,9 +258,11 @@ class SweepPlan:
         with one line."""
         from .fileio import write_json_atomic
 
-        for job in self.jobs:
-            path = Path(self.spec_file(job.experiment, job.job_id))
-            spec = self.spec(job.experiment, job.job_id)
+        specs = [(self.spec_file(job.experiment, job.job_id), self.spec(job.experiment, job.job_id)) for job in self.jobs]
+        specs += [(self.winners_spec_file(e, group), self.winners_spec(e, group))
+                  for e in self.experiments for group in self.winner_groups(e)]
+        for spec_path, spec in specs:
+            path = Path(spec_path)
             try:
                 if json.loads(path.read_text()) == spec:
                     continue
@@ -314,8 +358,10 @@ class SweepPlan:
             name=experiment,
             jobs=[JobFiles(job_id, Path(self.run_file(experiment, job_id)), logs / f"{job_id}.log")
                   for job_id in self._job_ids(experiment)]
-            + [JobFiles(job_id, Path(self.profile_file(experiment, job_id)), logs / f"ncu-{job_id}.log", profile=True)
-               for job_id in self._profiled_job_ids(experiment)],
+            + [JobFiles(job_id, Path(self.profile_file(experiment, job_id)), logs / f"ncu-{job_id}.log", kind="profile")
+               for job_id in self._profiled_job_ids(experiment)]
+            + [JobFiles(group, Path(self.winners_file(experiment, group)), logs / f"{group}.log", kind="winners")
+               for group in self.winner_groups(experiment)],
             ingested=Path(self.ingested_file(experiment)),
             reports=[Path(f) for f in self.report_files(experiment)],
             report_log=logs / "report.log",

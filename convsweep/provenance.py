@@ -181,11 +181,21 @@ def gpu_uuids() -> list[str]:
     return [u.decode() if isinstance(u, bytes) else u for u in uuids]
 
 
+# What `arch: auto` compiles for where there is no GPU to ask: the lent H100's own target.
+NO_GPU_ARCH = "sm_90a"
+
+
+def own_arch(major: int, minor: int) -> str:
+    """NVRTC's target for a GPU of compute capability major.minor, as `arch: auto` compiles for it: with the
+    arch-specific features from Hopper on (sm_90a: wgmma, setmaxnreg), which bind the cubin to that one
+    architecture, as a build for the GPU it runs on may."""
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
 def host_gpu_arch() -> str | None:
-    """sm_XY of this host's GPUs from NVML, without creating a CUDA context (compile jobs run beside
+    """own_arch of this host's GPUs from NVML, without creating a CUDA context (compile jobs run beside
     timed ones); None without NVML or when the GPUs differ."""
-    archs = set(_each_gpu(lambda nvml, handle: "sm_{}{}".format(*nvml.nvmlDeviceGetCudaComputeCapability(handle)))
-                or [])
+    archs = set(_each_gpu(lambda nvml, handle: own_arch(*nvml.nvmlDeviceGetCudaComputeCapability(handle))) or [])
     return archs.pop() if len(archs) == 1 else None
 
 

@@ -20,6 +20,7 @@ from .config import tunables_text
 from .document import Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
 from .errors import ConvsweepError
 from .fileio import json_column, write_atomic
+from .pareto import front_section
 from .floors import times_floor
 from .figures import FIGURES, KINDS, Plotted, plot
 from .reading import (BASELINE_VARIANT, PROVENANCE_COLUMNS, MissingData, fastest as fastest_rows, provenance,
@@ -75,6 +76,7 @@ class Experiment:
     why_columns: list[str] = field(default_factory=list)
     why: list[dict[str, Any]] = field(default_factory=list)
     fronts: list = field(default_factory=list)
+    winners: list[dict[str, Any]] = field(default_factory=list)  # the `winners` query's rows of this experiment
 
 
 # -- reading -----------------------------------------------------------------------------------------
@@ -101,8 +103,9 @@ def load(url: str | None, experiment: str) -> Experiment:
         if not run["conv_layers"] or run["timed_layers"] != run["conv_layers"]:
             run["op_time_ms"] = None
     why_columns, why = _rows(url, "why")
+    _, winners = _rows(url, "winners")
     return Experiment(experiment, runs, why_columns, [row for row in why if row["experiment"] == experiment],
-                      fronts(url, experiment, intervals=False))
+                      fronts(url, experiment, intervals=False), [row for row in winners if row["experiment"] == experiment])
 
 
 # -- speedups ----------------------------------------------------------------------------------------
@@ -174,7 +177,8 @@ def build(experiment: Experiment, figures: Sequence[Path] = (), figures_dir: Pat
     for index, variant in enumerate(order):
         previous = order[index - 1] if index > 0 else None
         blocks += _variant_section(experiment, variant, previous, best, shown)
-    blocks += _front_section(experiment)
+    blocks += _winners_section(experiment)
+    blocks += front_section(experiment.fronts)
     blocks += _figure_section(experiment.name, figures, figures_dir)
     return blocks
 
@@ -348,33 +352,34 @@ def _evidence_line(row: dict[str, Any]) -> str:
         f" ({detail})" if detail else "")
 
 
-def _front_section(experiment: Experiment) -> list:
-    """Per conv layer and batch, the variants on the front of op time against energy per pass, fastest first;
-    nothing where no setting has an energy per pass."""
-    from .pareto import left_out_line, without_energy
-
-    measured = [front for front in experiment.fronts if front.measured]
-    if not measured:
+def _winners_section(experiment: Experiment) -> list:
+    """Each layer and batch whose fastest settings were measured again, interleaved: the confirmed winner, the
+    settings tied with it, and whether the first ranking held; said first where it was overturned."""
+    rows = experiment.winners
+    if not rows:
         return []
-    several = len({front.cell_text for front in measured}) > 1
-    rows = [[front.layer, str(front.batch), *([front.cell_text] if several else []), _front_variants(front.front),
-             f"{len(front.front)}/{len(front.measured)}"] for front in measured]
-    left_out = left_out_line(without_energy(experiment.fronts))
-    return [Heading(2, "Op time against energy"),
-            Paragraph("Per conv layer and batch, the variants with a setting on the front, fastest first: the settings "
-                      "no other setting beats on both the layer's op time and the energy per pass (the whole GPU's, "
-                      "per pass); front/settings counts them among the settings with an energy. `convsweep query "
-                      "pareto` lists them with their op time intervals." + (f" {left_out}." if left_out else "")),
-            Table(["layer", "batch", *(["cell"] if several else []), "on the front", "front/settings"], rows,
-                  [False, True, *([False] if several else []), False, True])]
+    overturned = [row for row in rows if row["ranking"] == "overturned"]
+    said = (f"The confirmation **overturned the first ranking** in {len(overturned)} of {len(rows)}: "
+            + "; ".join(f"{row['layer']} at batch {row['batch']}, `{row['first winner']}` is {row['first winner now']} "
+                        f"behind `{row['confirmed winner']}`" for row in overturned) + "."
+            if overturned else f"The confirmation kept the first ranking's winner in all {len(rows)}.")
+    table = [[row["layer"], str(row["batch"]), _setting(row["confirmed winner"], row["tunables"]),
+              _number(row["confirmed (ms)"]), str(row["tied"]), _number(row["detectable (ms)"]),
+              _setting(row["first winner"], row["first tunables"]), row["ranking"]]
+             for row in rows]
+    return [Heading(2, "Winners confirmed"),
+            Paragraph("Per conv layer and batch, the fastest settings measured again in one process, one pass of each "
+                      "in turn over the rounds (`confirm:` in the sweep): the winner by its median, how many settings a "
+                      "paired test could not tell from it, and the smallest difference from the runner-up those rounds "
+                      "would have found. " + said + " `convsweep query winners` and `query best` have every column."),
+            Table(["layer", "batch", "confirmed winner", "confirmed (ms)", "tied", "detectable (ms)", "first winner",
+                   "ranking"], table, [False, True, False, True, True, True, False, False])]
 
 
-def _front_variants(front: Sequence) -> str:
-    """'`tiled` (2 settings), `naive`': the front's variants in its order, fastest first."""
-    counts: dict[str, int] = {}
-    for point in front:
-        counts[point.variant] = counts.get(point.variant, 0) + 1
-    return ", ".join(f"`{variant}`" + (f" ({n} settings)" if n > 1 else "") for variant, n in counts.items())
+def _setting(variant: str, params) -> str:
+    """'`naive` BLOCK=64': a layer's variant and its tunables."""
+    values = json_column(params) or {}
+    return f"`{variant}`" + (" " + ",".join(f"{k}={v}" for k, v in values.items()) if values else "")
 
 
 def _figure_section(experiment: str, figures: Sequence[Path], figures_dir: Path | None) -> list:

@@ -163,6 +163,10 @@ class ConvPlan:
     arch: str | None = None  # NVRTC's target; None: the GPU's own
 
 
+# How long a held stream waits for the host (GpuNetwork.hold): far more than enqueuing a pass takes.
+HOLD_TIMEOUT_NS = 100_000_000
+
+
 class GpuNetwork:
     """A network compiled, loaded and given its weights on one GPU, with `lanes` sets of buffers
     for up to `capacity` images each. Setting up is synchronous: it ends with the weights on the GPU."""
@@ -178,6 +182,7 @@ class GpuNetwork:
                                            plan.arch or gpu.arch)
         layers_module = gpu.module(self.layers_build)
         self.layer_kernels = {n: gpu.kernel(layers_module, n) for kind in LAYER_KINDS.values() for n in kind.kernels}
+        self._hold_kernel = gpu.kernel(layers_module, "hold_stream")
         self.steps = network.steps({name: var.fuses for name, var in variants.items()},
                                    {name: var.absorbs_input for name, var in variants.items()})
         self.convs: dict[str, ConvOp] = {}
@@ -203,6 +208,13 @@ class GpuNetwork:
 
     def shape(self, step: Step, batch: int) -> ConvShape:
         return self.network.step_shape(step, batch)
+
+    def hold(self, stream, flag: np.ndarray, timeout_ns: int = HOLD_TIMEOUT_NS) -> None:
+        """Hold `stream` until the host sets flag[0] (an int32 in pinned host memory) to nonzero: the work
+        enqueued meanwhile then runs back to back, whatever the host's launch rate (nvbench's blocking
+        kernel). It lets go by itself after `timeout_ns`."""
+        flag[0] = 0
+        self.gpu.launch(stream, self._hold_kernel, 1, 1, 0, np.intp(flag.ctypes.data), np.int64(timeout_ns))
 
     def _lane(self, capacity: int) -> Lane:
         lane = Lane(capacity)

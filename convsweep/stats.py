@@ -77,6 +77,46 @@ def compare_samples(a: Sequence[float], b: Sequence[float], threshold: float = 0
     return Change(ratio, low, high, verdict, len(a), len(b))
 
 
+# Two settings measured in alternation (convsweep.confirm): told apart at this level, and the smallest
+# difference reported is the one a test at that level would find with this power.
+ALPHA = 0.05
+POWER = 0.8
+
+
+@dataclass(frozen=True)
+class Paired:
+    """B against A measured in alternation, pass r of each back to back, so a drift of the clocks moves both:
+    the median of the rounds' differences B - A, a Wilcoxon signed-rank p-value over them (two-sided), and
+    the smallest difference these rounds could have told from none (at ALPHA, with POWER, from their
+    robust spread). `tied`: not told apart, which is also the verdict of too few rounds."""
+
+    difference_ms: float | None
+    p_value: float | None
+    detectable_ms: float | None
+    rounds: int
+
+    @property
+    def tied(self) -> bool:
+        return self.p_value is None or self.p_value >= ALPHA
+
+
+def paired_difference(a: Sequence[float | None], b: Sequence[float | None]) -> Paired:
+    """B's rounds against A's (the same length, round r of each measured back to back); a round either
+    side lacks is left out of both."""
+    import numpy as np
+    from scipy import stats
+
+    d = np.array([y - x for x, y in zip(a, b) if x is not None and y is not None], dtype=np.float64)
+    if d.size < MIN_SAMPLES:
+        return Paired(float(np.median(d)) if d.size else None, None, None, int(d.size))
+    p = 1.0 if not d.any() else float(stats.wilcoxon(d, zero_method="zsplit").pvalue)
+    spread = 1.4826 * float(np.median(np.abs(d - np.median(d))))  # a standard deviation, robustly
+    if spread == 0.0:  # over half the rounds equal, at the timer's resolution
+        spread = float(np.std(d, ddof=1))
+    z = float(stats.norm.ppf(1 - ALPHA / 2) + stats.norm.ppf(POWER))
+    return Paired(float(np.median(d)), p, z * spread / float(np.sqrt(d.size)), int(d.size))
+
+
 @dataclass
 class StoppingRule:
     """When a setting has been sampled enough. `repeats` fixed: after that many samples ("fixed").

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .checks import TOLERANCE
-from .errors import ConfigError, ShapeError
+from .errors import CompileError, ConfigError, ShapeError
 from .expr import evaluate
 from .fileio import canonical_hash
 from .paths import REGISTRY_PATH, relative_to_root
@@ -171,6 +171,8 @@ class Variant:
     # that layer comes right before its conv: the step has no launch of its own and x is the shipped batch.
     absorbs_input: tuple[str, ...] = ()
     unit: str | None = None  # the arithmetic unit it computes on (convsweep.floors); None: its precision's
+    # NVRTC targets the code needs (registry arch, e.g. sm_90a for wgmma); empty: any the GPU has
+    arch: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.unit is None:
@@ -183,8 +185,9 @@ class Variant:
         entry = dataclasses.asdict(self)
         entry.pop("description")
         entry.pop("unit")  # what its floor is reckoned at, not what it builds or launches
-        if not entry["absorbs_input"]:  # an entry absorbing nothing keeps the hash it had before the key
-            entry.pop("absorbs_input")
+        for key in ("absorbs_input", "arch"):  # an entry without them keeps the hash it had before the keys
+            if not entry[key]:
+                entry.pop(key)
         entry["source"] = None if entry["source"] is None else Path(entry["source"]).name
         return canonical_hash(entry)[:16]
 
@@ -211,6 +214,14 @@ class Variant:
         """Whether the kernel runs on past its conv's relu and pool, through later layers (a fused
         network): those layers' weights follow POOL_ARGS (FUSED_WEIGHTS in common.cuh)."""
         return any(kind not in ("relu", "maxpool") for kind in self.fuses)
+
+    def build_arch(self, target: str) -> str:
+        """`target` (what a job or `--arch` asks for; auto resolves to the GPU's own, sm_90a on an H100) where
+        the entry lists no arch or lists it; any other target is a CompileError of one line, before NVRTC
+        would fail on the instructions less clearly (plain sm_90 has no wgmma)."""
+        if not self.arch or target in self.arch:
+            return target
+        raise CompileError(f"variant '{self.name}' needs {' or '.join(self.arch)} (registry arch), got {target}")
 
     def workspace_bytes(self, shape: ConvShape, params: dict) -> int:
         if not self.workspace:
@@ -390,7 +401,7 @@ def _read_registry(path: Path, shown: str) -> dict[str, Variant]:
             workspace=str(entry["workspace"]) if entry.get("workspace") else None, min_cc=float(entry["min_cc"]),
             launches=tuple(entry.get("launches", ())), compile_time=tuple(entry["compile_time"]),
             constant_weights=entry.get("constant_weights"), unit=entry.get("unit"),
-            absorbs_input=tuple(entry["absorbs_input"]))
+            absorbs_input=tuple(entry["absorbs_input"]), arch=tuple(entry["arch"]))
     return registry
 
 

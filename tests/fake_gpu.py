@@ -239,6 +239,9 @@ class FakeGpuNetwork:
         steps = network.steps({name: var.fuses for name, var in plan.variants.items()})
         self.timed = [step.layer for step in steps if step.layer.is_conv]
 
+    def hold(self, stream, flag, timeout_ns=None):
+        self.gpu.__dict__.setdefault("holds", []).append(int(flag[0]))
+
     def enqueue(self, stream, lane, x, logits, n, events=None, flush=None):
         assert n <= self.capacity
         for layer in self.timed:

@@ -294,3 +294,31 @@ def with_one_result(url: str) -> str:
     ingest_result(engine, make_result(), None)
     engine.dispose()
     return url
+
+
+def make_confirmation(job_file: dict[str, Any], layer: str = "conv1", ms: tuple[float, ...] | None = None,
+                      standings: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """A confirm file (workflow/schemas/confirm.schema.yaml) of `layer` over the ok measurements of a job file, in
+    their order: the first ranking theirs, `ms` each one's confirmed median (default: theirs) and `standings`
+    their verdicts (default: the first winner, the rest slower)."""
+    ok = [m for m in job_file["measurements"] if m["status"] == "ok"]
+    ms = ms or tuple(m["timings"]["op_time_ms"][layer] for m in ok)
+    standings = standings or ("winner",) + ("slower",) * (len(ok) - 1)
+    order = sorted(range(len(ok)), key=lambda i: ms[i])
+    entries = [{"measurement_id": ok[i]["measurement_id"], "first_place": i + 1,
+                "first_ms": ok[i]["timings"]["op_time_ms"][layer], "place": place, "standing": standings[i],
+                "median_ms": ms[i], "spread": 0.01, "difference_ms": ms[i] - ms[order[0]],
+                "p_value": None if place == 1 else 0.01, "detectable_ms": 0.002, "samples_ms": [ms[i]] * 10,
+                "error": None} for place, i in enumerate(order, start=1)]
+    first = ok[0]["spec"]
+    return {"format": "confirm-1", "confirmation_id": uuid.uuid4().hex, "experiment": first["experiment"],
+            "group_id": f"winners-b{first['batch']}-s1-0123456789", "batch": first["batch"], "top": len(ok),
+            "rounds": 10, "status": "ok", "reason": None, "started_at": "2026-11-26T12:00:00.000+00:00",
+            "total_s": 1.0, "environment": {"gpu": "NVIDIA H100 80GB HBM3"},
+            "clocks": {"sm_mhz": 1980, "memory_mhz": 2619}, "clocks_after": {"sm_mhz": 1980, "memory_mhz": 2619},
+            "candidates": [{"measurement_id": m["measurement_id"], "job_id": m["job_id"], "run_key": m["run_key"],
+                            "variant": m["spec"]["variants"][layer], "variants": m["spec"]["variants"],
+                            "params": m["spec"]["params"], "status": "ok",
+                            "error": None} for m in ok],
+            "layers": [{"layer": layer, "layer_index": list(first["variants"]).index(layer),
+                        "overturned": standings[0] not in ("winner", "tied"), "entries": entries}]}

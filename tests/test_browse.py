@@ -24,14 +24,14 @@ from convsweep.errors import ConvsweepError, StoreError
 from convsweep.paths import QUERIES_DIR, ROOT
 from convsweep.query import fetch, list_queries
 from convsweep.store import ingest_result, open_store
-from store_fixtures import every_layer, make_job_file, make_result, standard_results
+from store_fixtures import every_layer, make_confirmation, make_job_file, make_result, standard_results
 
 NO_DATASETTE = f"Datasette is not installed ({browse.INSTALL_HINT})"
 
 
 def fill(path: Path) -> None:
     """Every kind of run the named queries read: ok, incorrect and failed runs of two variants, a
-    tuning grid, stream counts per host memory, and a warm/cold pair."""
+    tuning grid and a confirmation of its winner, stream counts per host memory, and a warm/cold pair."""
     engine = open_store(f"sqlite:///{path}")
     results = standard_results()
     results.append(make_job_file([
@@ -47,6 +47,8 @@ def fill(path: Path) -> None:
     results.append(cold)
     for result in results:
         ingest_result(engine, result, None)
+    # A confirmation of the tuning grid's conv1 that puts its second setting ahead of its first.
+    ingest_result(engine, make_confirmation(results[-6], ms=(0.45, 0.35), standings=("slower", "winner")), None)
     engine.dispose()
 
 

@@ -101,7 +101,7 @@ def test_a_shape_fixing_variant_compiles_for_the_layers_of_a_network_or_the_give
 def test_compile_all_on_a_network_lists_what_it_could_not_build(tmp_path):
     """`compile all` builds what it can for the network's shapes and names, with the way out, what needs a shape."""
     out = tmp_path / "all.json"
-    proc = convsweep("compile", "all", "--arch", "sm_90", "--network", "networks/fp64_stride5.yaml", "--out", str(out))
+    proc = convsweep("compile", "all", "--arch", "sm_90a", "--network", "networks/fp64_stride5.yaml", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     unbuilt = [line for line in proc.stdout.splitlines() if "not built" in line]
     assert unbuilt and all("--define" in line for line in unbuilt)
@@ -121,14 +121,20 @@ def test_help_lists_every_command_and_every_option_has_help():
             assert action.help, f"convsweep {name} {'/'.join(action.option_strings) or action.dest}: no help text"
 
 
-def test_compile_all_builds_every_variant(tmp_path):
-    out = tmp_path / "all.json"
-    proc = convsweep("compile", "all", "--arch", "sm_90", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
+def test_compile_all_builds_every_variant_for_the_gpus_own_target_and_says_which_another_target_rules_out(tmp_path):
     from convsweep.variants import load_registry
 
-    built = {b["variant"] for b in json.loads(out.read_text())["builds"]}
-    assert built == {name for name, var in load_registry().items() if not var.is_cpu}
+    gpu_variants = {name for name, var in load_registry().items() if not var.is_cpu}
+    out = tmp_path / "all.json"
+    proc = convsweep("compile", "all", "--out", str(out))  # auto, without a GPU: the lent H100's sm_90a
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["arch"] == "sm_90a"
+    assert {b["variant"] for b in json.loads(out.read_text())["builds"]} == gpu_variants
+    proc = convsweep("compile", "all", "--arch", "sm_90", "--out", str(out))  # plain sm_90 has no wgmma
+    assert proc.returncode == 0, proc.stderr
+    needs = {name for name, var in load_registry().items() if var.arch}
+    assert needs and {b["variant"] for b in json.loads(out.read_text())["builds"]} == gpu_variants - needs
+    assert all(f"{name}: not built: needs sm_90a (registry arch), not sm_90" in proc.stdout for name in needs)
 
 
 def test_process_age_is_small_for_a_new_process_and_grows(tmp_path):

@@ -68,6 +68,8 @@ def check_variant(gpu, variant, params, shape, dtype):
     w = rng.standard_normal((M, C, K, K)).astype(dtype)
     b = rng.standard_normal(M).astype(dtype)
     pool = pool if var.fuses_pool else None
+    if gpu.compute_capability < var.min_cc:
+        pytest.skip(f"{variant} needs compute capability {var.min_cc}, {gpu.name} has {gpu.compute_capability}")
     try:
         var.check_shape(ConvShape(B, C, M, H, W, K, S, *(pool or (0, 0)), dtype=np.dtype(dtype).name), params)
     except ShapeError as refusal:  # a shape outside the variant's constraints must be refused, never computed
@@ -284,7 +286,22 @@ def test_job_under_nsys_reads_the_report(tmp_path):
     assert json.loads(out.read_text())["measurements"][0]["profiler"] == "nsys"
 
 
-@pytest.mark.parametrize("variant", [n for n, v in REGISTRY.items() if not v.is_cpu])
+def takes_every_lenet_conv(var) -> bool:
+    """Whether `var` accepts each LeNet-86 conv layer a network run would give it (a fused network: the
+    first; it computes the rest). A one-layer variant (wgmma_conv2) runs in a network in its own test file."""
+    from convsweep.config import ROOT
+    from convsweep.network import load_network
+
+    net = load_network(ROOT / "networks/lenet86.yaml")
+    try:
+        for layer in net.conv_layers[:1] if var.fuses_tail else net.conv_layers:
+            var.check_shape(net.variant_shape(layer, var.fuses), var.defaults())
+    except ShapeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("variant", [n for n, v in REGISTRY.items() if not v.is_cpu and takes_every_lenet_conv(v)])
 def test_network_with_each_variant_classifies_like_the_reference(tmp_path, variant):
     """Status ok means: logits within tolerance, and fp32-class runs predict the reference's class
     on >= 99.9% of images, fp16-class runs keep the accuracy within 0.5 points (job.check_logits)."""

@@ -30,7 +30,7 @@ def experiment_files(root: Path, finished: list[dict], unfinished: dict[str, str
     for job_id, profile in (profiles or {}).items():
         (root / "e" / "ncu").mkdir(parents=True, exist_ok=True)
         (root / "e" / "ncu" / f"{job_id}.json").write_text(json.dumps(profile))
-        jobs.append(JobFiles(job_id, root / "e" / "ncu" / f"{job_id}.json", logs / f"ncu-{job_id}.log", profile=True))
+        jobs.append(JobFiles(job_id, root / "e" / "ncu" / f"{job_id}.json", logs / f"ncu-{job_id}.log", kind="profile"))
     return ExperimentFiles("e", jobs, root / "e" / "ingested.json",
                            [root / "e" / "summary.md", root / "e" / "report.md"], logs / "report.log")
 
@@ -187,3 +187,20 @@ def test_suspect_settings_are_counted_and_each_reason_is_a_row(tmp_path, db_url)
     assert why.startswith("conv1 took 0.05 ms, below the physical floor") and len(why) == REASON_CHARS
     assert lines[4] == "  more: `convsweep query failures`"
     assert stored_statuses(db_url) == ["ok", "ok", "suspect"]
+
+
+def test_a_confirmation_that_waits_for_its_cell_or_failed_is_a_row_of_its_own(tmp_path, db_url):
+    """A confirm job is neither a job of the matrix nor a profile: it is not counted among the jobs, and
+    where it did not run (its cell's jobs did not all finish) or failed, a row says so and why."""
+    finished = [make_result("naive", 100, experiment="e")]
+    experiment = experiment_files(tmp_path / "results", finished, {"tiled-b100-x": f"convsweep: {NO_GPU}\n"})
+    logs = tmp_path / "results" / "e" / "logs"
+    (logs / "winners-b1000-s1-0123456789.log").write_text(f"convsweep: {NO_GPU}\n")
+    experiment.jobs.extend(JobFiles(group, tmp_path / "results" / "e" / "winners" / f"{group}.json",
+                                    logs / f"{group}.log", kind="winners")
+                           for group in ("winners-b100-s1-0123456789", "winners-b1000-s1-0123456789"))
+    lines = said(db_url, experiment).splitlines()
+    assert lines[0].startswith("convsweep: e: 1 of 2 jobs finished")
+    assert [" ".join(line.split()) for line in lines[3:6]] == [f"1 job did not finish {NO_GPU}",
+                                                              "1 job winners not confirmed waits for its cell's jobs",
+                                                              f"1 job winners not confirmed {NO_GPU}"]

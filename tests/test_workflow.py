@@ -351,7 +351,9 @@ def test_editing_a_kernel_re_measures_exactly_the_jobs_that_use_it(tmp_path):
 
     kernel = checkout / "kernels" / "broken_a.cu"
     kernel.write_text(kernel.read_text() + "// edited: one more line\n")
-    assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "ingest_results": 1, "make_report": 1, "all": 1}
+    # ... and the confirmation of its cell (the one cell of both broken variants: reference runs on the CPU)
+    assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "confirm_winners": 1, "ingest_results": 1,
+                                                      "make_report": 1, "all": 1}
     second = run_in(checkout, work)
     assert second.returncode == 0, second.stderr[-3000:]
     rows = history(work)
@@ -372,13 +374,15 @@ def test_editing_a_kernel_re_measures_exactly_the_jobs_that_use_it(tmp_path):
     entries = yaml.safe_load(edited)
     entries["broken_b"]["constraints"] = [*entries["broken_b"].get("constraints", []), "B >= 1"]
     registry.write_text(yaml.safe_dump(entries))
-    assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "ingest_results": 1, "make_report": 1, "all": 1}
+    assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "confirm_winners": 1, "ingest_results": 1,
+                                                      "make_report": 1, "all": 1}
     registry.write_text(edited)
 
     # A shared header is an input of every job whose kernels include it (layers.cu: every GPU job)
     header = checkout / "kernels" / "common.cuh"
     header.write_text(header.read_text() + "// edited\n")
-    assert planned(run_in(checkout, work, "-n")) == {"run_job": 2, "ingest_results": 1, "make_report": 1, "all": 1}
+    assert planned(run_in(checkout, work, "-n")) == {"run_job": 2, "confirm_winners": 1, "ingest_results": 1,
+                                                      "make_report": 1, "all": 1}
 
 
 def test_a_sweep_killed_halfway_resumes_with_every_job_stored_once(tmp_path):

@@ -1,7 +1,7 @@
 """The result store: SQLAlchemy models of runs and what was measured with them (`models`), opening
 and migrating SQLite or PostgreSQL (`engine`), and the idempotent ingest of result JSON files
 (`ingest`, which reads them strictly through `strict_json`), and Nsight Compute's profiles of the
-kernels (`profiles`). Queries read it through convsweep.query.
+kernels (`profiles`), and the confirmations of a cell's winners (`confirmations`). Queries read it through convsweep.query.
 
 The names below load their module on first use (PEP 562): `convsweep report` and the read-only
 queries need only `engine`, not the ORM models and the ingest (~0.2 s of imports per process).
@@ -12,11 +12,12 @@ import importlib
 
 _HOME = {
     "ceilings": ["ingest_ceiling", "refresh_floors"],
+    "confirmations": ["ingest_confirmation"],
     "engine": ["alembic_config", "make_engine", "migrate", "one_line", "open_store", "resolve_url", "show_url",
                "sqlite_path"],
     "ingest": ["check_result", "ingest_files", "ingest_result", "read_result"],
     "ingest_report": ["IngestReport"],
-    "models": ["Base", "Build", "DeviceCeiling", "Environment", "KernelProfile", "KernelStat", "LayerTime", "Memcpy", "Phase", "Run",
+    "models": ["Base", "Build", "DeviceCeiling", "Environment", "Confirmation", "KernelProfile", "KernelStat", "LayerTime", "Memcpy", "Phase", "Run",
                "Sample", "Sweep"],
     "profiles": ["ingest_profile"],
 }

@@ -26,11 +26,13 @@ from .ceilings import BENCH_FORMAT, ingest_ceiling, latest_ceiling, set_floors
 from .engine import _writer, one_line, storing
 from .ingest_report import IngestReport
 from .models import Base, Build, Environment, KernelStat, LayerTime, Memcpy, Phase, Run, Sample, Sweep
+from .confirmations import ingest_confirmation
 from .profiles import ingest_profile
 from .strict_json import check_values, read_json, utc_time
 
 
 PROFILE_FORMAT = "ncu-1"  # convsweep.ncu.FORMAT, named here so ingest never imports the profiler
+CONFIRM_FORMAT = "confirm-1"  # convsweep.confirm.FORMAT
 
 # Transactions per file when another writer stores some of its measurements between our check and
 # our insert (that insert fails; the next attempt sees them stored and skips them).
@@ -95,6 +97,9 @@ def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | Non
     if isinstance(result, dict) and result.get("format") == PROFILE_FORMAT:  # an Nsight Compute profile job's file
         check_values(result, result_path or f"profile {result.get('job_id', '?')}")
         return ingest_profile(engine, result, result_path)
+    if isinstance(result, dict) and result.get("format") == CONFIRM_FORMAT:  # a confirm job's: a cell's winners
+        check_values(result, result_path or f"confirmation {result.get('group_id', '?')}")
+        return ingest_confirmation(engine, result, result_path)
     if isinstance(result, dict) and result.get("format") == BENCH_FORMAT:  # `convsweep bench --json`: a GPU's rates
         return ingest_ceiling(engine, result, result_path)
     source = result_path or f"result {result.get('job_id', '?') if isinstance(result, dict) else '?'}"

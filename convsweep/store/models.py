@@ -357,3 +357,41 @@ class KernelProfile(Base):
     ncu: Mapped[str | None] = mapped_column(String)
     profiled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Confirmation(Base):
+    """One setting's verdict in one layer's confirmation (convsweep/confirm.py, workflow/schemas/confirm.schema.yaml):
+    the fastest settings of a cell's conv layer measured again in one process, interleaved, and which of them
+    wins, which cannot be told from it (tied) and which is slower. `run_id` is the stored run re-measured."""
+
+    __tablename__ = "confirmation"
+    __table_args__ = (UniqueConstraint("confirmation_id", "layer", "run_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    confirmation_id: Mapped[str] = mapped_column(String, index=True)  # one confirm job's run: the ingest key
+    group_id: Mapped[str] = mapped_column(String)  # the cell
+    experiment: Mapped[str] = mapped_column(String)
+    batch: Mapped[int] = mapped_column(Integer)
+    layer: Mapped[str] = mapped_column(String)
+    layer_index: Mapped[int] = mapped_column(Integer)
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), index=True)
+    variant: Mapped[str] = mapped_column(String)  # the layer's
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))  # the layer's tunables
+    first_place: Mapped[int] = mapped_column(Integer)  # in the ranking of the cell's own runs (1: fastest)
+    first_ms: Mapped[float | None] = mapped_column(Float)  # its op time there
+    place: Mapped[int | None] = mapped_column(Integer)  # in the confirmation (None: its pass was wrong or failed)
+    standing: Mapped[str] = mapped_column(String)  # winner, tied, slower, incorrect, failed
+    overturned: Mapped[bool] = mapped_column(Boolean)  # the layer's: the first fastest is neither winner nor tied
+    median_ms: Mapped[float | None] = mapped_column(Float)  # over the confirmation's rounds
+    spread: Mapped[float | None] = mapped_column(Float)
+    difference_ms: Mapped[float | None] = mapped_column(Float)  # median of the rounds' differences from the winner
+    p_value: Mapped[float | None] = mapped_column(Float)  # paired Wilcoxon test against the winner
+    detectable_ms: Mapped[float | None] = mapped_column(Float)  # the smallest difference these rounds would find
+    rounds: Mapped[int] = mapped_column(Integer)
+    samples_ms: Mapped[list[Any] | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    sm_clock_mhz: Mapped[int | None] = mapped_column(Integer)  # before the rounds
+    sm_clock_after_mhz: Mapped[int | None] = mapped_column(Integer)
+    gpu: Mapped[str | None] = mapped_column(String)
+    confirmed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -3,7 +3,7 @@
 # job failed this rule does not run; the Snakefile's onerror stores the results that were written.
 rule ingest_results:
     input:
-        lambda w: plan.run_files(w.experiment) + plan.profile_files(w.experiment),
+        lambda w: plan.run_files(w.experiment) + plan.profile_files(w.experiment) + plan.winners_files(w.experiment),
     output:
         f"{RESULTS}/{{experiment}}/ingested.json",
     log:
