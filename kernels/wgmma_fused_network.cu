@@ -1,0 +1,444 @@
+// wgmma_fused_network: fp16_fused_network's whole LeNet-86 forward in one kernel (conv1 -> ReLU -> pool ->
+// conv2 -> ReLU -> pool -> flatten -> fc1 -> ReLU -> fc2, every intermediate map in shared memory), with
+// both convs on Hopper's warpgroup MMA, wgmma.mma_async .f32.f16.f16 (sm_90a: registry arch).
+//
+// Where the time went (fp16_fused_network v5, 0.382 ms at batch 10000 on the lent H100; docs/performance.md):
+// 800 (conv1) + 1792 (conv2) mma.sync m16n8k16 per image at 2 blocks of 8 warps per SM, each mma with its
+// A fragment loaded from shared memory and conv2's B fragments reloaded per channel pair; ncu: tensor pipe
+// 43%, issue slots 39%, 0.7 eligible warps per scheduler: latency- and shared-load-bound, about 8800
+// cycles per image per SM.
+// Floor: 98.3 GFLOP at batch 10000, 0.099 ms at 989 TFLOP/s dense fp16, 0.134 ms at the 735-751 measured;
+// reading the fp32 input once 0.088 ms. As issued here (padding below) 5.80 MFMA per image, 2830 cycles
+// per image per SM at the 2048 fp16 FMA per cycle of an H100 SM: 0.122 ms at 1.755 GHz.
+//
+// What changes.
+//   conv2 (70% of the tensor work): 112 wgmma m64n32k16 per image (28 per channel pair and pass, a pass
+//     per warpgroup) instead of 1792 mma.sync and their B loads. B (the weights) is read by the tensor cores
+//     from shared memory through a descriptor; A (the pooled conv1 maps) comes from registers, 4 LDS.32 per
+//     fragment serving up to 4 wgmma, as in wgmma_conv2 (0.181 ms for conv2 alone; ncu there: tensor pipe
+//     43% at N = 16, the rate of a small-N wgmma). Here N doubles at no cost: a row of A is a PIXEL PAIR
+//     and N holds (map, pixel of the pair), B[(c, k')][(m, s)] = w[m][c][d][k' - s], so one k16 (two
+//     channels x 8 k') yields two neighbouring pixels of 16 maps (k' = kx + s < 8: the same 8-for-7 padding
+//     as before); a warp's 16 rows are a whole used conv row (32 pixels), 4 warps 4 pooled rows (bands);
+//     A is always 4-byte aligned, so x2 needs no shifted copy. (One wgmma over all the conv rows an input
+//     row feeds, N up to 128, would be wider still, but ptxas serializes wgmma whose accumulator sets
+//     overlap without being equal (C7511), and N 128 for every row pads conv2 by 1.43x and spills at 128
+//     registers: tried at build time, not kept.)
+//   conv1 (30%) is on wgmma too, because it pays: on mma.sync it had 800 m16n8k16 per image at mma.sync's
+//     rate (half of wgmma's) plus 1.6 shared loads per mma; here an A row is a pool block's pixel pair,
+//     k16 = two input rows x 8 k', N = (conv row dr of 4, map, pixel s) = 32: 65 wgmma per image (C1N 32;
+//     C1N 16: 104 of N 16 that skip the zero columns), 2.13 MFMA (1.70 at C1N 16) against 1.64 on
+//     mma.sync, in ~1040 tensor cycles instead of ~1600 at best. The 2x2 pool is then all in-thread (the
+//     4 conv rows and both pixels are this thread's columns); no shifted copy of the input rows either.
+// Prediction: 2830 tensor cycles per image per SM at full rate; at 60-75% of it (4 warpgroups per SM,
+// with staging, epilogues and the dense phase between their wgmma) 0.16-0.20 ms, ~2x fp16_fused_network.
+// ncu should show the tensor pipe above 55% and far fewer shared wavefronts (~2500 per image: A loads
+// 1680, staging and cp.async 580, epilogue stores 240) than fp16_fused_network's ~5600.
+//
+// Phases (a block: 2 warpgroups = 8 warps; one wave of min(B, BLOCKS) blocks, block i taking images
+// i, i + gridDim.x, ...):
+//   load   the next image's fp32 rows arrive by cp.async (16-byte chunks) while this one computes;
+//   stage  rows -> fp16 x1 [H][PW1];
+//   conv1  wgmma as above; the epilogue pools, adds the bias, applies ReLU, writes fp16 x2 [4][HP1][PW2];
+//   conv2  wgmma as above; the epilogue writes the image's flattened fp16 features [16][8][8];
+//   dense  after every GROUP (8) images: fp16_fused_network's fc1 (mma.sync over the 8 images; 1% of the
+//          work) + ReLU + fc2 in fp32.
+//
+// Layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix ..."; g = lane / 4, t = lane % 4, w = warp of the
+// warpgroup; tests/test_wgmma_fused.py replays them in numpy):
+//   A (registers, per warp rows 16w..16w+15, mma.m16n8k16's A): a0 (row g, k 2t..2t+1), a1 (row g+8,
+//     k 2t..), a2 (row g, k 2t+8..), a3 (row g+8, k 2t+8..), f16x2, lower k in the lower half.
+//   D (fp32, m64nNk16): d[4j + e] (row g, column 8j + 2t + e), d[4j + 2 + e] (row g + 8, ...), e = 0, 1.
+//   B (shared memory, K-major, no swizzle): core matrices of 8 n x 16 bytes (8 k), 128 contiguous bytes;
+//       byte(k, n) = base + (n / 8) * SBO + (k / 8) * LBO + (n % 8) * 16 + (k % 8) * 2, LBO 128, SBO 256,
+//     a 16 x 32 block 1024 bytes; descriptor [0,14) address >> 4, [16,30) LBO >> 4, [32,46) SBO >> 4,
+//     base offset 0, swizzle 0 (wgmma_conv2's, there at N = 16).
+//   conv1: unit u (of RG * UPR) = rowgroup rg = u / UPR (conv rows 4 rg..4 rg+3, pooled rows 2 rg, 2 rg+1)
+//     x pair block blk = u % UPR (pixel pairs 8 blk..8 blk+7). M-block mb: warp w's rows g are unit
+//     8 mb + 2 w (pair 8 blk + g), rows g + 8 unit 8 mb + 2 w + 1. k = 8 pp + k' reads input row
+//     4 rg + 2 f + pp, column 2 pair + k'. n = 8 dr + 2 m + s: B1[f][k][n] = w1[m][2 f + pp - dr][k' - s].
+//     Thread (g, t) then holds map t, conv rows dr = j, pixels 2 pair + e: pooled row 2 rg + j / 2.
+//   conv2: warp w of warpgroup v is band (pooled row) 4 v + w; row g <-> pixel pair g (pixels 2g, 2g+1),
+//     row g + 8 <-> pair g + 8; k = 8 cc + k' reads x2[2 cp + cc][4 band + r][2 pair + k']; in the block of
+//     kernel row d, n = 2 m + s: B2[cp][6 - d][k][n] = w2[m][2 cp + cc][d][k' - s]; input row r feeds conv
+//     row q (accumulators acc[q], N 32) through the block of d = r - q. Thread (g, t) holds
+//     maps 4j + t of pixels 2g, 2g+1 (row g) and 2g+16, 2g+17 (row g+8): the 4x4 pool is the 4 q
+//     accumulators, the pixel pair, and lanes g ^ 1 (one shuffle).
+// Shapes: LeNet-86's (the static_asserts and registry constraints say which sizes may vary). absorbs_input
+// is not supported (fp16_fused_network's u8-source upsample): this variant reads the fp32 input.
+// Tunables (registry): BLOCKS (the grid; 264 = 2 per SM of an H100), C1N (conv1's wgmma width, above).
+#include "common.cuh"
+#include "mma_f16.cuh"
+
+#ifndef C1N
+#define C1N 32
+#endif
+static_assert(sizeof(conv_t) == 4, "wgmma_fused_network reads float32");
+static_assert(C1N == 16 || C1N == 32, "conv1's wgmma width");
+
+namespace {
+
+static_assert(C_FIXED == 1 && M_FIXED == 4 && K_FIXED == 7 && S_FIXED == 1 && P_FIXED == 2 && PS_FIXED == 2,
+              "conv1: 1 -> 4 maps, 7x7, stride 1, 2x2 pool (see the registry constraints)");
+static_assert(M2_FIXED == 16 && K2_FIXED == 7 && S2_FIXED == 1 && P2_FIXED == 4 && PS2_FIXED == 4,
+              "conv2: 4 -> 16 maps, 7x7, stride 1, 4x4 pool");
+static_assert(N1_FIXED == 32 && N2_FIXED <= 32, "fc1: 32 outputs; fc2: at most 32");
+
+constexpr int WARPS = 8, THREADS = 32 * WARPS;
+constexpr int GROUP = 8;                                    // images per dense mma (its n)
+constexpr int kH = H_FIXED, kW = W_FIXED, kK = K_FIXED;
+constexpr int M1 = M_FIXED, M2 = M2_FIXED, K2 = K2_FIXED, N1 = N1_FIXED, N2 = N2_FIXED;
+constexpr int HP1 = (kH - kK + 1) / 2, WP1 = (kW - kK + 1) / 2;                    // pooled conv1 maps
+constexpr int HP2 = (HP1 - K2 + 1 - 4) / 4 + 1, WP2 = (WP1 - K2 + 1 - 4) / 4 + 1;  // pooled conv2 maps
+constexpr int FEAT = M2 * HP2 * WP2;
+
+// conv1's mapping: rowgroups of 4 conv rows, units of 8 pixel pairs, M-blocks of 8 units.
+constexpr int DR = 4;                          // conv rows per rowgroup (N = DR x 4 maps x 2 pixels)
+constexpr int F1 = (DR + kK - 1 + 1) / 2;      // input row pairs a rowgroup reads: 5
+constexpr int RG = (HP1 + 1) / 2, UPR = (WP1 + 7) / 8, UNITS = RG * UPR, MB1 = (UNITS + 7) / 8;
+constexpr int PW1 = (kW > 16 * UPR + 6 ? kW : 16 * UPR + 6);  // staged input row (halves): every column read
+// conv2's mapping: a band (pooled row) per warp, Q conv rows, R input rows; 4 bands per warpgroup pass.
+constexpr int Q = 4, R = Q + K2 - 1, CPAIRS = M1 / 2;
+constexpr int PW2 = (WP1 > 38 ? WP1 + WP1 % 2 : 38);         // staged pooled conv1 row (halves): columns <= 37 read
+constexpr int CH2 = (HP1 * PW2 + 63) / 64 * 64 + 16;         // halves per channel: 8 words past a multiple of 32,
+                                                             // so conv1's stores of 4 maps hit distinct banks
+constexpr int FEAT_STRIDE = FEAT + 8;                        // halves: images' feature rows 4 banks apart
+constexpr int K_SLICE = FEAT / WARPS;                        // fc1 inputs per warp
+
+static_assert(kK == 7 && K2 == 7 && M1 == 4 && M2 == 16 && F1 == 5, "the B tiles and N below");
+static_assert(kW % 2 == 0 && PW1 % 2 == 0 && PW2 % 2 == 0, "32-bit A fragments: even columns and pitches");
+static_assert(HP2 <= 2 * 4 && WP2 <= 8, "conv2: two warpgroup passes of 4 bands, 32 conv columns per warp");
+static_assert(K_SLICE % 16 == 0 && THREADS == N1 * GROUP, "the dense phase's mapping");
+static_assert(HP1 >= K2 + 3 && WP1 >= K2 + 3, "conv2 has a pooled output");
+
+// Shared memory, bytes (registry shared_bytes says the same; the kernel checks it). B tiles first: the
+// descriptors want 16-byte-aligned tiles, and the dynamic base is.
+constexpr int B1_BYTES = F1 * 1024;                          // conv1: a 16 x 32 block per row pair
+constexpr int B2_BYTES = CPAIRS * K2 * 1024;                 // conv2: a 16 x 32 block per (channel pair, d)
+constexpr int RAW_BYTES = 4 * kH * kW;                       // the next image, fp32, as it arrives
+constexpr int X1_BYTES = (2 * kH * PW1 + 15) / 16 * 16;
+constexpr int X2_BYTES = 2 * M1 * CH2;
+constexpr int FEAT_BYTES = 2 * GROUP * FEAT_STRIDE;
+constexpr int OFF_B2 = B1_BYTES, OFF_RAW = OFF_B2 + B2_BYTES, OFF_X1 = OFF_RAW + RAW_BYTES;
+constexpr int OFF_X2 = OFF_X1 + X1_BYTES, OFF_FEAT = OFF_X2 + X2_BYTES;
+constexpr int SHARED_BYTES = OFF_FEAT + FEAT_BYTES;
+static_assert((kH * kW) % 4 == 0, "each image starts 16-byte aligned and is whole 16-byte chunks (cp.async)");
+static_assert(RAW_BYTES % 16 == 0 && X2_BYTES % 16 == 0, "alignment of what follows");
+static_assert(4 * (WARPS * N1 * GROUP + GROUP * N1) <= X1_BYTES, "fc partial sums fit where x1 is idle");
+
+constexpr unsigned LBO = 128, SBO = 256;
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ unsigned lds32(const unsigned short *p) { return *reinterpret_cast<const unsigned *>(p); }
+
+// Byte offset of B[k][n] in a block of 32 columns (the layout above).
+__device__ __forceinline__ int b_offset(int k, int n) { return (n / 8) * SBO + (k / 8) * LBO + (n % 8) * 16 + (k % 8) * 2; }
+
+// The shared-memory matrix descriptor of a B run starting at shared address `addr` (no swizzle).
+__device__ __forceinline__ unsigned long long b_desc(unsigned addr) {
+    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (static_cast<unsigned long long>(LBO >> 4) << 16) |
+           (static_cast<unsigned long long>(SBO >> 4) << 32);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+
+// Pins a register's value at this point of the program (CUTLASS's warpgroup_fence_operand).
+__device__ __forceinline__ void pin(float &v) { asm volatile("" : "+f"(v)::"memory"); }
+__device__ __forceinline__ void pin(unsigned &v) { asm volatile("" : "+r"(v)::"memory"); }
+
+// D[64 x N] += A[64 x 16] (registers) * B[16 x N] (shared memory, descriptor), fp32 accumulate; the
+// accumulators as N / 16 runs of 8 registers (columns 16 i .. 16 i + 15 in d_i).
+#define D8(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define WGMMA_TAIL : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1)
+typedef float Acc8[8];
+
+__device__ __forceinline__ void wgmma_n16(Acc8 &d0, const unsigned (&a)[4], unsigned long long desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : D8(d0) WGMMA_TAIL);
+}
+
+__device__ __forceinline__ void wgmma_n32(Acc8 &d0, Acc8 &d1, const unsigned (&a)[4], unsigned long long desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : D8(d0), D8(d1) WGMMA_TAIL);
+}
+
+#undef D8
+#undef WGMMA_TAIL
+
+// Every thread's share of one image's 16-byte chunks into `raw`, as one cp.async group.
+__device__ __forceinline__ void load_image(float *raw, const float *__restrict__ src) {
+    const unsigned base = smem_u32(raw);
+    for (int c = threadIdx.x; c < kH * kW / 4; c += THREADS)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 16 * c), "l"(src + 4 * c) : "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+__device__ __forceinline__ void wait_image() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// raw (fp32 [kH][kW]) -> x1 (fp16 [kH][PW1], zero past kW).
+__device__ __forceinline__ void stage_input(const float *raw, unsigned short *x1) {
+    if constexpr (PW1 == kW) {  // LeNet-86: the same contiguous array, four values per thread and step
+        for (int e = threadIdx.x; e < kH * kW / 4; e += THREADS) {
+            const float4 v = reinterpret_cast<const float4 *>(raw)[e];
+            reinterpret_cast<uint2 *>(x1)[e] = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
+        }
+    } else {
+        for (int e = threadIdx.x; e < kH * PW1 / 2; e += THREADS) {
+            const int row = e / (PW1 / 2), j = 2 * (e % (PW1 / 2));
+            const float2 v = j < kW ? *reinterpret_cast<const float2 *>(raw + row * kW + j) : make_float2(0.f, 0.f);
+            reinterpret_cast<unsigned *>(x1)[e] = pack_half2(v.x, v.y);
+        }
+    }
+}
+
+// conv1 + bias + ReLU + 2x2 pool on wgmma: warpgroup v takes M-blocks v, v + 2, ...; each is 5 wgmma of
+// N 32 (row pairs f; C1N 16: 8 of N 16) in one commit group on 16 accumulators (acc[h]: conv rows dr = 2h,
+// 2h + 1), its 20 A registers loaded first; then the pool in registers.
+__device__ __forceinline__ void conv1(const unsigned short *x1, unsigned short *x2, unsigned b1,
+                                      const float *__restrict__ bias, int v, int w, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const float bm = __ldg(bias + t);
+#pragma unroll 1
+    for (int mb = v; mb < MB1; mb += 2) {
+        const int u_lo = 8 * mb + 2 * w, u_hi = u_lo + 1;                     // this warp's rows g, g + 8
+        const int ul = min(u_lo, UNITS - 1), uh = min(u_hi, UNITS - 1);       // past the last: computed, not stored
+        const int rg_lo = ul / UPR, blk_lo = ul % UPR, rg_hi = uh / UPR, blk_hi = uh % UPR;
+        const unsigned short *src_lo = x1 + 16 * blk_lo + 2 * (g + t), *src_hi = x1 + 16 * blk_hi + 2 * (g + t);
+        unsigned a[F1][4];
+#pragma unroll
+        for (int f = 0; f < F1; ++f) {
+            // Rows past kH feed only conv rows of pooled rows past HP1 (not stored): clamped, they read staged data.
+            const int r0 = min(4 * rg_lo + 2 * f, kH - 1), r1 = min(4 * rg_lo + 2 * f + 1, kH - 1);
+            const int s0 = min(4 * rg_hi + 2 * f, kH - 1), s1 = min(4 * rg_hi + 2 * f + 1, kH - 1);
+            a[f][0] = lds32(src_lo + r0 * PW1);  // row g, k' 2t..: input row 2f, pixel pair 8 blk + g
+            a[f][1] = lds32(src_hi + s0 * PW1);  // row g + 8: the other unit
+            a[f][2] = lds32(src_lo + r1 * PW1);  // k 8 + 2t..: input row 2f + 1
+            a[f][3] = lds32(src_hi + s1 * PW1);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) pin(a[f][j]);
+        }
+        Acc8 acc[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                acc[h][e] = 0.f;
+                pin(acc[h][e]);
+            }
+        wgmma_fence();  // A and the zeroed accumulators written before the wgmma read them
+#pragma unroll
+        for (int f = 0; f < F1; ++f) {
+            if (C1N == 32) {  // B's zero columns too (row pair 0 feeds conv rows 0, 1 only, pair 4 rows 2, 3)
+                wgmma_n32(acc[0], acc[1], a[f], b_desc(b1 + f * 1024));
+            } else {  // conv rows 0, 1 (columns 0-15) and 2, 3 (16-31, two core matrices on) apart, where fed
+                if (f < F1 - 1) wgmma_n16(acc[0], a[f], b_desc(b1 + f * 1024));
+                if (f > 0) wgmma_n16(acc[1], a[f], b_desc(b1 + f * 1024 + 2 * SBO));
+            }
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) pin(acc[h][e]);
+        // acc[h][4j' + e]: conv row dr = 2h + j', pixel s = e, row g; + 2: row g + 8. Pooled row 2 rg + h.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int u = half ? u_hi : u_lo, rg = half ? rg_hi : rg_lo, blk = half ? blk_hi : blk_lo;
+                const float m4 = max_nan(max_nan(acc[h][2 * half], acc[h][2 * half + 1]),
+                                         max_nan(acc[h][4 + 2 * half], acc[h][5 + 2 * half]));
+                const int ph = 2 * rg + h, pc = 8 * blk + g;
+                if (u >= UNITS || ph >= HP1 || pc >= WP1) continue;
+                const float s = m4 + bm;
+                x2[t * CH2 + ph * PW2 + pc] = to_half(s < 0.f ? 0.f : s);  // NaN stays NaN
+            }
+        }
+    }
+}
+
+// conv2 + bias + ReLU + 4x4 pool into the image's flattened features: warpgroup v's pass, bands
+// 4 v .. 4 v + 3 (warp w: band 4 v + w); per channel pair and input row r, one commit group of a wgmma
+// (N 32) for each conv row q it feeds, q in [max(0, r - 6), min(3, r)], through kernel row d = r - q.
+__device__ __forceinline__ void conv2(const unsigned short *x2, unsigned short *feat, unsigned b2,
+                                      const float *__restrict__ bias, int v, int w, int lane) {
+    const int g = lane >> 2, t = lane & 3, band = 4 * v + w;
+    Acc8 acc[Q][2];
+#pragma unroll
+    for (int q = 0; q < Q; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                acc[q][h][e] = 0.f;
+                pin(acc[q][h][e]);
+            }
+    const unsigned short *src = x2 + 2 * (g + t);
+#pragma unroll
+    for (int cp = 0; cp < CPAIRS; ++cp) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            // Rows past HP1 feed only conv rows of bands past HP2 (not stored): clamped, they read staged data.
+            const int row = min(4 * band + r, HP1 - 1);
+            const unsigned short *p0 = src + 2 * cp * CH2 + row * PW2, *p1 = p0 + CH2;  // channels 2cp, 2cp + 1
+            unsigned a[4] = {lds32(p0), lds32(p0 + 16), lds32(p1), lds32(p1 + 16)};  // pairs g, g + 8
+#pragma unroll
+            for (int j = 0; j < 4; ++j) pin(a[j]);
+            wgmma_fence();
+#pragma unroll
+            for (int q = 0; q < Q; ++q) {
+                const int d = r - q;  // kernel row: input row 4 band + r feeds conv row 4 band + q through it
+                if (d < 0 || d >= K2) continue;
+                wgmma_n32(acc[q][0], acc[q][1], a, b_desc(b2 + (cp * K2 + (K2 - 1) - d) * 1024));
+            }
+            wgmma_commit();
+            wgmma_wait<1>();  // the row before has been read: its A registers may be written again
+        }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int q = 0; q < Q; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) pin(acc[q][h][e]);
+    // acc[q][h][4i + e]: map 4 (2h + i) + t, pixel 2 pair + e of conv row 4 band + q; pair g (e < 2) or g + 8.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int m = 4 * (2 * h + i) + t;
+            float hv[2];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                float x = max_nan(acc[0][h][4 * i + 2 * half], acc[0][h][4 * i + 2 * half + 1]);
+#pragma unroll
+                for (int q = 1; q < Q; ++q)
+                    x = max_nan(x, max_nan(acc[q][h][4 * i + 2 * half], acc[q][h][4 * i + 2 * half + 1]));
+                hv[half] = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 4));  // lanes g ^ 1: the other pixel pair
+            }
+            // lanes g, g ^ 1 agree: even g stores pooled column g / 2 (pairs g, g ^ 1), odd g column g / 2 + 4.
+            const int pc = g / 2 + 4 * (g & 1);
+            if (band >= HP2 || pc >= WP2) continue;
+            const float s = (g & 1 ? hv[1] : hv[0]) + __ldg(bias + m);
+            feat[(m * HP2 + band) * WP2 + pc] = to_half(s < 0.f ? 0.f : s);
+        }
+    }
+}
+
+// fc1 (mma, n = the group's images) + bias + ReLU, then fc2 in fp32, for the `n` images of a group; the
+// group's image i is image `first + i * stride` of the batch. fp16_fused_network's, but for the stride.
+__device__ __forceinline__ void dense(const unsigned short *feat, float *part, const float *__restrict__ w1,
+                                      const float *__restrict__ b1, const float *__restrict__ w2,
+                                      const float *__restrict__ b2, float *__restrict__ y, long long first, int stride,
+                                      int n, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    float acc[2][4] = {};
+#pragma unroll 2
+    for (int k = warp * K_SLICE; k < (warp + 1) * K_SLICE; k += 16) {
+        const unsigned short *f = feat + g * FEAT_STRIDE + k + 2 * t;  // B: image g, inputs k + 2t (+8)
+        const unsigned bl = lds32(f), bh = lds32(f + 8);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            const float *wp = w1 + (mt * 16 + g) * FEAT + k + 2 * t;  // A: outputs mt*16 + g (+8)
+            const float2 w00 = __ldg(reinterpret_cast<const float2 *>(wp)), w10 = __ldg(reinterpret_cast<const float2 *>(wp + 8 * FEAT));
+            const float2 w01 = __ldg(reinterpret_cast<const float2 *>(wp + 8)), w11 = __ldg(reinterpret_cast<const float2 *>(wp + 8 * FEAT + 8));
+            mma_f16_k16(acc[mt], pack_half2(w00.x, w00.y), pack_half2(w10.x, w10.y), pack_half2(w01.x, w01.y),
+                        pack_half2(w11.x, w11.y), bl, bh);
+        }
+    }
+    // part[warp][output][image]: d0, d1 are (output mt*16 + g, images 2t, 2t+1), d2, d3 output + 8.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+        float *p = part + (warp * N1 + mt * 16 + g) * GROUP + 2 * t;
+        p[0] = acc[mt][0], p[1] = acc[mt][1], p[8 * GROUP] = acc[mt][2], p[8 * GROUP + 1] = acc[mt][3];
+    }
+    __syncthreads();
+    float *hidden = part + WARPS * N1 * GROUP;  // [image][output]
+    {
+        const int o = threadIdx.x / GROUP, img = threadIdx.x % GROUP;
+        float s = __ldg(b1 + o);
+#pragma unroll
+        for (int wi = 0; wi < WARPS; ++wi) s += part[(wi * N1 + o) * GROUP + img];
+        hidden[img * N1 + o] = s < 0.f ? 0.f : s;
+    }
+    __syncthreads();
+    if (threadIdx.x < N2 * GROUP) {
+        const int o = threadIdx.x / GROUP, img = threadIdx.x % GROUP;
+        if (img < n) {
+            float s = __ldg(b2 + o);
+#pragma unroll
+            for (int j = 0; j < N1; ++j) s = fmaf(hidden[img * N1 + j], __ldg(w2 + o * N1 + j), s);
+            y[(first + (long long)img * stride) * N2 + o] = s;
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), FUSED_WEIGHTS(fc2)) {
+    (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS;
+    unsigned dynamic_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+    // Too little shared memory, or an x cp.async cannot read in 16-byte chunks: the logits stay poisoned.
+    if (dynamic_bytes < SHARED_BYTES || (reinterpret_cast<unsigned long long>(x) & 15) != 0 || blockIdx.x >= B) return;
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned short *b1s = reinterpret_cast<unsigned short *>(smem), *b2s = reinterpret_cast<unsigned short *>(smem + OFF_B2);
+    float *raw = reinterpret_cast<float *>(smem + OFF_RAW);
+    unsigned short *x1 = reinterpret_cast<unsigned short *>(smem + OFF_X1);
+    unsigned short *x2 = reinterpret_cast<unsigned short *>(smem + OFF_X2);
+    unsigned short *feat = reinterpret_cast<unsigned short *>(smem + OFF_FEAT);
+    float *part = reinterpret_cast<float *>(x1);  // the dense phase's sums: x1 is idle until the next image
+
+    const int count = (B - 1 - blockIdx.x) / gridDim.x + 1;  // images blockIdx.x, + gridDim.x, ... below B
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, v = warp >> 2, w = warp & 3;
+    load_image(raw, x + image_offset(blockIdx.x, 1, kH, kW));
+
+    // The B tiles, k fastest (the layout above); 0 where a kernel row or column falls outside 0..6.
+    for (int e = threadIdx.x; e < F1 * 512; e += THREADS) {  // conv1: [f][n = 8 dr + 2 m + s][k = 8 pp + k']
+        const int f = e / 512, n = (e / 16) % 32, kk = e % 16;
+        const int ky = 2 * f + kk / 8 - n / 8, kx = kk % 8 - n % 2, m = (n % 8) / 2;
+        const float wv = ky >= 0 && ky < kK && kx >= 0 && kx < kK ? __ldg(k + (m * kK + ky) * kK + kx) : 0.f;
+        b1s[(f * 1024 + b_offset(kk, n)) / 2] = to_half(wv);
+    }
+    for (int e = threadIdx.x; e < CPAIRS * K2 * 512; e += THREADS) {  // conv2: [cp][6 - d][n = 2 m + s][k = 8 cc + k']
+        const int blk = e / 512, n = (e / 16) % 32, kk = e % 16;
+        const int cp = blk / K2, d = K2 - 1 - blk % K2, c = 2 * cp + kk / 8, kx = kk % 8 - n % 2, m = n / 2;
+        const float wv = kx >= 0 && kx < K2 ? __ldg(conv2_w + ((m * M1 + c) * K2 + d) * K2 + kx) : 0.f;
+        b2s[(blk * 1024 + b_offset(kk, n)) / 2] = to_half(wv);
+    }
+    for (int e = threadIdx.x; e < X2_BYTES / 4; e += THREADS) reinterpret_cast<unsigned *>(x2)[e] = 0u;  // unwritten columns read 0
+    // The B tiles were written by ordinary stores and are read by the tensor cores (the async proxy): each
+    // writing thread fences before the barrier (the first __syncthreads below) that orders them.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    const unsigned b1 = smem_u32(b1s), b2 = smem_u32(b2s);
+
+    for (int n = 0; n < count; ++n) {
+        wait_image();
+        __syncthreads();  // raw holds image n; the previous image's phases are done with x1, x2 (and part)
+        stage_input(raw, x1);
+        __syncthreads();
+        if (n + 1 < count) load_image(raw, x + image_offset(blockIdx.x + (n + 1) * gridDim.x, 1, kH, kW));  // lands during this image
+        conv1(x1, x2, b1, bias, v, w, lane);
+        __syncthreads();
+        conv2(x2, feat + n % GROUP * FEAT_STRIDE, b2, conv2_b, v, w, lane);
+        if (n % GROUP == GROUP - 1 || n == count - 1) {
+            __syncthreads();
+            const int group_first = n - n % GROUP;
+            dense(feat, part, fc1_w, fc1_b, fc2_w, fc2_b, y, blockIdx.x + (long long)group_first * gridDim.x, gridDim.x,
+                  n % GROUP + 1, warp, lane);
+        }
+    }
+}

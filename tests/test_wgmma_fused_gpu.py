@@ -1,0 +1,110 @@
+"""wgmma_fused_network on a Hopper GPU (skipped with the reason elsewhere): the whole network's logits
+against float64 on fresh random images (new ones every call) with NaN-poisoned logits, at batch 1, 7
+and 10001, every registered setting, LeNet-86's trained weights and random ones, and an 84 x 84 input
+(the padded staging, odd pooled sizes); then jobs as fp16_fused_network's tests run them: any batch and
+chunking, and the accuracy at batch 10000 on mnist5k (cycled) equal to 0.9932."""
+import numpy as np
+import pytest
+
+from test_gpu import reference_accuracy, spec
+from test_wgmma_fused import network_of_size, random_weights
+
+from convsweep.checks import normwise_error
+from convsweep.network import load_network, load_weights, reference_forward_parallel
+from convsweep.paths import ROOT
+from convsweep.variants import load_registry
+
+pytestmark = pytest.mark.gpu
+
+NAME = "wgmma_fused_network"
+VARIANT = load_registry()[NAME]
+LENET = load_network(ROOT / "networks/lenet86.yaml")
+BOTH = {"conv1": NAME, "conv2": NAME}  # conv1's kernel computes conv2 too (a job may name either way)
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from convsweep.gpu import Gpu
+
+    with Gpu() as g:
+        if g.compute_capability < VARIANT.min_cc:
+            pytest.skip(f"{NAME} needs compute capability {VARIANT.min_cc}, {g.name} has {g.compute_capability}")
+        yield g
+
+
+def forward(gpu, network, weights, params, images) -> np.ndarray:
+    """The network on `images` with this variant at conv1 (it swallows the rest), logits poisoned before."""
+    from convsweep.runner import ConvPlan, GpuNetwork
+
+    plan = ConvPlan({"conv1": VARIANT}, {"conv1": VARIANT.resolve_params(params, NAME)})
+    with gpu.scope():
+        stream = gpu.stream()
+        net = GpuNetwork(gpu, network, weights, plan, 1, len(images))
+        x_dev = gpu.to_device(images, stream)
+        logits_dev = gpu.alloc((len(images), network.layers[-1].out_shape[0]), np.float32)
+        gpu.fill(logits_dev, 0xFF, stream)  # NaN: a logit no block writes fails
+        net.enqueue(stream, net.lanes[0], x_dev, logits_dev, len(images))
+        logits = np.empty(logits_dev.shape, np.float32)
+        gpu.download(logits_dev, logits, stream)
+        stream.sync()
+    return logits
+
+
+def check(gpu, network, weights, params, batch) -> float:
+    images = np.random.default_rng().uniform(0.0, 1.0, (batch, *network.input_shape)).astype(np.float32)
+    logits = forward(gpu, network, weights, params, images)
+    assert np.isfinite(logits).all(), "unwritten (poisoned) logits"
+    return normwise_error(logits, reference_forward_parallel(network, weights, images))
+
+
+@pytest.mark.parametrize("batch", [1, 7, 300])
+@pytest.mark.parametrize("params", VARIANT.all_combinations(), ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+def test_the_network_matches_float64_on_fresh_random_images(gpu, params, batch):
+    errors = [check(gpu, LENET, load_weights(LENET), params, batch) for _ in range(2)]  # fresh images each time
+    assert max(errors) <= VARIANT.tolerance, errors
+
+
+@pytest.mark.parametrize("params", [VARIANT.defaults(), {**VARIANT.defaults(), "C1N": 16, "BLOCKS": 132}],
+                         ids=["defaults", "C1N16-BLOCKS132"])
+def test_the_network_matches_float64_at_batch_10001(gpu, params):
+    """> BLOCKS: each block takes 38-76 images through its cp.async buffer and its 8-image dense groups."""
+    assert check(gpu, LENET, load_weights(LENET), params, 10001) <= VARIANT.tolerance
+
+
+@pytest.mark.parametrize("batch", [1, 7, 10001])
+def test_random_weights_too(gpu, batch):
+    rng = np.random.default_rng()
+    assert check(gpu, LENET, random_weights(rng, 86), VARIANT.defaults(), batch) <= VARIANT.tolerance
+
+
+@pytest.mark.parametrize("c1n", [16, 32])
+def test_an_84_pixel_input_takes_the_padded_path(gpu, tmp_path, c1n):
+    network = network_of_size(tmp_path, 84)
+    weights = random_weights(np.random.default_rng(), 84)
+    assert check(gpu, network, weights, {**VARIANT.defaults(), "C1N": c1n}, 9) <= VARIANT.tolerance
+
+
+@pytest.mark.parametrize("batch, streams, chunk", [(1, 1, None), (7, 3, 2), (10001, 1, None), (10001, 4, 1250)])
+def test_it_runs_any_batch_and_any_chunking_as_a_job(batch, streams, chunk):
+    """As fp16_fused_network's test: logits poisoned before each pass, checked against float64 and the
+    reference's accuracy; one timed layer (conv1) holds every op."""
+    from convsweep.measure import measure
+
+    run = spec("events", batch=batch, repeats=2, streams=streams, host_memory="pinned" if streams > 1 else "pageable",
+               chunk_images=chunk, variants=BOTH, params={"conv1": {}})
+    result = measure(run, keep_logits=True)
+    assert result.status == "ok", result.error
+    assert np.isfinite(result.logits).all() and result.logits.shape == (batch, 10)
+    assert result.max_rel_err <= VARIANT.tolerance
+    assert abs(result.accuracy - reference_accuracy(batch)) <= 0.005 + 1 / batch
+    assert list(result.timings.op_time_ms) == ["conv1"]
+    assert {b["variant"] for b in result.builds} == {NAME, "layers"}
+
+
+def test_the_accuracy_at_batch_10000_is_the_references_0_9932():
+    from convsweep.measure import measure
+
+    result = measure(spec("events", batch=10000, repeats=3, variants=BOTH, params={"conv1": {}}), keep_logits=True)
+    assert result.status == "ok", result.error
+    assert result.max_rel_err <= VARIANT.tolerance
+    assert round(result.accuracy, 4) == 0.9932 == round(reference_accuracy(10000), 4)
