@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README line 1 on a machine with only the NVIDIA driver: a fresh venv, `pip install -e .` with no
-# extras, and NVRTC must come with it: every registered variant compiles for sm_90 (no GPU needed).
+# extras, and NVRTC must come with it: every registered variant compiles for sm_90a, the H100's own target (no GPU needed).
 # Then that venv's `snakemake --cores 1` runs a CPU sweep to its end: every rule of the default
 # workflow (run, ingest, summary, figures, report) works without an extra, and so does
 # `snakemake --report`.
@@ -12,7 +12,7 @@ trap 'rm -rf "$(dirname "$venv")"' EXIT
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 "$venv/bin/python" -m pip install -q -e . 2>&1 | grep -v -e "is ignored: it is neither" -e "Running pip as" || true
-out=$(CONVSWEEP_CACHE="$(dirname "$venv")/cache" "$venv/bin/convsweep" compile all --arch sm_90 --out "$(dirname "$venv")/all.json")
+out=$(CONVSWEEP_CACHE="$(dirname "$venv")/cache" "$venv/bin/convsweep" compile all --arch sm_90a --out "$(dirname "$venv")/all.json")
 "$venv/bin/python" - "$(dirname "$venv")/all.json" <<'PY'
 import json, sys
 from convsweep.variants import load_registry
@@ -21,8 +21,8 @@ built = {b["variant"] for b in json.load(open(sys.argv[1]))["builds"]}
 wanted = {name for name, var in load_registry().items() if not var.is_cpu}
 missing = sorted(wanted - built)
 if missing:
-    sys.exit(f"fresh install: these variants did not compile for sm_90: {', '.join(missing)}")
-print(f"fresh install (pip install -e ., no extras): all {len(wanted)} GPU variants compiled for sm_90 with NVRTC "
+    sys.exit(f"fresh install: these variants did not compile for sm_90a: {', '.join(missing)}")
+print(f"fresh install (pip install -e ., no extras): all {len(wanted)} GPU variants compiled for sm_90a with NVRTC "
       f"{__import__('convsweep.compile', fromlist=['nvrtc_version']).nvrtc_version()}")
 PY
 
