@@ -66,15 +66,53 @@
 //     accumulators, the pixel pair, and lanes g ^ 1 (one shuffle).
 // Shapes: LeNet-86's (the static_asserts and registry constraints say which sizes may vary). absorbs_input
 // is not supported (fp16_fused_network's u8-source upsample): this variant reads the fp32 input.
-// Tunables (registry): BLOCKS (the grid; 264 = 2 per SM of an H100), C1N (conv1's wgmma width, above).
+// Tunables (registry): BLOCKS (the grid; 264 = 2 per SM of an H100), C1N (conv1's wgmma width, above),
+// C1P and C2R (round two, below: the schedule only; every index above is unchanged).
+//
+// Round two (issue 36 item 1). Round one (C1P 1, C2R 1) measured 0.329 ms at batch 10000 on the lent
+// H100, beside fp16_fused_network's 0.382 ms in the same process. ncu (BLOCKS 264, C1N 32): 128 registers,
+// 93,280 B shared, 2 blocks (16 warps) per SM, achieved occupancy 23.9%; 0.87 eligible of 3.82 active warps
+// per scheduler, no eligible warp 52.7% of cycles, issue slots 45.6%, 8.1 cycles per issued instruction;
+// tensor pipe 37.9%, L1/TEX 64.9%, DRAM 22%. 0.329 ms is ~7600 cycles per image per SM (15,200 per image
+// per block), of which 2830 tensor cycles (37.9% x 7600 ~ 2880: the pipe metric counts work at full rate).
+// Neither the tensor pipe, nor issue, nor shared memory is full: the time is exposed latency, and the
+// schedule exposes wgmma's whole latency often. conv1 waited (wait_group 0) after each M-block's 5 wgmma,
+// 7 times per warpgroup per image, with the epilogue after each wait and no wgmma in flight during it;
+// conv2 committed a group per input row and waited for the one before (20 waits per pass), with only 4 A
+// loads to cover between. (wgmma_conv2, the same per-row schedule alone: ~200 cycles per row step.)
+// Floor unchanged: 0.122 ms for the padded tensor work at full rate (0.134 ms at the measured 735 TFLOP/s).
+// Registers stay the bound on occupancy (conv2's 64 accumulators; 3 blocks would need <= 80 per thread),
+// so this round raises the work in flight per warpgroup instead:
+//   C1P 2: conv1's M-blocks in pairs, mb and mb + 2 issued back to back into two accumulator sets, then
+//     wait_group 1 -> epilogue of mb (while mb + 2 runs) -> wait_group 0 -> epilogue of mb + 2: 4 waits per
+//     warpgroup instead of 7, half of the epilogues hidden. Three things ptxas needed, else it serializes
+//     every wgmma or injects waits (tests/test_wgmma_fused.py reads its log): the same round count for both
+//     warpgroups ((MB1 + 3) / 4, unrolled; an M-block past MB1 computes clamped units and stores nothing,
+//     C7518 otherwise), the first wgmma of each accumulator with scale-d false instead of zeroed registers
+//     (C7517), and the epilogue's stores predicated, not branched around.
+//   C2R 2: conv2 commits a group per 2 input rows (8 A loads together, up to 8 wgmma per group): 10
+//     waits per pass instead of 20, twice the loads in flight. (C2R 5: ptxas serializes for registers, C7512.)
+// Prediction: if an exposed wait costs ~150-200 cycles of a warpgroup's time (wgmma_conv2's row step), C1P 2
+// saves ~600-1000 cycles per image per block and C2R 2 ~1000-1500, of ~15,200: 0.27-0.30 ms, tensor pipe
+// 42-47%, fewer "no eligible" cycles; not the 0.20 ms target, which needs the phases of an image (stage,
+// conv1, conv2, dense, each behind a block barrier) to overlap, i.e. fewer registers or warp specialization.
+// The device script times every C1P x C2R x C1N at BLOCKS 264 beside round one's schedule, so the two moves
+// are measured apart.
 #include "common.cuh"
 #include "mma_f16.cuh"
 
 #ifndef C1N
 #define C1N 32
 #endif
+#ifndef C1P
+#define C1P 2
+#endif
+#ifndef C2R
+#define C2R 2
+#endif
 static_assert(sizeof(conv_t) == 4, "wgmma_fused_network reads float32");
 static_assert(C1N == 16 || C1N == 32, "conv1's wgmma width");
+static_assert(C1P == 1 || C1P == 2, "conv1's M-blocks in flight per warpgroup");
 
 namespace {
 
@@ -110,6 +148,7 @@ static_assert(kW % 2 == 0 && PW1 % 2 == 0 && PW2 % 2 == 0, "32-bit A fragments: 
 static_assert(HP2 <= 2 * 4 && WP2 <= 8, "conv2: two warpgroup passes of 4 bands, 32 conv columns per warp");
 static_assert(K_SLICE % 16 == 0 && THREADS == N1 * GROUP, "the dense phase's mapping");
 static_assert(HP1 >= K2 + 3 && WP1 >= K2 + 3, "conv2 has a pooled output");
+static_assert(C2R >= 1 && R % C2R == 0, "conv2's input rows per commit group divide the band's R = 10");
 
 // Shared memory, bytes (registry shared_bytes says the same; the kernel checks it). B tiles first: the
 // descriptors want 16-byte-aligned tiles, and the dynamic base is.
@@ -140,6 +179,13 @@ __device__ __forceinline__ unsigned long long b_desc(unsigned addr) {
            (static_cast<unsigned long long>(SBO >> 4) << 32);
 }
 
+// *p = v where `pred`, as one predicated st.shared (no branch around it).
+__device__ __forceinline__ void st_shared_u16_if(unsigned short *p, unsigned short v, bool pred) {
+    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q st.shared.u16 [%0], %1;\n}\n" ::"r"(smem_u32(p)), "h"(v),
+                 "r"(static_cast<int>(pred))
+                 : "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -152,9 +198,11 @@ __device__ __forceinline__ void pin(unsigned &v) { asm volatile("" : "+r"(v)::"m
 // D[64 x N] += A[64 x 16] (registers) * B[16 x N] (shared memory, descriptor), fp32 accumulate; the
 // accumulators as N / 16 runs of 8 registers (columns 16 i .. 16 i + 15 in d_i).
 #define D8(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-#define WGMMA_TAIL : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1)
+#define WGMMA_TAIL : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACCUMULATE)
 typedef float Acc8[8];
 
+// ACCUMULATE 0 (scale-d false): D = A * B, the accumulators' old values unread (no zeroing before).
+template <int ACCUMULATE = 1>
 __device__ __forceinline__ void wgmma_n16(Acc8 &d0, const unsigned (&a)[4], unsigned long long desc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
@@ -163,6 +211,7 @@ __device__ __forceinline__ void wgmma_n16(Acc8 &d0, const unsigned (&a)[4], unsi
         : D8(d0) WGMMA_TAIL);
 }
 
+template <int ACCUMULATE = 1>
 __device__ __forceinline__ void wgmma_n32(Acc8 &d0, Acc8 &d1, const unsigned (&a)[4], unsigned long long desc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
@@ -203,67 +252,99 @@ __device__ __forceinline__ void stage_input(const float *raw, unsigned short *x1
 
 // conv1 + bias + ReLU + 2x2 pool on wgmma: warpgroup v takes M-blocks v, v + 2, ...; each is 5 wgmma of
 // N 32 (row pairs f; C1N 16: 8 of N 16) in one commit group on 16 accumulators (acc[h]: conv rows dr = 2h,
-// 2h + 1), its 20 A registers loaded first; then the pool in registers.
+// 2h + 1), its 20 A registers loaded first; then the pool in registers. C1P 2: M-blocks in pairs, the
+// second's group issued (into another accumulator set) before the first's wait, so the tensor cores work
+// on it while this warpgroup pools and stores the first (wait_group 1, then 0).
+__device__ __forceinline__ void conv1_issue(const unsigned short *x1, unsigned b1, int mb, int w, int g, int t,
+                                            Acc8 (&acc)[2]) {
+    const int u_lo = 8 * mb + 2 * w, u_hi = u_lo + 1;                     // this warp's rows g, g + 8
+    const int ul = min(u_lo, UNITS - 1), uh = min(u_hi, UNITS - 1);       // past the last: computed, not stored
+    const int rg_lo = ul / UPR, blk_lo = ul % UPR, rg_hi = uh / UPR, blk_hi = uh % UPR;
+    const unsigned short *src_lo = x1 + 16 * blk_lo + 2 * (g + t), *src_hi = x1 + 16 * blk_hi + 2 * (g + t);
+    unsigned a[F1][4];
+#pragma unroll
+    for (int f = 0; f < F1; ++f) {
+        // Rows past kH feed only conv rows of pooled rows past HP1 (not stored): clamped, they read staged data.
+        const int r0 = min(4 * rg_lo + 2 * f, kH - 1), r1 = min(4 * rg_lo + 2 * f + 1, kH - 1);
+        const int s0 = min(4 * rg_hi + 2 * f, kH - 1), s1 = min(4 * rg_hi + 2 * f + 1, kH - 1);
+        a[f][0] = lds32(src_lo + r0 * PW1);  // row g, k' 2t..: input row 2f, pixel pair 8 blk + g
+        a[f][1] = lds32(src_hi + s0 * PW1);  // row g + 8: the other unit
+        a[f][2] = lds32(src_lo + r1 * PW1);  // k 8 + 2t..: input row 2f + 1
+        a[f][3] = lds32(src_hi + s1 * PW1);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) pin(a[f][j]);
+    }
+    // No zeroing: each accumulator's first wgmma has scale-d false (D = A * B). (Zeroing them while the
+    // other M-block's group is in flight made ptxas inject a wait there, C7517.)
+    wgmma_fence();  // A written before the wgmma read it
+#pragma unroll
+    for (int f = 0; f < F1; ++f) {
+        if (C1N == 32) {  // B's zero columns too (row pair 0 feeds conv rows 0, 1 only, pair 4 rows 2, 3)
+            if (f == 0) wgmma_n32<0>(acc[0], acc[1], a[f], b_desc(b1 + f * 1024));
+            else wgmma_n32(acc[0], acc[1], a[f], b_desc(b1 + f * 1024));
+        } else {  // conv rows 0, 1 (columns 0-15) and 2, 3 (16-31, two core matrices on) apart, where fed
+            if (f == 0) wgmma_n16<0>(acc[0], a[f], b_desc(b1 + f * 1024));
+            if (f > 0 && f < F1 - 1) wgmma_n16(acc[0], a[f], b_desc(b1 + f * 1024));
+            if (f == 1) wgmma_n16<0>(acc[1], a[f], b_desc(b1 + f * 1024 + 2 * SBO));
+            if (f > 1) wgmma_n16(acc[1], a[f], b_desc(b1 + f * 1024 + 2 * SBO));
+        }
+    }
+    wgmma_commit();
+}
+
+// The epilogue of M-block mb, once its commit group is complete.
+__device__ __forceinline__ void conv1_store(unsigned short *x2, float bm, int mb, int w, int g, int t, Acc8 (&acc)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) pin(acc[h][e]);
+    const int u_lo = 8 * mb + 2 * w, u_hi = u_lo + 1;
+    const int ul = min(u_lo, UNITS - 1), uh = min(u_hi, UNITS - 1);
+    const int rg_lo = ul / UPR, blk_lo = ul % UPR, rg_hi = uh / UPR, blk_hi = uh % UPR;
+    // acc[h][4j' + e]: conv row dr = 2h + j', pixel s = e, row g; + 2: row g + 8. Pooled row 2 rg + h.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int u = half ? u_hi : u_lo, rg = half ? rg_hi : rg_lo, blk = half ? blk_hi : blk_lo;
+            const float m4 = max_nan(max_nan(acc[h][2 * half], acc[h][2 * half + 1]),
+                                     max_nan(acc[h][4 + 2 * half], acc[h][5 + 2 * half]));
+            const int ph = 2 * rg + h, pc = 8 * blk + g;
+            const float s = m4 + bm;
+            // A predicated store, not a branch: ptxas serializes the wgmma (C7518) when a divergent path
+            // runs while the other M-block's group is in flight.
+            st_shared_u16_if(x2 + t * CH2 + ph * PW2 + pc, to_half(s < 0.f ? 0.f : s),  // NaN stays NaN
+                             u < UNITS && ph < HP1 && pc < WP1);
+        }
+    }
+}
+
 __device__ __forceinline__ void conv1(const unsigned short *x1, unsigned short *x2, unsigned b1,
                                       const float *__restrict__ bias, int v, int w, int lane) {
     const int g = lane >> 2, t = lane & 3;
     const float bm = __ldg(bias + t);
+    Acc8 acc0[2];
+    if (C1P == 1) {
 #pragma unroll 1
-    for (int mb = v; mb < MB1; mb += 2) {
-        const int u_lo = 8 * mb + 2 * w, u_hi = u_lo + 1;                     // this warp's rows g, g + 8
-        const int ul = min(u_lo, UNITS - 1), uh = min(u_hi, UNITS - 1);       // past the last: computed, not stored
-        const int rg_lo = ul / UPR, blk_lo = ul % UPR, rg_hi = uh / UPR, blk_hi = uh % UPR;
-        const unsigned short *src_lo = x1 + 16 * blk_lo + 2 * (g + t), *src_hi = x1 + 16 * blk_hi + 2 * (g + t);
-        unsigned a[F1][4];
-#pragma unroll
-        for (int f = 0; f < F1; ++f) {
-            // Rows past kH feed only conv rows of pooled rows past HP1 (not stored): clamped, they read staged data.
-            const int r0 = min(4 * rg_lo + 2 * f, kH - 1), r1 = min(4 * rg_lo + 2 * f + 1, kH - 1);
-            const int s0 = min(4 * rg_hi + 2 * f, kH - 1), s1 = min(4 * rg_hi + 2 * f + 1, kH - 1);
-            a[f][0] = lds32(src_lo + r0 * PW1);  // row g, k' 2t..: input row 2f, pixel pair 8 blk + g
-            a[f][1] = lds32(src_hi + s0 * PW1);  // row g + 8: the other unit
-            a[f][2] = lds32(src_lo + r1 * PW1);  // k 8 + 2t..: input row 2f + 1
-            a[f][3] = lds32(src_hi + s1 * PW1);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) pin(a[f][j]);
+        for (int mb = v; mb < MB1; mb += 2) {
+            conv1_issue(x1, b1, mb, w, g, t, acc0);
+            wgmma_wait<0>();
+            conv1_store(x2, bm, mb, w, g, t, acc0);
         }
-        Acc8 acc[2];
+    } else {  // two M-blocks per round, both groups issued before the first wait: mb + 2 runs on the tensor
+              // cores while mb is pooled. Both warpgroups run the same count of rounds (a loop that ptxas
+              // sees as uniform: with a trip count depending on v it serializes the wgmma, C7518); an
+              // M-block past MB1 is computed on clamped units and not stored (its units u >= 8 MB1 >= UNITS).
+        Acc8 acc1[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                acc[h][e] = 0.f;
-                pin(acc[h][e]);
-            }
-        wgmma_fence();  // A and the zeroed accumulators written before the wgmma read them
-#pragma unroll
-        for (int f = 0; f < F1; ++f) {
-            if (C1N == 32) {  // B's zero columns too (row pair 0 feeds conv rows 0, 1 only, pair 4 rows 2, 3)
-                wgmma_n32(acc[0], acc[1], a[f], b_desc(b1 + f * 1024));
-            } else {  // conv rows 0, 1 (columns 0-15) and 2, 3 (16-31, two core matrices on) apart, where fed
-                if (f < F1 - 1) wgmma_n16(acc[0], a[f], b_desc(b1 + f * 1024));
-                if (f > 0) wgmma_n16(acc[1], a[f], b_desc(b1 + f * 1024 + 2 * SBO));
-            }
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) pin(acc[h][e]);
-        // acc[h][4j' + e]: conv row dr = 2h + j', pixel s = e, row g; + 2: row g + 8. Pooled row 2 rg + h.
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int u = half ? u_hi : u_lo, rg = half ? rg_hi : rg_lo, blk = half ? blk_hi : blk_lo;
-                const float m4 = max_nan(max_nan(acc[h][2 * half], acc[h][2 * half + 1]),
-                                         max_nan(acc[h][4 + 2 * half], acc[h][5 + 2 * half]));
-                const int ph = 2 * rg + h, pc = 8 * blk + g;
-                if (u >= UNITS || ph >= HP1 || pc >= WP1) continue;
-                const float s = m4 + bm;
-                x2[t * CH2 + ph * PW2 + pc] = to_half(s < 0.f ? 0.f : s);  // NaN stays NaN
-            }
+        for (int round = 0; round < (MB1 + 3) / 4; ++round) {
+            const int mb = v + 4 * round;
+            conv1_issue(x1, b1, mb, w, g, t, acc0);
+            conv1_issue(x1, b1, mb + 2, w, g, t, acc1);
+            wgmma_wait<1>();  // mb's group is complete (groups complete in order)
+            conv1_store(x2, bm, mb, w, g, t, acc0);
+            wgmma_wait<0>();
+            conv1_store(x2, bm, mb + 2, w, g, t, acc1);
         }
     }
 }
@@ -288,22 +369,32 @@ __device__ __forceinline__ void conv2(const unsigned short *x2, unsigned short *
 #pragma unroll
     for (int cp = 0; cp < CPAIRS; ++cp) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            // Rows past HP1 feed only conv rows of bands past HP2 (not stored): clamped, they read staged data.
-            const int row = min(4 * band + r, HP1 - 1);
-            const unsigned short *p0 = src + 2 * cp * CH2 + row * PW2, *p1 = p0 + CH2;  // channels 2cp, 2cp + 1
-            unsigned a[4] = {lds32(p0), lds32(p0 + 16), lds32(p1), lds32(p1 + 16)};  // pairs g, g + 8
+        for (int r0 = 0; r0 < R; r0 += C2R) {
+            // C2R input rows per commit group: their A fragments loaded together (more loads in flight),
+            // their wgmma issued back to back; the group before stays in flight while these load.
+            unsigned a[C2R][4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) pin(a[j]);
+            for (int i = 0; i < C2R; ++i) {
+                // Rows past HP1 feed only conv rows of bands past HP2 (not stored): clamped, they read staged data.
+                const int row = min(4 * band + r0 + i, HP1 - 1);
+                const unsigned short *p0 = src + 2 * cp * CH2 + row * PW2, *p1 = p0 + CH2;  // channels 2cp, 2cp + 1
+                a[i][0] = lds32(p0), a[i][1] = lds32(p0 + 16), a[i][2] = lds32(p1), a[i][3] = lds32(p1 + 16);  // pairs g, g + 8
+#pragma unroll
+                for (int j = 0; j < 4; ++j) pin(a[i][j]);
+            }
             wgmma_fence();
 #pragma unroll
-            for (int q = 0; q < Q; ++q) {
-                const int d = r - q;  // kernel row: input row 4 band + r feeds conv row 4 band + q through it
-                if (d < 0 || d >= K2) continue;
-                wgmma_n32(acc[q][0], acc[q][1], a, b_desc(b2 + (cp * K2 + (K2 - 1) - d) * 1024));
+            for (int i = 0; i < C2R; ++i) {
+                const int r = r0 + i;
+#pragma unroll
+                for (int q = 0; q < Q; ++q) {
+                    const int d = r - q;  // kernel row: input row 4 band + r feeds conv row 4 band + q through it
+                    if (d < 0 || d >= K2) continue;
+                    wgmma_n32(acc[q][0], acc[q][1], a[i], b_desc(b2 + (cp * K2 + (K2 - 1) - d) * 1024));
+                }
             }
             wgmma_commit();
-            wgmma_wait<1>();  // the row before has been read: its A registers may be written again
+            wgmma_wait<1>();  // the group before has been read: its A registers may be written again
         }
     }
     wgmma_wait<0>();
