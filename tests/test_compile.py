@@ -216,3 +216,20 @@ def test_the_window_kernels_default_register_cap_is_no_cap():
 
     assert ".minnctapersm" not in ptx(defines)
     assert ".minnctapersm 5" in ptx({**defines, "MIN_BLOCKS": 5})
+
+
+def test_a_build_nvrtc_hands_back_without_a_log_keeps_the_resources_of_the_same_cubin(tmp_path, monkeypatch):
+    """NVRTC 13.0 (the lent H100's) returns a cubin it made before, with no ptxas log, for a PTX it compiled
+    already in the process (on the device, tma_conv1 at BLOCKS 264 after BLOCKS 132): its resources are the
+    earlier build's, not none."""
+    from convsweep.compile import _resources
+
+    monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path))
+    log = ("ptxas info    : Compiling entry function 'conv_relu_pool_tma' for 'sm_90a'\n"
+           "ptxas info    : Function properties for conv_relu_pool_tma\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 62 registers, used 1 barriers, 128 bytes smem")
+    first = _resources(log, b"\x7fELF same code")
+    assert [(k.name, k.registers, k.shared_bytes) for k in first] == [("conv_relu_pool_tma", 62, 128)]
+    assert _resources("", b"\x7fELF same code") == first
+    assert _resources("", b"\x7fELF other code") == ()
