@@ -6,16 +6,14 @@ it is refused in one line for targets without the bulk-copy engine, and its layo
 import collections
 import math
 import re
-import subprocess
 
 import numpy as np
 import pytest
 
-from test_wgmma import find_disassembler
+from kernel_checks import (assert_refused_in_one_line, conv_relu_pool_reference, fresh_conv_inputs,
+                           needs_disassembler, replay_error, sass_of)
 
-from convsweep.compile import compile_ptx, compile_source, compile_variant
-from convsweep.errors import CompileError
-from convsweep.reference import conv2d_reference, maxpool2d_reference
+from convsweep.compile import compile_ptx, compile_variant
 from convsweep.variants import ConvShape, load_registry
 
 NAME = "tma_conv1"
@@ -77,13 +75,9 @@ def test_its_ptx_is_the_design(variant, params):
     assert "wgmma" not in ptx and "cp.async.cg" not in ptx
 
 
+@needs_disassembler
 def test_its_sass_has_the_bulk_copy_and_hmma(variant, tmp_path):
-    tool = find_disassembler()
-    if tool is None:
-        pytest.skip("no nvdisasm or cuobjdump on PATH, in the venv's nvidia packages or under CUDA_HOME")
-    cubin = tmp_path / "tma_conv1.cubin"
-    cubin.write_bytes(compile_variant(variant, variant.defaults(), "sm_90a", CONV1).cubin)
-    sass = subprocess.run([*tool, str(cubin)], capture_output=True, text=True, check=True).stdout
+    sass = sass_of(variant, CONV1, tmp_path)
     assert "UBLKCP" in sass and "HMMA.16816.F32" in sass and "SYNCS" in sass
     assert " LDL" not in sass and " STL" not in sass  # no local memory
 
@@ -91,11 +85,7 @@ def test_its_sass_has_the_bulk_copy_and_hmma(variant, tmp_path):
 @pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89", "sm_100"])
 def test_a_target_without_the_bulk_copy_engine_is_refused_in_one_line(variant, target):
     expected = f"variant '{NAME}' needs sm_90 or sm_90a (registry arch), got {target}"
-    for build in (lambda: compile_variant(variant, variant.defaults(), target, CONV1),
-                  lambda: compile_source(variant.source, NAME, variant.defines(variant.defaults(), CONV1), target)):
-        with pytest.raises(CompileError) as info:
-            build()
-        assert str(info.value) == expected
+    assert_refused_in_one_line(variant, target, CONV1, expected)
 
 
 @pytest.mark.parametrize("shape", [CONV1, ConvShape(3, 1, 4, 20, 20, 7, 1, 2, 2), ConvShape(2, 1, 4, 30, 34, 5, 1, 2, 2),
@@ -224,29 +214,18 @@ def replay(x, w, bias, SPLIT_H):
 def test_the_layout_math_computes_conv_relu_pool(H, W, K, SPLIT_H):
     var = load_registry()[NAME]
     var.check_shape(ConvShape(1, 1, 4, H, W, K, 1, 2, 2), {**var.defaults(), "SPLIT_H": SPLIT_H})  # a shape it takes
-    rng = np.random.default_rng()
-    x = rng.standard_normal((1, 1, H, W)).astype(np.float32)
-    w = rng.standard_normal((4, 1, K, K)).astype(np.float32)
-    b = rng.standard_normal(4).astype(np.float32)
+    x, w, b = fresh_conv_inputs(1, 4, H, W, K)
     y = replay(x[0, 0], w, b, SPLIT_H)
-    assert np.isfinite(y).all(), "unwritten outputs"
-    ref = maxpool2d_reference(np.maximum(conv2d_reference(x.astype(np.float64), w.astype(np.float64),
-                                                          b.astype(np.float64), 1), 0.0), 2, 2)[0]
-    assert y.shape == ref.shape
-    assert np.max(np.abs(y - ref)) / np.max(np.abs(ref)) <= var.tolerance
+    assert replay_error(y, conv_relu_pool_reference(x, w, b, 2)[0]) <= var.tolerance
 
 
 def test_the_reads_past_a_row_meet_only_zero_weights():
     """The elements the last tile reads past column W - 1 (the next row's first, or the padding) change
     nothing: the replay with them made huge gives the same pooled maps."""
-    rng = np.random.default_rng()
-    x = rng.standard_normal((86, 86)).astype(np.float32)
-    w = rng.standard_normal((4, 1, 7, 7)).astype(np.float32)
-    b = rng.standard_normal(4).astype(np.float32)
+    x, w, b = fresh_conv_inputs(1, 4, 86, 86, 7)
+    x = x[0, 0]
     spiked = x.copy()
     spiked[:, :2] = 3e4  # what a read past the previous row sees (columns 0 and 1 of the next row)
     base, spiked_y = replay(x, w, b, 1), replay(spiked, w, b, 1)
-    ref = maxpool2d_reference(np.maximum(conv2d_reference(spiked[None, None].astype(np.float64), w.astype(np.float64),
-                                                          b.astype(np.float64), 1), 0.0), 2, 2)[0]
-    assert np.max(np.abs(spiked_y - ref)) / np.max(np.abs(ref)) <= 1e-2
+    assert replay_error(spiked_y, conv_relu_pool_reference(spiked[None, None], w, b, 2)[0]) <= 1e-2
     assert np.array_equal(base[:, :, 1:], spiked_y[:, :, 1:])  # columns whose windows miss columns 0, 1

@@ -5,7 +5,8 @@ constraints allow, in every registered setting; shapes outside them refused; and
 import numpy as np
 import pytest
 
-from test_gpu import check_variant, reference_accuracy, run_job, spec
+from kernel_checks import assert_job_classifies_like_the_reference, gpu_fixture, measure_like_the_reference, setting_id
+from test_gpu import check_variant, spec
 
 from convsweep.variants import load_registry
 
@@ -24,20 +25,11 @@ SHAPES = {
     "wide-8-tiles": (2, 1, 4, 26, 130, 7, 1, (2, 2)),  # 8 tiles: 16 consumer warps at SPLIT_H 2
 }
 CASES = VARIANT.all_combinations()
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    from convsweep.gpu import Gpu
-
-    with Gpu() as g:
-        if g.compute_capability < VARIANT.min_cc:
-            pytest.skip(f"{NAME} needs compute capability {VARIANT.min_cc}, {g.name} has {g.compute_capability}")
-        yield g
+gpu = gpu_fixture(VARIANT)
 
 
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-@pytest.mark.parametrize("params", CASES, ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+@pytest.mark.parametrize("params", CASES, ids=setting_id)
 def test_tma_conv1_matches_float64(gpu, params, shape):
     errors = [check_variant(gpu, NAME, params, shape, np.float32) for _ in range(2)]  # fresh inputs each time
     assert max(errors) <= VARIANT.tolerance, errors
@@ -61,23 +53,13 @@ def test_shapes_outside_its_constraints_are_refused_not_computed(gpu, shape):
 
 def test_lenet86_with_it_on_conv1_classifies_like_the_reference(tmp_path):
     """conv2 on wgmma_conv2: both convs of the forward on the Hopper route; batch 2000, every pass checked."""
-    variants = {"conv1": NAME, "conv2": "wgmma_conv2"}
-    result = run_job(spec("events", batch=2000, repeats=1, variants=variants, params={"conv1": {}, "conv2": {}}),
-                     tmp_path / "r.json")
-    assert result.status == "ok", result.error
-    assert abs(result.accuracy - reference_accuracy(2000)) <= 0.005
+    assert_job_classifies_like_the_reference({"conv1": NAME, "conv2": "wgmma_conv2"}, tmp_path)
 
 
 @pytest.mark.parametrize("batch, streams, chunk", [(7, 3, 2), (301, 3, 64)])
 def test_lenet86_with_it_on_conv1_in_chunks(batch, streams, chunk):
     """Chunks on several streams: each launch sees a sub-batch (x at an image offset, fewer images than
     blocks), its logits poisoned before each pass and checked against float64."""
-    from convsweep.measure import measure
-
     run = spec("events", batch=batch, repeats=2, streams=streams, host_memory="pinned", chunk_images=chunk,
                variants={"conv1": NAME, "conv2": "wgmma_conv2"}, params={"conv1": {}, "conv2": {}})
-    result = measure(run, keep_logits=True)
-    assert result.status == "ok", result.error
-    assert np.isfinite(result.logits).all() and result.logits.shape == (batch, 10)
-    assert result.max_rel_err <= VARIANT.tolerance
-    assert abs(result.accuracy - reference_accuracy(batch)) <= 0.005 + 1 / batch
+    measure_like_the_reference(run, VARIANT.tolerance)

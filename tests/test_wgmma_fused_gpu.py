@@ -6,6 +6,7 @@ chunking, and the accuracy at batch 10000 on mnist5k (cycled) equal to 0.9932.""
 import numpy as np
 import pytest
 
+from kernel_checks import gpu_fixture, measure_like_the_reference, setting_id
 from test_gpu import reference_accuracy, spec
 from test_wgmma_fused import network_of_size, random_weights
 
@@ -20,16 +21,7 @@ NAME = "wgmma_fused_network"
 VARIANT = load_registry()[NAME]
 LENET = load_network(ROOT / "networks/lenet86.yaml")
 BOTH = {"conv1": NAME, "conv2": NAME}  # conv1's kernel computes conv2 too (a job may name either way)
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    from convsweep.gpu import Gpu
-
-    with Gpu() as g:
-        if g.compute_capability < VARIANT.min_cc:
-            pytest.skip(f"{NAME} needs compute capability {VARIANT.min_cc}, {g.name} has {g.compute_capability}")
-        yield g
+gpu = gpu_fixture(VARIANT)
 
 
 def forward(gpu, network, weights, params, images) -> np.ndarray:
@@ -62,7 +54,7 @@ CASES = [(p, 300) for p in VARIANT.all_combinations()] + [(VARIANT.defaults(), b
 
 
 @pytest.mark.parametrize("params, batch", CASES,
-                         ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()) if isinstance(p, dict) else f"b{p}")
+                         ids=lambda p: setting_id(p) if isinstance(p, dict) else f"b{p}")
 def test_the_network_matches_float64_on_fresh_random_images(gpu, params, batch):
     errors = [check(gpu, LENET, load_weights(LENET), params, batch) for _ in range(2)]  # fresh images each time
     assert max(errors) <= VARIANT.tolerance, errors
@@ -92,15 +84,9 @@ def test_an_84_pixel_input_takes_the_padded_path(gpu, tmp_path, c1n, c1p):
 def test_it_runs_any_batch_and_any_chunking_as_a_job(batch, streams, chunk):
     """As fp16_fused_network's test: logits poisoned before each pass, checked against float64 and the
     reference's accuracy; one timed layer (conv1) holds every op."""
-    from convsweep.measure import measure
-
     run = spec("events", batch=batch, repeats=2, streams=streams, host_memory="pinned" if streams > 1 else "pageable",
                chunk_images=chunk, variants=BOTH, params={"conv1": {}})
-    result = measure(run, keep_logits=True)
-    assert result.status == "ok", result.error
-    assert np.isfinite(result.logits).all() and result.logits.shape == (batch, 10)
-    assert result.max_rel_err <= VARIANT.tolerance
-    assert abs(result.accuracy - reference_accuracy(batch)) <= 0.005 + 1 / batch
+    result = measure_like_the_reference(run, VARIANT.tolerance)
     assert list(result.timings.op_time_ms) == ["conv1"]
     assert {b["variant"] for b in result.builds} == {NAME, "layers"}
 

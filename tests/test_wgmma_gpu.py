@@ -4,7 +4,8 @@ registry constraints allow; and LeNet-86 with it on conv2 classifies like the re
 import numpy as np
 import pytest
 
-from test_gpu import check_variant, reference_accuracy, run_job, spec
+from kernel_checks import assert_job_classifies_like_the_reference, gpu_fixture, setting_id
+from test_gpu import check_variant
 
 from convsweep.variants import load_registry
 
@@ -22,20 +23,11 @@ SHAPES = {
     "wide-64-columns": (2, 2, 16, 40, 68, 5, 1, (2, 2)),  # 4 tiles of 16 pixels: one band per wgmma
 }
 CASES = VARIANT.all_combinations()
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    from convsweep.gpu import Gpu
-
-    with Gpu() as g:
-        if g.compute_capability < VARIANT.min_cc:
-            pytest.skip(f"{NAME} needs compute capability {VARIANT.min_cc}, {g.name} has {g.compute_capability}")
-        yield g
+gpu = gpu_fixture(VARIANT)
 
 
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-@pytest.mark.parametrize("params", CASES, ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+@pytest.mark.parametrize("params", CASES, ids=setting_id)
 def test_wgmma_conv2_matches_float64(gpu, params, shape):
     from convsweep.variants import ConvShape
 
@@ -62,8 +54,4 @@ def test_shapes_outside_its_constraints_are_refused_not_computed(gpu, shape):
 
 def test_lenet86_with_it_on_conv2_classifies_like_the_reference(tmp_path):
     """conv1 on fp16_sliding_window (wgmma_conv2 computes conv2's shape alone); batch 2000, every pass checked."""
-    variants = {"conv1": "fp16_sliding_window", "conv2": NAME}
-    result = run_job(spec("events", batch=2000, repeats=1, variants=variants, params={"conv1": {}, "conv2": {}}),
-                     tmp_path / "r.json")
-    assert result.status == "ok", result.error
-    assert abs(result.accuracy - reference_accuracy(2000)) <= 0.005
+    assert_job_classifies_like_the_reference({"conv1": "fp16_sliding_window", "conv2": NAME}, tmp_path)
