@@ -35,6 +35,7 @@
 // are bit for bit those of upsample_u8 followed by this kernel on its output.
 #include "common.cuh"
 #include "mma_f16.cuh"
+#include "fused_dense.cuh"
 
 namespace {
 
@@ -60,12 +61,10 @@ constexpr int F1 = D1 / 2, F2 = M1 / 2 * K2 * (M2 / 8);    // B fragments: conv1
 constexpr int FEAT_STRIDE = FEAT + 8;                      // halves: images' feature rows 4 banks apart
 constexpr int CH2 = HP1 * 2 * PW2 + 16;                    // halves per staged conv2 channel: 8 banks apart, so
                                                            // conv1's epilogue stores its 4 maps conflict-free
-constexpr int K_SLICE = FEAT / WARPS;                      // fc1 inputs per warp
 constexpr int ROWS1 = HP1 / WARPS;                         // pooled conv1 rows per warp
-static_assert(kK % 2 == 1 && HP2 <= WARPS && HP1 % WARPS == 0 && M2 % 8 == 0 && M1 % 2 == 0 && K_SLICE % 16 == 0 && N1 == 32,
+static_assert(kK % 2 == 1 && HP2 <= WARPS && HP1 % WARPS == 0 && M2 % 8 == 0 && M1 % 2 == 0,
               "the mappings below");
 static_assert(4 * HP2 + K2 - 2 < HP1 && 2 * HP1 + D1 - 3 < kH, "row reads stay inside the maps");
-static_assert(THREADS == N1 * GROUP, "the dense phase's thread mapping");
 
 // Shared memory, in bytes (the registry's shared_bytes says the same; the kernel checks it).
 #if SRC_H_FIXED > 0
@@ -97,8 +96,6 @@ constexpr int FEAT_BYTES = 2 * GROUP * FEAT_STRIDE;
 constexpr int SHARED_BYTES = INPUT_BYTES + X1_BYTES + X2_BYTES + B1_BYTES + B2_BYTES + FEAT_BYTES;
 static_assert(4 * (WARPS * N1 * GROUP + GROUP * N1) <= X1_BYTES, "fc partial sums fit where x1 is idle");
 static_assert(INPUT_BYTES % 16 == 0 && X1_BYTES % 16 == 0 && X2_BYTES % 16 == 0, "alignment of what follows");
-
-__device__ __forceinline__ unsigned lds32(const unsigned short *p) { return *reinterpret_cast<const unsigned *>(p); }
 
 // Every thread's share of one image's 16-byte chunks into `raw`, as one cp.async group.
 __device__ __forceinline__ void load_image(float *raw, const float *__restrict__ src) {
@@ -357,52 +354,6 @@ __device__ __forceinline__ void conv2(const unsigned short *x2, unsigned short *
     }
 }
 
-// fc1 (mma, n = the group's images) + bias + ReLU, then fc2 in fp32, for the `n` images of a group.
-__device__ __forceinline__ void dense(const unsigned short *feat, float *part, const float *__restrict__ w1,
-                                      const float *__restrict__ b1, const float *__restrict__ w2,
-                                      const float *__restrict__ b2, float *__restrict__ y, int n, int warp, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    float acc[2][4] = {};
-#pragma unroll 2
-    for (int k = warp * K_SLICE; k < (warp + 1) * K_SLICE; k += 16) {
-        const unsigned short *f = feat + g * FEAT_STRIDE + k + 2 * t;  // B: image g, inputs k + 2t (+8)
-        const unsigned bl = lds32(f), bh = lds32(f + 8);
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-            const float *w = w1 + (mt * 16 + g) * FEAT + k + 2 * t;   // A: outputs mt*16 + g (+8)
-            const float2 w00 = __ldg(reinterpret_cast<const float2 *>(w)), w10 = __ldg(reinterpret_cast<const float2 *>(w + 8 * FEAT));
-            const float2 w01 = __ldg(reinterpret_cast<const float2 *>(w + 8)), w11 = __ldg(reinterpret_cast<const float2 *>(w + 8 * FEAT + 8));
-            mma_f16_k16(acc[mt], pack_half2(w00.x, w00.y), pack_half2(w10.x, w10.y), pack_half2(w01.x, w01.y),
-                        pack_half2(w11.x, w11.y), bl, bh);
-        }
-    }
-    // part[warp][output][image]: d0, d1 are (output mt*16 + g, images 2t, 2t+1), d2, d3 output + 8.
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-        float *p = part + (warp * N1 + mt * 16 + g) * GROUP + 2 * t;
-        p[0] = acc[mt][0], p[1] = acc[mt][1], p[8 * GROUP] = acc[mt][2], p[8 * GROUP + 1] = acc[mt][3];
-    }
-    __syncthreads();
-    float *hidden = part + WARPS * N1 * GROUP;  // [image][output]
-    {
-        const int o = threadIdx.x / GROUP, img = threadIdx.x % GROUP;
-        float s = __ldg(b1 + o);
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) s += part[(w * N1 + o) * GROUP + img];
-        hidden[img * N1 + o] = s < 0.f ? 0.f : s;
-    }
-    __syncthreads();
-    if (threadIdx.x < N2 * GROUP) {
-        const int o = threadIdx.x / GROUP, img = threadIdx.x % GROUP;
-        if (img < n) {
-            float s = __ldg(b2 + o);
-#pragma unroll
-            for (int j = 0; j < N1; ++j) s = fmaf(hidden[img * N1 + j], __ldg(w2 + o * N1 + j), s);
-            y[img * N2 + o] = s;
-        }
-    }
-}
-
 }  // namespace
 
 #if SRC_H_FIXED > 0
@@ -471,7 +422,10 @@ network_forward(NETWORK_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1
         if (n % GROUP == GROUP - 1 || n == count - 1) {
             __syncthreads();
             const int group_first = n - n % GROUP;
-            dense(feat, part, fc1_w, fc1_b, fc2_w, fc2_b, y + (long long)(first + group_first) * N2, n % GROUP + 1, warp, lane);
+            // The group's images are consecutive: image i's logits are row i from the group's first.
+            dense<WARPS, GROUP, FEAT, FEAT_STRIDE, N1, N2>(feat, part, fc1_w, fc1_b, fc2_w, fc2_b,
+                                                         y + (long long)(first + group_first) * N2,
+                                                         [](int img) { return img; }, n % GROUP + 1, warp, lane);
         }
     }
 }

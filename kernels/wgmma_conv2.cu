@@ -51,6 +51,7 @@
 // Tunables: WG (warpgroups per block), PR (pooled rows per band), BLOCKS (the grid).
 #include "common.cuh"
 #include "mma_f16.cuh"
+#include "wgmma.cuh"
 
 #ifndef WG
 #define WG 2
@@ -83,43 +84,6 @@ constexpr int IMAGE_FLOATS = kC * kH * PW;            // one image buffer (two: 
 constexpr int CPAIRS = kC / 2;
 constexpr int B_TILES = CPAIRS * kK;                  // one per (channel pair, kernel row)
 constexpr int B_TILE_BYTES = 16 * kM * 2;             // k16 x n16 halves
-constexpr unsigned LBO = 128, SBO = 256;              // core-matrix strides along K and along N
-
-__device__ __forceinline__ unsigned smem_u32(const void *p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// Byte offset of B[k][n] of tile f (the layout above).
-__device__ __forceinline__ int b_offset(int f, int k, int n) {
-    return f * B_TILE_BYTES + (k / 8) * LBO + (n / 8) * SBO + (n % 8) * 16 + (k % 8) * 2;
-}
-
-// The shared-memory matrix descriptor of B tile f (no swizzle, base offset 0).
-__device__ __forceinline__ unsigned long long b_desc(unsigned b_base, int f) {
-    const unsigned addr = b_base + f * B_TILE_BYTES;
-    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (static_cast<unsigned long long>(LBO >> 4) << 16) |
-           (static_cast<unsigned long long>(SBO >> 4) << 32);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-
-// Pins a register's value at this point of the program (CUTLASS's warpgroup_fence_operand): the compiler
-// must not move its computation past, nor its use before, the wgmma.fence / wait_group around it.
-__device__ __forceinline__ void pin(float &v) { asm volatile("" : "+f"(v)::"memory"); }
-__device__ __forceinline__ void pin(unsigned &v) { asm volatile("" : "+r"(v)::"memory"); }
-
-// D[64 x 16] += A[64 x 16] (registers) * B[16 x 16] (shared memory, descriptor), fp32 accumulate.
-__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], const unsigned (&a)[4], unsigned long long desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
-}
 
 // Every thread's share of image `xb`'s rows into `dst` (row pitch PW), 16 bytes per cp.async.
 __device__ __forceinline__ void stage(const float *__restrict__ xb, float *dst) {
@@ -173,7 +137,7 @@ __device__ __forceinline__ void compute_image(const float *xs, unsigned b_base, 
                 for (int q = 0; q < Q; ++q) {
                     const int d = r - q;  // kernel row: input row y0 + r feeds conv row y0 + q through it
                     if (d < 0 || d >= kK) continue;
-                    wgmma_m64n16k16(acc[q], a, b_desc(b_base, cp * kK + d));
+                    wgmma_n16(acc[q], a, b_desc(b_base + (cp * kK + d) * B_TILE_BYTES));
                 }
                 wgmma_commit();
                 wgmma_wait<1>();  // the row before has been read: its A registers may be written again
@@ -232,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) conv_relu_pool_wgmma(CONV_
         const int f = e / (16 * kM), n = (e / 16) % kM, kk = e % 16;
         const int c = 2 * (f / kK) + kk / 8, d = f % kK, kx = kk % 8;
         const float w = kx < kK ? __ldg(k + ((n * kC + c) * kK + d) * kK + kx) : 0.f;
-        b_s[b_offset(f, kk, n) / 2] = to_half(w);
+        b_s[(f * B_TILE_BYTES + b_offset(kk, n)) / 2] = to_half(w);
     }
     // The zero columns past W, in both buffers (cp.async never writes them); PAD1: no division by 0 at PAD 0.
     constexpr int PAD = PW - kW, PAD1 = PAD > 0 ? PAD : 1;

@@ -100,6 +100,8 @@
 // are measured apart.
 #include "common.cuh"
 #include "mma_f16.cuh"
+#include "wgmma.cuh"
+#include "fused_dense.cuh"
 
 #ifndef C1N
 #define C1N 32
@@ -141,12 +143,10 @@ constexpr int PW2 = (WP1 > 38 ? WP1 + WP1 % 2 : 38);         // staged pooled co
 constexpr int CH2 = (HP1 * PW2 + 63) / 64 * 64 + 16;         // halves per channel: 8 words past a multiple of 32,
                                                              // so conv1's stores of 4 maps hit distinct banks
 constexpr int FEAT_STRIDE = FEAT + 8;                        // halves: images' feature rows 4 banks apart
-constexpr int K_SLICE = FEAT / WARPS;                        // fc1 inputs per warp
 
 static_assert(kK == 7 && K2 == 7 && M1 == 4 && M2 == 16 && F1 == 5, "the B tiles and N below");
 static_assert(kW % 2 == 0 && PW1 % 2 == 0 && PW2 % 2 == 0, "32-bit A fragments: even columns and pitches");
 static_assert(HP2 <= 2 * 4 && WP2 <= 8, "conv2: two warpgroup passes of 4 bands, 32 conv columns per warp");
-static_assert(K_SLICE % 16 == 0 && THREADS == N1 * GROUP, "the dense phase's mapping");
 static_assert(HP1 >= K2 + 3 && WP1 >= K2 + 3, "conv2 has a pooled output");
 static_assert(C2R >= 1 && R % C2R == 0, "conv2's input rows per commit group divide the band's R = 10");
 
@@ -164,65 +164,6 @@ constexpr int SHARED_BYTES = OFF_FEAT + FEAT_BYTES;
 static_assert((kH * kW) % 4 == 0, "each image starts 16-byte aligned and is whole 16-byte chunks (cp.async)");
 static_assert(RAW_BYTES % 16 == 0 && X2_BYTES % 16 == 0, "alignment of what follows");
 static_assert(4 * (WARPS * N1 * GROUP + GROUP * N1) <= X1_BYTES, "fc partial sums fit where x1 is idle");
-
-constexpr unsigned LBO = 128, SBO = 256;
-
-__device__ __forceinline__ unsigned smem_u32(const void *p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ unsigned lds32(const unsigned short *p) { return *reinterpret_cast<const unsigned *>(p); }
-
-// Byte offset of B[k][n] in a block of 32 columns (the layout above).
-__device__ __forceinline__ int b_offset(int k, int n) { return (n / 8) * SBO + (k / 8) * LBO + (n % 8) * 16 + (k % 8) * 2; }
-
-// The shared-memory matrix descriptor of a B run starting at shared address `addr` (no swizzle).
-__device__ __forceinline__ unsigned long long b_desc(unsigned addr) {
-    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | (static_cast<unsigned long long>(LBO >> 4) << 16) |
-           (static_cast<unsigned long long>(SBO >> 4) << 32);
-}
-
-// *p = v where `pred`, as one predicated st.shared (no branch around it).
-__device__ __forceinline__ void st_shared_u16_if(unsigned short *p, unsigned short v, bool pred) {
-    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q st.shared.u16 [%0], %1;\n}\n" ::"r"(smem_u32(p)), "h"(v),
-                 "r"(static_cast<int>(pred))
-                 : "memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-
-// Pins a register's value at this point of the program (CUTLASS's warpgroup_fence_operand).
-__device__ __forceinline__ void pin(float &v) { asm volatile("" : "+f"(v)::"memory"); }
-__device__ __forceinline__ void pin(unsigned &v) { asm volatile("" : "+r"(v)::"memory"); }
-
-// D[64 x N] += A[64 x 16] (registers) * B[16 x N] (shared memory, descriptor), fp32 accumulate; the
-// accumulators as N / 16 runs of 8 registers (columns 16 i .. 16 i + 15 in d_i).
-#define D8(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-#define WGMMA_TAIL : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACCUMULATE)
-typedef float Acc8[8];
-
-// ACCUMULATE 0 (scale-d false): D = A * B, the accumulators' old values unread (no zeroing before).
-template <int ACCUMULATE = 1>
-__device__ __forceinline__ void wgmma_n16(Acc8 &d0, const unsigned (&a)[4], unsigned long long desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-        : D8(d0) WGMMA_TAIL);
-}
-
-template <int ACCUMULATE = 1>
-__device__ __forceinline__ void wgmma_n32(Acc8 &d0, Acc8 &d1, const unsigned (&a)[4], unsigned long long desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-        : D8(d0), D8(d1) WGMMA_TAIL);
-}
-
-#undef D8
-#undef WGMMA_TAIL
 
 // Every thread's share of one image's 16-byte chunks into `raw`, as one cp.async group.
 __device__ __forceinline__ void load_image(float *raw, const float *__restrict__ src) {
@@ -428,54 +369,6 @@ __device__ __forceinline__ void conv2(const unsigned short *x2, unsigned short *
     }
 }
 
-// fc1 (mma, n = the group's images) + bias + ReLU, then fc2 in fp32, for the `n` images of a group; the
-// group's image i is image `first + i * stride` of the batch. fp16_fused_network's, but for the stride.
-__device__ __forceinline__ void dense(const unsigned short *feat, float *part, const float *__restrict__ w1,
-                                      const float *__restrict__ b1, const float *__restrict__ w2,
-                                      const float *__restrict__ b2, float *__restrict__ y, long long first, int stride,
-                                      int n, int warp, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    float acc[2][4] = {};
-#pragma unroll 2
-    for (int k = warp * K_SLICE; k < (warp + 1) * K_SLICE; k += 16) {
-        const unsigned short *f = feat + g * FEAT_STRIDE + k + 2 * t;  // B: image g, inputs k + 2t (+8)
-        const unsigned bl = lds32(f), bh = lds32(f + 8);
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-            const float *wp = w1 + (mt * 16 + g) * FEAT + k + 2 * t;  // A: outputs mt*16 + g (+8)
-            const float2 w00 = __ldg(reinterpret_cast<const float2 *>(wp)), w10 = __ldg(reinterpret_cast<const float2 *>(wp + 8 * FEAT));
-            const float2 w01 = __ldg(reinterpret_cast<const float2 *>(wp + 8)), w11 = __ldg(reinterpret_cast<const float2 *>(wp + 8 * FEAT + 8));
-            mma_f16_k16(acc[mt], pack_half2(w00.x, w00.y), pack_half2(w10.x, w10.y), pack_half2(w01.x, w01.y),
-                        pack_half2(w11.x, w11.y), bl, bh);
-        }
-    }
-    // part[warp][output][image]: d0, d1 are (output mt*16 + g, images 2t, 2t+1), d2, d3 output + 8.
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-        float *p = part + (warp * N1 + mt * 16 + g) * GROUP + 2 * t;
-        p[0] = acc[mt][0], p[1] = acc[mt][1], p[8 * GROUP] = acc[mt][2], p[8 * GROUP + 1] = acc[mt][3];
-    }
-    __syncthreads();
-    float *hidden = part + WARPS * N1 * GROUP;  // [image][output]
-    {
-        const int o = threadIdx.x / GROUP, img = threadIdx.x % GROUP;
-        float s = __ldg(b1 + o);
-#pragma unroll
-        for (int wi = 0; wi < WARPS; ++wi) s += part[(wi * N1 + o) * GROUP + img];
-        hidden[img * N1 + o] = s < 0.f ? 0.f : s;
-    }
-    __syncthreads();
-    if (threadIdx.x < N2 * GROUP) {
-        const int o = threadIdx.x / GROUP, img = threadIdx.x % GROUP;
-        if (img < n) {
-            float s = __ldg(b2 + o);
-#pragma unroll
-            for (int j = 0; j < N1; ++j) s = fmaf(hidden[img * N1 + j], __ldg(w2 + o * N1 + j), s);
-            y[(first + (long long)img * stride) * N2 + o] = s;
-        }
-    }
-}
-
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
@@ -528,8 +421,11 @@ network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), 
         if (n % GROUP == GROUP - 1 || n == count - 1) {
             __syncthreads();
             const int group_first = n - n % GROUP;
-            dense(feat, part, fc1_w, fc1_b, fc2_w, fc2_b, y, blockIdx.x + (long long)group_first * gridDim.x, gridDim.x,
-                  n % GROUP + 1, warp, lane);
+            const long long first = blockIdx.x + (long long)group_first * gridDim.x;  // the group's image i is
+            const int stride = gridDim.x;                                              // image first + i * stride
+            dense<WARPS, GROUP, FEAT, FEAT_STRIDE, N1, N2>(feat, part, fc1_w, fc1_b, fc2_w, fc2_b, y,
+                                                         [=](int img) { return first + (long long)img * stride; },
+                                                         n % GROUP + 1, warp, lane);
         }
     }
 }

@@ -1,0 +1,66 @@
+// fused_dense.cuh: the dense tail of the fused networks (fp16_fused_network.cu, wgmma_fused_network.cu),
+// fc1 -> ReLU -> fc2 for a group of images whose flattened fp16 features are in shared memory: fc1 as
+// mma.sync m16n8k16 with the group's images as n (fc1's weights read once per group), a k-slice of the
+// features per warp, the slices summed in shared memory; then bias, ReLU and fc2 in fp32.
+// The shape is the includer's: kWarps warps (the block), kGroup images a group, kFeat features an image (rows
+// kFeatStride halves apart), kN1 fc1 outputs, kN2 fc2 outputs (the logits).
+#pragma once
+
+#include "mma_f16.cuh"
+
+// Two consecutive halves in shared memory as one 32-bit register (an f16x2 fragment).
+__device__ __forceinline__ unsigned lds32(const unsigned short *p) { return *reinterpret_cast<const unsigned *>(p); }
+
+// fc1 (mma, n = the group's images) + bias + ReLU, then fc2 in fp32, for the `n` images of a group: the
+// group's image i is row y_row(i) of y (the logits, [image][kN2]), its features row i of `feat`. `part` is
+// shared scratch of 4 * kN1 * kGroup * (kWarps + 1) bytes.
+template <int kWarps, int kGroup, int kFeat, int kFeatStride, int kN1, int kN2, class YRow>
+__device__ __forceinline__ void dense(const unsigned short *feat, float *part, const float *__restrict__ w1,
+                                      const float *__restrict__ b1, const float *__restrict__ w2,
+                                      const float *__restrict__ b2, float *__restrict__ y, YRow y_row, int n, int warp,
+                                      int lane) {
+    constexpr int K_SLICE = kFeat / kWarps;  // fc1 inputs per warp
+    static_assert(kN1 == 32 && kGroup == 8 && kN2 <= kN1, "fc1's two m16 tiles, the group as the mma's n8");
+    static_assert(K_SLICE * kWarps == kFeat && K_SLICE % 16 == 0, "whole k16 steps per warp");
+    static_assert(32 * kWarps == kN1 * kGroup, "a thread per (fc1 output, image)");
+    const int g = lane >> 2, t = lane & 3;
+    float acc[2][4] = {};
+#pragma unroll 2
+    for (int k = warp * K_SLICE; k < (warp + 1) * K_SLICE; k += 16) {
+        const unsigned short *f = feat + g * kFeatStride + k + 2 * t;  // B: image g, inputs k + 2t (+8)
+        const unsigned bl = lds32(f), bh = lds32(f + 8);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            const float *wp = w1 + (mt * 16 + g) * kFeat + k + 2 * t;  // A: outputs mt*16 + g (+8)
+            const float2 w00 = __ldg(reinterpret_cast<const float2 *>(wp)), w10 = __ldg(reinterpret_cast<const float2 *>(wp + 8 * kFeat));
+            const float2 w01 = __ldg(reinterpret_cast<const float2 *>(wp + 8)), w11 = __ldg(reinterpret_cast<const float2 *>(wp + 8 * kFeat + 8));
+            mma_f16_k16(acc[mt], pack_half2(w00.x, w00.y), pack_half2(w10.x, w10.y), pack_half2(w01.x, w01.y),
+                        pack_half2(w11.x, w11.y), bl, bh);
+        }
+    }
+    // part[warp][output][image]: d0, d1 are (output mt*16 + g, images 2t, 2t+1), d2, d3 output + 8.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+        float *p = part + (warp * kN1 + mt * 16 + g) * kGroup + 2 * t;
+        p[0] = acc[mt][0], p[1] = acc[mt][1], p[8 * kGroup] = acc[mt][2], p[8 * kGroup + 1] = acc[mt][3];
+    }
+    __syncthreads();
+    float *hidden = part + kWarps * kN1 * kGroup;  // [image][output]
+    {
+        const int o = threadIdx.x / kGroup, img = threadIdx.x % kGroup;
+        float s = __ldg(b1 + o);
+#pragma unroll
+        for (int wi = 0; wi < kWarps; ++wi) s += part[(wi * kN1 + o) * kGroup + img];
+        hidden[img * kN1 + o] = s < 0.f ? 0.f : s;
+    }
+    __syncthreads();
+    if (threadIdx.x < kN2 * kGroup) {
+        const int o = threadIdx.x / kGroup, img = threadIdx.x % kGroup;
+        if (img < n) {
+            float s = __ldg(b2 + o);
+#pragma unroll
+            for (int j = 0; j < kN1; ++j) s = fmaf(hidden[img * kN1 + j], __ldg(w2 + o * kN1 + j), s);
+            y[y_row(img) * kN2 + o] = s;
+        }
+    }
+}
