@@ -11,22 +11,18 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from convsweep.errors import ConfigError, StoreError
-from convsweep.schema import validate
+from convsweep.errors import StoreError
 
 from .engine import _writer, storing
 from .ingest_report import IngestReport
 from .models import Confirmation, Run
-from .strict_json import utc_time
+from .strict_json import check_schema, utc_time
 
 
 def ingest_confirmation(engine: Engine, confirmation: dict[str, Any], path: str | None = None) -> IngestReport:
     """Store a confirm file's verdicts unless this confirmation (confirmation_id) is stored already."""
     source = path or f"confirmation {confirmation.get('group_id', '?')}"
-    try:
-        validate(confirmation, "confirm", source, fill_defaults=False)
-    except ConfigError as exc:
-        raise StoreError(str(exc)) from None
+    check_schema(confirmation, "confirm", source)
     report = IngestReport()
     if confirmation["status"] != "ok":
         report.skipped.append(f"{source}: not confirmed: {confirmation.get('reason')}")

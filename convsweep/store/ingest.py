@@ -17,10 +17,9 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from convsweep.errors import ConfigError, StoreError, StoreUnavailable
+from convsweep.errors import StoreError, StoreUnavailable
 from convsweep.progress import progress
 from convsweep.record import Measurement, ResultFile
-from convsweep.schema import validate
 
 from .ceilings import BENCH_FORMAT, ingest_ceiling, latest_ceiling, set_floors
 from .engine import _writer, one_line, storing
@@ -28,7 +27,7 @@ from .ingest_report import IngestReport
 from .models import Base, Build, Environment, KernelStat, LayerTime, Memcpy, Phase, Run, Sample, Sweep
 from .confirmations import ingest_confirmation
 from .profiles import ingest_profile
-from .strict_json import check_values, read_json, utc_time
+from .strict_json import check_schema, check_values, read_json, utc_time
 
 
 PROFILE_FORMAT = "ncu-1"  # convsweep.ncu.FORMAT, named here so ingest never imports the profiler
@@ -43,10 +42,7 @@ def check_result(result: Any, source: str) -> None:
     """Raise StoreError naming the file and key when a result does not match the result schema or
     holds a number no column can (NaN and infinities, which JSON Schema cannot see)."""
     check_values(result, source)
-    try:
-        validate(result, "result", source, fill_defaults=False)
-    except ConfigError as exc:
-        raise StoreError(str(exc)) from None
+    check_schema(result, "result", source)
 
 
 def _get_or_create(session: Session, model: type[Base], keys: dict[str, Any], values: dict[str, Any]) -> int:

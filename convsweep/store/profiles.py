@@ -10,13 +10,12 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from convsweep.errors import ConfigError, StoreError
-from convsweep.schema import validate
+from convsweep.errors import StoreError
 
 from .engine import _writer, storing
 from .ingest_report import IngestReport
 from .models import KernelProfile
-from .strict_json import utc_time
+from .strict_json import check_schema, utc_time
 
 _COLUMNS = ("sm_pct", "memory_pct", "dram_pct", "achieved_occupancy_pct", "theoretical_occupancy_pct",
             "waves_per_sm", "l1_hit_pct", "l2_hit_pct", "flops", "tensor_pipe_pct")
@@ -26,10 +25,7 @@ _INTEGER_COLUMNS = ("registers", "block_size", "grid_size", "dram_read_bytes", "
 def ingest_profile(engine: Engine, profile: dict[str, Any], path: str | None = None) -> IngestReport:
     """Store a profile file's launches unless this profile (profile_id) is stored already."""
     source = path or f"profile {profile.get('job_id', '?')}"
-    try:
-        validate(profile, "profile", source, fill_defaults=False)
-    except ConfigError as exc:
-        raise StoreError(str(exc)) from None
+    check_schema(profile, "profile", source)
     report = IngestReport()
     if profile["status"] != "ok":
         report.skipped.append(f"{source}: no profile: {profile.get('reason')}")

@@ -1,7 +1,8 @@
 """Result files read strictly, so that no file can stop the ingest of the others: bounded size and
 nesting, and only numbers a database column holds (finite floats, 64-bit integers) and times it
 holds (ISO 8601). What Python's json would take silently (NaN, Infinity, 1e309, a 10^30 integer)
-or crash on (a 200,000-deep array) is one StoreError line naming the file and the key."""
+or crash on (a 200,000-deep array) is one StoreError line naming the file and the key; so is a
+document that breaks its schema (check_schema: the ingest of profiles and confirmations opens with it)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from convsweep.errors import StoreError
-from convsweep.schema import key_path
+from convsweep.errors import ConfigError, StoreError
+from convsweep.schema import key_path, validate
 
 # A job file is ~5 kB a setting (docs/scaling.md; the fixtures' largest is 35 kB), most of it samples:
 # a job of 288 settings at the stopping rule's 200 samples of 4 metrics writes ~25 MB. A file past
@@ -110,6 +111,15 @@ def check_values(document: Any, source: str) -> None:
     float, an integer past 64 bits, a number read_json refused, or a nesting past MAX_DEPTH."""
     if not _surely_storable(document):
         _raise_first_problem(document, source)
+
+
+def check_schema(document: Any, schema: str, source: str) -> None:
+    """Raise StoreError, one line naming `source` and the key, where a file's document breaks its schema (a name
+    in workflow/schemas/); its defaults are not filled in: what is stored is what the file said."""
+    try:
+        validate(document, schema, source, fill_defaults=False)
+    except ConfigError as exc:
+        raise StoreError(str(exc)) from None
 
 
 def utc_time(value: str | None, source: str, key: str) -> datetime | None:

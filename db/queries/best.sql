@@ -2,7 +2,8 @@
 -- standing: where a confirmation of the cell speaks (the fastest settings measured again in one process, one
 -- pass of each in turn: `confirm:` in the sweep, convsweep/confirm.py), "confirmed" for its winner and "tied" for
 -- each a paired test could not tell from it; p is that test's, and "detectable (ms)" the smallest difference
--- its rounds would have found. A confirmation speaks while each run it measured again is its setting's latest.
+-- its rounds would have found. A cell's newest confirmation speaks while each run it measured again is its
+-- setting's latest (the view latest_confirmation).
 -- Elsewhere "fastest" and "tied" are the first ranking's: tied within twice the two medians' spreads added up
 -- (each the median absolute deviation of its samples), so noise alone could reorder them.
 -- first place: the setting's place in the first ranking; a confirmed winner that was not first overturned it.
@@ -24,20 +25,6 @@ fastest AS (
     FROM ranked
     WHERE place = 1
 ),
-newest AS (  -- each cell's latest confirmation of a layer
-    SELECT experiment, group_id, layer_index, MAX(confirmed_at) AS confirmed_at
-    FROM confirmation
-    GROUP BY experiment, group_id, layer_index
-),
-speaking AS (  -- ... while each run it measured again is still its setting's latest
-    SELECT c.*
-    FROM confirmation c
-    JOIN newest n ON n.experiment = c.experiment AND n.group_id = c.group_id AND n.layer_index = c.layer_index
-                 AND n.confirmed_at = c.confirmed_at
-    WHERE NOT EXISTS (SELECT 1 FROM confirmation o
-                      WHERE o.confirmation_id = c.confirmation_id AND o.layer_index = c.layer_index
-                        AND o.run_id NOT IN (SELECT id FROM latest_run))
-),
 answers AS (
     SELECT r.experiment, r.layer_index, r.batch, r.place AS rank_in_cell, r.place AS first_place,
            CASE WHEN r.place = 1 THEN 'fastest' ELSE 'tied' END AS standing,
@@ -47,14 +34,14 @@ answers AS (
     JOIN fastest f ON f.experiment = r.experiment AND f.layer_index = r.layer_index AND f.batch = r.batch
     WHERE (r.place = 1
            OR r.op_time_ms - f.best_ms <= 2 * (f.best_ms * f.best_spread + r.op_time_ms * COALESCE(r.op_time_spread, 0)))
-      AND NOT EXISTS (SELECT 1 FROM speaking s
+      AND NOT EXISTS (SELECT 1 FROM latest_confirmation s
                       WHERE s.experiment = r.experiment AND s.layer_index = r.layer_index AND s.batch = r.batch)
     UNION ALL
     SELECT s.experiment, s.layer_index, s.batch, s.place, s.first_place,
            CASE WHEN s.standing = 'winner' THEN 'confirmed' ELSE 'tied' END,
            s.variant, s.params, r.streams, r.host_memory, lt.op_time_ms, lt.op_time_spread, r.checks, r.id,
            s.median_ms, s.p_value, s.detectable_ms
-    FROM speaking s
+    FROM latest_confirmation s
     JOIN run r ON r.id = s.run_id
     JOIN layer_time lt ON lt.run_id = s.run_id AND lt.layer_index = s.layer_index
     WHERE s.standing IN ('winner', 'tied')
