@@ -27,12 +27,12 @@ def test_jobs_lists_the_default_matrix():
     proc = convsweep("jobs", "--config", str(ROOT / "experiments.yaml"))
     assert proc.returncode == 0
     lines = proc.stdout.strip().splitlines()
-    # lenet86-baseline: six variants at three batches; lenet86-cache: four GPU variants at batch 100, warm and
+    # lenet86-baseline: seven variants at three batches; lenet86-cache: four GPU variants at batch 100, warm and
     # cold; lenet86-input: the fused network at three batches, shipped in four formats
-    assert sum(line.startswith("lenet86-baseline\t") for line in lines) == 18
+    assert sum(line.startswith("lenet86-baseline\t") for line in lines) == 21
     assert sum(line.startswith("lenet86-cache\t") for line in lines) == 8
     assert sum(line.startswith("lenet86-input\t") for line in lines) == 12 and sum("-u8-source-" in line for line in lines) == 3
-    assert sum("-cold-" in line for line in lines) == 4 and len(lines) == 38
+    assert sum("-cold-" in line for line in lines) == 4 and len(lines) == 41
     specs = [json.loads(line) for line in convsweep("jobs", "--json", "--config", str(ROOT / "experiments.yaml")).stdout.splitlines()]
     fused = [spec for spec in specs if "fp16_fused_network" in spec["variants"].values()]
     assert [spec["variants"] for spec in fused] == [{"conv1": "fp16_fused_network"}] * 15  # conv1's kernel computes conv2 too

@@ -244,7 +244,7 @@ def test_the_default_experiments_file_is_valid():
 
     jobs = expand_config(load_config(ROOT / "experiments.yaml"))
     assert {j.label for j in jobs} == {"naive", "fused_conv_relu_pool", "tf32_sliding_window", "fp16_sliding_window",
-                                      "fp16_fused_network", "reference"}
+                                      "fp16_fused_network", "wgmma_fused_network", "reference"}
     assert sorted({j.batch for j in jobs}) == [100, 1000, 10000]
 
 

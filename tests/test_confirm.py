@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from sqlalchemy import inspect
 
 from convsweep import confirm
 from convsweep.config import JobSpec, RunSpec
@@ -17,11 +18,11 @@ from convsweep.gpu import no_gpu
 from convsweep.job import run_job
 from convsweep.query import run_query
 from convsweep.record import Measurement, ResultFile, Timings
-from convsweep.store import ingest_files, ingest_result, open_store
+from convsweep.store import ingest_files, ingest_result, migrate, open_store
 from convsweep.store.strict_json import read_json
 
 from fake_gpu import FAKE, FakeClock, FakeGpuNetwork
-from store_fixtures import as_reader
+from store_fixtures import as_reader, every_layer, make_confirmation, make_job_file, make_result
 
 SWEEP = {"experiment": "t", "config_hash": "h", "config_path": "x.yaml"}
 
@@ -253,6 +254,45 @@ def test_the_report_says_the_confirmation_overturned_the_first_ranking(measured_
     assert "`naive` BLOCK=128" in text
 
 
+def speaking(engine) -> set[tuple[str, int]]:
+    """(confirmation_id, run_id) of each row the view latest_confirmation holds."""
+    with engine.connect() as connection:
+        return set(connection.exec_driver_sql("SELECT confirmation_id, run_id FROM latest_confirmation").all())
+
+
+def test_latest_confirmation_holds_each_cells_newest_while_its_runs_are_latest_and_goes_below_0017(db_url):
+    """Migration 0017's view: of a cell's confirmations the newest, until a setting it measured is measured
+    again; a downgrade to 0016 drops the view and keeps the confirmations, and upgrading makes it again."""
+    cell = [make_result("naive", 100, params=every_layer(BLOCK=block), op_time_ms=(ms, 0.7))
+            for block, ms in ((32, 0.3), (64, 0.4))]
+    job = make_job_file(cell)
+    older = make_confirmation(job, ms=(0.45, 0.35), standings=("slower", "winner"))
+    newer = {**make_confirmation(job), "started_at": "2026-11-26T13:00:00.000+00:00"}
+    engine = open_store(db_url)
+    try:
+        for document in (job, older, newer):
+            ingest_result(engine, document, None)
+        with engine.connect() as connection:
+            runs = dict(connection.exec_driver_sql("SELECT measurement_id, id FROM run").all())
+        assert speaking(engine) == {(newer["confirmation_id"], runs[m["measurement_id"]]) for m in cell}
+        # BLOCK=64 measured again: the newest confirmation no longer speaks, and the older does not either.
+        again = make_result("naive", 100, params=every_layer(BLOCK=64), op_time_ms=(0.4, 0.7),
+                            started_at="2026-11-27T09:00:00+00:00")
+        ingest_result(engine, again, None)
+        assert speaking(engine) == set()
+
+        migrate(engine, "0016", downgrade=True)
+        with engine.connect() as connection:
+            assert "latest_confirmation" not in inspect(connection).get_view_names()
+            assert connection.exec_driver_sql("SELECT COUNT(*) FROM confirmation").scalar() == 4
+        migrate(engine, "head")
+        with engine.connect() as connection:
+            assert "latest_confirmation" in inspect(connection).get_view_names()
+        assert speaking(engine) == set()
+    finally:
+        engine.dispose()
+
+
 # -- the plan: which cells get a confirm job -------------------------------------------------------------
 def test_the_default_sweep_confirms_each_one_stream_gpu_cell_of_several_settings(tmp_path):
     import copy
@@ -266,12 +306,12 @@ def test_the_default_sweep_confirms_each_one_stream_gpu_cell_of_several_settings
     config["results_dir"] = str(tmp_path / "results")
     plan = SweepPlan(copy.deepcopy(config), ROOT / "experiments.yaml")
     groups = {e: plan.winner_groups(e) for e in plan.experiments}
-    # baseline: a cell per batch (its five GPU variants; the CPU reference takes no part); cache: warm and cold;
+    # baseline: a cell per batch (its six GPU variants; the CPU reference takes no part); cache: warm and cold;
     # input: four streams, whose events cannot split a pass into layers.
     assert [len(groups[e]) for e in ("lenet86-baseline", "lenet86-cache", "lenet86-input")] == [3, 2, 0]
     group = groups["lenet86-baseline"][0]
     spec = plan.winners_spec("lenet86-baseline", group)
-    assert len(spec["results"]) == 5 and (spec["top"], spec["rounds"]) == (3, 30)
+    assert len(spec["results"]) == 6 and (spec["top"], spec["rounds"]) == (3, 30)
     assert all("/runs/reference" not in path for path in spec["results"])
     assert f"{tmp_path}/results/lenet86-baseline/winners" in plan.result_folders("lenet86-baseline")
     plan.write_specs()

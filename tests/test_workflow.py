@@ -260,7 +260,7 @@ def test_plain_snakemake_uses_the_default_profile(tmp_path):
     assert proc.returncode == 0, out[-3000:]
     assert "Using workflow specific profile profiles/default" in out
     blocks = [block.split("\n\n", 1)[0] for block in out.split("rule run_job:")[1:]]
-    assert len(blocks) == 38, out[-3000:]  # every job of the default sweep: nothing of it was run here
+    assert len(blocks) == 41, out[-3000:]  # every job of the default sweep: nothing of it was run here
     run_job = next(block for block in blocks if "job=reference-" not in block)  # a GPU job (the CPU ones ask gpu=0)
     assert "gpu=1" in run_job and "gpu_jobs=1" in run_job and "threads:" not in run_job
     assert "threads: 4" in next(block for block in blocks if "job=reference-" in block)
@@ -297,7 +297,7 @@ def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
     env = {**os.environ, "CONVSWEEP_CACHE": str(tmp_path / "cache")}  # compiles take real time
     cmd = [SNAKEMAKE, "--snakefile", str(checkout / "Snakefile"), "--directory", str(work), "--cores", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    killed = kill_when_running("specs/reference-b32-", proc)
+    killed = kill_when_running("specs/reference-b32-", proc, work)
     out = proc.communicate(timeout=900)[0]
     assert killed, out[-3000:]
     assert proc.returncode != 0 and "Error in rule run_job" in out, out[-3000:]
@@ -320,16 +320,19 @@ def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
     assert (work / "results" / "victim" / "summary.md").stat().st_mtime > reported_early
 
 
-def kill_when_running(pattern: str, snakemake: subprocess.Popen) -> bool:
-    """SIGKILL the first convsweep process whose command line holds `pattern`, while `snakemake` runs (the
-    job's Python, not the shell around it, whose line defines the `convsweep` function)."""
+def kill_when_running(pattern: str, snakemake: subprocess.Popen, workdir: Path) -> bool:
+    """SIGKILL the first convsweep process of this sweep (working in `workdir`, so never another test's when
+    tests run in parallel) whose command line holds `pattern`, while `snakemake` runs (the job's Python, not
+    the shell around it, whose line defines the `convsweep` function)."""
+    workdir = workdir.resolve()
     while snakemake.poll() is None:
         for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
             try:
                 args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                ours = pattern in args and Path(os.readlink(cmdline.parent / "cwd")) == workdir
             except OSError:
                 continue
-            if pattern in args and "-m convsweep" in args and "convsweep()" not in args:
+            if ours and "-m convsweep" in args and "convsweep()" not in args:
                 try:
                     os.kill(int(cmdline.parent.name), signal.SIGKILL)
                     return True
