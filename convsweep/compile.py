@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import hashlib
 import io
 import json
 import os
@@ -25,11 +24,6 @@ from .errors import CompileError
 from .paths import KERNELS_DIR, cache_dir, relative_to_root
 from .variants import ConvShape, Variant, load_registry
 
-# The CUDA JIT cache also keeps NVRTC's builds (cuda-python issue 1124): a build it hands back from there comes
-# without ptxas' log, so without the registers, shared memory and spills every build record holds (on the lent
-# H100, every build of a kernel after its first). Builds are cached here (cache_dir()/kernels), by source,
-# options and NVRTC version; the driver's cache of PTX it compiles for a GPU plays no part, cubins are loaded.
-os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
 
 _ERROR_LINE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?:catastrophic )?error: (?P<msg>.*)$", re.M)
 _ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
@@ -179,7 +173,7 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Compiled
     compile_ms = (time.perf_counter() - start) * 1e3
     text = log.getvalue().replace("\x00", "").strip()
     cubin = bytes(obj.code)
-    kernels = _resources(text, cubin)
+    kernels = parse_ptxas_log(text)
     _store_cached(key, cubin, {"compile_ms": compile_ms, "log": text, "kernels": [asdict(k) for k in kernels]})
     return CompiledModule(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
                  compile_ms, False, text, kernels)
@@ -190,6 +184,9 @@ def _options(source: Path, arch: str, defines: list, include_dirs: tuple[str, ..
 
     return ProgramOptions(
         name=relative_to_root(source), arch=arch, std="c++17", lineinfo=True, ptxas_options=["-v"],
+        # NVRTC's own cache (12.9+) hands back a build without ptxas' log (cuda-python issue 1124): off, per
+        # call, as NVIDIA's Fuser does; convsweep keeps its own cache of builds with their resources.
+        no_cache=True,
         define_macro=defines or None,
         include_path=[str(source.parent), *include_dirs],
         use_bundled_headers=not include_dirs and nvrtc_version() >= "13.3",
@@ -328,25 +325,6 @@ def parse_ptxas_log(text: str) -> tuple[KernelResources, ...]:
             kernels.append(KernelResources(current, int(m[1]), int(m[2] or 0), frame[0], frame[1], frame[2]))
             current = None
     return tuple(kernels)
-
-
-def _resources(log: str, cubin: bytes) -> tuple[KernelResources, ...]:
-    """The kernels' resources from ptxas' log, remembered by the cubin they describe. NVRTC 13.0 (the lent
-    H100's) hands back a cubin it made before, without a log, when a build's PTX is one it compiled already
-    in this process (settings that differ only in a launch parameter, such as a grid size): those builds
-    get the resources of the build whose log said them."""
-    known = cache_dir() / "kernels" / f"resources-{hashlib.sha256(cubin).hexdigest()}.json"
-    kernels = parse_ptxas_log(log)
-    if kernels:
-        try:
-            write_atomic(known, json.dumps([asdict(k) for k in kernels]))
-        except OSError:
-            pass  # only a later log-less build of the same code loses them
-        return kernels
-    try:
-        return tuple(KernelResources(**k) for k in json.loads(known.read_text()))
-    except (OSError, ValueError, TypeError):
-        return ()
 
 
 def _load_cached(key: str):

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -87,7 +87,7 @@ def _complete(record: Measurement, logits: np.ndarray, ctx: JobContext) -> None:
 class GpuSession:
     """The GPU side every setting of a job shares: device, streams, the batch's host and device
     buffers, the NVML monitor, the chunking of a pass, and the backend that builds networks (and
-    whose clock times the passes on the host)."""
+    whose clock times the passes on the host). `gpu_session` opens one and owns all it holds."""
 
     gpu: object
     streams: list
@@ -96,8 +96,42 @@ class GpuSession:
     chunks: list[tuple[int, int]]
     backend: Backend
     arch: str  # what the builds target
-    rounds: Rounds  # the batch's rounds of inputs on the host (convsweep.integrity)
-    peaks: dict | None  # the device's peak rates (convsweep.peaks), what the floors are held to
+    environment: dict  # the machine's, read with the GPU open (convsweep.provenance)
+    rounds: Rounds | None = None  # a job's rounds of inputs on the host (convsweep.integrity)
+    peaks: dict | None = None  # the device's peak rates (convsweep.peaks), what a job's floors are held to
+
+
+@contextmanager
+def gpu_session(spec: JobSpec, batch, backend: Backend, holder: str, streams: int,
+                phases: dict[str, float] | None = None) -> Iterator[GpuSession]:
+    """The GPU for `spec`'s batch, open for the block: its lock held (in `holder`'s name), a CUDA context, NVML's
+    monitor, `streams` streams and the pipeline's buffers with the images in them; all of it released, the lock
+    last, when the block ends. The seconds of its steps go into `phases` (gpu_wait, context, allocate). A GPU
+    that cannot be opened (no driver, no device) raises MachineError: nothing else here raises it."""
+    clock, phases = backend.clock, {} if phases is None else phases
+    with ExitStack() as stack:
+        # The GPU's lock before this process opens a CUDA context: another process's context slows
+        # the kernels being timed (on the lent H100, each context opened beside a timed job slowed
+        # about nine of its passes, up to twice as long; a driver start or NVML read did not: see
+        # docs/throughput.md). The lock is let go after the GPU is closed.
+        t = clock()
+        stack.enter_context(bind_free_gpu(holder))
+        phases["gpu_wait"] = clock() - t
+        t = clock()
+        fallback = stack.enter_context(ExitStack())  # exits after the GPU closes: a lock taken below outlives it
+        gpu = stack.enter_context(backend.gpu())
+        if not holds_lock_of(gpu.uuid):  # NVML could not say which GPU CUDA would open: lock the one it did
+            fallback.enter_context(gpu_lock(gpu.uuid, holder))
+        monitor = stack.enter_context(backend.monitor(gpu.uuid, gpu.pci_bus_id))
+        env = environment(gpu, monitor)  # NVML opened once: each opening is ~0.03 s of the lock's time
+        phases["context"] = clock() - t
+        t = clock()
+        lanes = [gpu.stream() for _ in range(streams)]
+        buffers = pipeline_buffers(gpu, batch.network, batch.images, spec.host_memory, lanes[0])
+        phases["allocate"] = clock() - t
+        # Where NVML could not tell (GPUs of several kinds), each op compiles for this GPU itself.
+        yield GpuSession(gpu, lanes, buffers, monitor, pass_chunks(spec.batch, streams, spec.chunk_images), backend,
+                         spec.arch if spec.arch != "auto" else gpu.arch, env)
 
 
 def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backend(),
@@ -212,7 +246,6 @@ def _compile_errors(ctx: JobContext, todo: list[int], builds: dict) -> dict[int,
 
 def _measure_gpu_settings(ctx: JobContext, asked: Search | UpFront, backend: Backend, shared: dict, finish) -> None:
     spec, clock = ctx.spec, backend.clock
-    chunks = pass_chunks(spec.batch, spec.streams, spec.chunk_images)
     # The builds compile on the CPU cores (for NVML's idea of the GPU's architecture: no CUDA context
     # is needed to know it; the lent H100's where there is no GPU, so that a kernel that does not compile says
     # so on any machine), while other jobs may hold the GPU. A guided search's first proposals alone are
@@ -220,23 +253,15 @@ def _measure_gpu_settings(ctx: JobContext, asked: Search | UpFront, backend: Bac
     arch = spec.arch if spec.arch != "auto" else host_gpu_arch() or NO_GPU_ARCH
     todo = asked.propose()
     requests = [r for i in todo for r in build_requests(ctx.batch.network, ctx.variants, ctx.runs[i])]
-    holder = f"job {spec.job_id} ({spec.experiment})"
     with ExitStack() as stack:
         t = clock()
         builds = stack.enter_context(backend.compile_all(requests, arch)).wait()
         host_environment()  # read now (counted here): what a job does while it holds the GPU, others wait for
         shared["compile"] = clock() - t
-        # The GPU's lock before this process opens a CUDA context: another process's context slows
-        # the kernels being timed (on the lent H100, each context opened beside a timed job slowed
-        # about nine of its passes, up to twice as long; a driver start or NVML read did not: see
-        # docs/throughput.md). The lock is let go after the GPU is closed.
-        t = clock()
-        stack.enter_context(bind_free_gpu(holder))
-        shared["gpu_wait"] = clock() - t
-        t = clock()
+        holder = f"job {spec.job_id} ({spec.experiment})"
         try:
-            gpu = stack.enter_context(backend.gpu())
-        except MachineError:
+            session = stack.enter_context(gpu_session(spec, ctx.batch, backend, holder, spec.streams, shared))
+        except MachineError:  # the GPU could not be opened
             # A kernel that does not compile is a result on any machine (the builds ran on the CPU):
             # those settings are stored; the job is the machine's failure only if any other remains.
             failed = _compile_errors(ctx, todo, builds)
@@ -248,29 +273,19 @@ def _measure_gpu_settings(ctx: JobContext, asked: Search | UpFront, backend: Bac
             if len(failed) < len(todo):
                 raise
             return
-        if not holds_lock_of(gpu.uuid):  # NVML could not say which GPU CUDA would open: lock the one it did
-            stack.enter_context(gpu_lock(gpu.uuid, holder))
-        monitor = stack.enter_context(backend.monitor(gpu.uuid, gpu.pci_bus_id))
-        env = environment(gpu, monitor)  # NVML opened once: each opening is ~0.03 s of the lock's time
-        shared["context"] = clock() - t
-        t = clock()
-        streams = [gpu.stream() for _ in range(spec.streams)]
-        buffers = pipeline_buffers(gpu, ctx.batch.network, ctx.batch.images, spec.host_memory, streams[0])
-        shared["allocate"] = clock() - t
         t = clock()
         passes = StoppingRule.of(spec.repeats, spec.stopping).max_samples_taken
         per_image = sum(layer_flops(layer) for layer in ctx.batch.network.layers)
         fresh = fresh_rounds(spec.batch, passes, spec.checks, ctx.batch.fresh_rounds_available, per_image)
-        rounds = Rounds(gpu, ctx.batch, buffers, fresh, spec.host_memory)  # their references computed (or cached)
+        # The fresh rounds' references are computed here (or read from the disk cache).
+        rounds = Rounds(session.gpu, ctx.batch, session.buffers, fresh, spec.host_memory)
         shared["fresh_inputs"] = clock() - t
-        # Where NVML could not tell (GPUs of several kinds), each op compiles for this GPU itself.
-        session = GpuSession(gpu, streams, buffers, monitor, chunks, backend, arch if spec.arch != "auto" else gpu.arch,
-                             rounds, _peaks(backend, gpu, monitor))
+        session = replace(session, rounds=rounds, peaks=_peaks(backend, session.gpu, session.monitor))
         bar = progress(total=asked.budget, desc=f"job {spec.job_id}", unit="setting", enabled=asked.budget > 1)
         measured = 0
         while todo:
             for i in todo:
-                record = _measure_one(session, ctx, i, env, finish)
+                record = _measure_one(session, ctx, i, finish)
                 measured += 1
                 bar.update(1)
                 # The job log's line; on a terminal, drawn above the bar rather than through it.
@@ -285,7 +300,7 @@ def _measure_gpu_settings(ctx: JobContext, asked: Search | UpFront, backend: Bac
         bar.close()
 
 
-def _measure_one(session: GpuSession, ctx: JobContext, i: int, env: dict, finish) -> Measurement:
+def _measure_one(session: GpuSession, ctx: JobContext, i: int, finish) -> Measurement:
     """Setting i, measured, checked and handed to `finish`; a failure of its own (compile, launch, shape) is
     its result, and the job goes on."""
     clock = session.backend.clock
@@ -302,7 +317,7 @@ def _measure_one(session: GpuSession, ctx: JobContext, i: int, env: dict, finish
         record.phases_s["check"] = clock() - t
     except Exception as e:
         record.status, record.error = "failed", failure_message(e)
-    record.environment = env
+    record.environment = session.environment
     finish(record, clock() - started)
     return record
 
@@ -441,17 +456,13 @@ def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, bac
                          [None] * len(runs))
     arch = spec.arch if spec.arch != "auto" else host_gpu_arch() or NO_GPU_ARCH
     requests = [r for run, variants in zip(runs, layers) for r in build_requests(batch.network, variants, run)]
+    holder = f"winners of {spec.experiment} at batch {spec.batch}"
     with ExitStack() as stack:
         stack.enter_context(backend.compile_all(requests, arch)).wait()
-        stack.enter_context(bind_free_gpu(f"winners of {spec.experiment} at batch {spec.batch}"))
-        gpu = stack.enter_context(backend.gpu())
-        if not holds_lock_of(gpu.uuid):
-            stack.enter_context(gpu_lock(gpu.uuid, f"winners of {spec.experiment}"))
-        monitor = stack.enter_context(backend.monitor(gpu.uuid, gpu.pci_bus_id))
-        result.environment = environment(gpu, monitor)
-        stream = gpu.stream()
-        buffers = pipeline_buffers(gpu, batch.network, batch.images, spec.host_memory, stream)
-        chunks = pass_chunks(spec.batch, 1, spec.chunk_images)
+        session = stack.enter_context(gpu_session(spec, batch, backend, holder, streams=1))
+        gpu, monitor, buffers, chunks, (stream,) = (session.gpu, session.monitor, session.buffers, session.chunks,
+                                                    session.streams)
+        result.environment = session.environment
         flush = gpu.l2_flusher() if spec.cache == "cold" else None
         timer = pipeline_timer(gpu, stream, graph=False)
         flag = gpu.host_array((1,), np.int32, "pinned")
@@ -481,7 +492,7 @@ def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, bac
         for i, (run, variants) in enumerate(zip(runs, layers)):
             try:
                 plan = ConvPlan(variants, {layer: var.resolve_params(run.params.get(layer), f"params.{layer}")
-                                           for layer, var in variants.items()}, arch if spec.arch != "auto" else gpu.arch)
+                                           for layer, var in variants.items()}, session.arch)
                 net = backend.network(gpu, batch.network, batch.weights, plan, 1, max(hi - lo for lo, hi in chunks))
                 poison_logits(gpu, buffers, stream)
                 timer.warm(checked_pass(net))

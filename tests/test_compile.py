@@ -1,6 +1,7 @@
 """NVRTC compiles on a CPU-only machine: every kernel, every registered parameter combination."""
 import shutil
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -125,7 +126,8 @@ def test_shape_fixing_variants_build_per_shape_and_need_the_shape():
 
 def test_the_default_sweep_jobs_build_what_they_run():
     """A job's build requests (layers.cu, and each conv layer's variant at the shape it runs, a fused
-    max-pool included) all compile, and inside compile_all the runner's compiles are those builds."""
+    max-pool included) all compile for sm_90a (the default sweep runs wgmma_fused_network, which needs
+    it), and inside compile_all the runner's compiles are those builds."""
     from convsweep.measure import build_requests
     from convsweep.network import load_network
     from convsweep.paths import ROOT
@@ -140,7 +142,7 @@ def test_the_default_sweep_jobs_build_what_they_run():
         if all(v.is_cpu for v in variants.values()):
             continue
         requests = [r for run in job.runs() for r in build_requests(network, variants, run)]
-        with compile_all(requests, "sm_90", workers=2) as pending:
+        with compile_all(requests, "sm_90a", workers=2) as pending:
             builds = pending.wait()
             assert set(builds) == set(requests) and all(b.kernels for b in builds.values())
             for run in job.runs():
@@ -148,7 +150,7 @@ def test_the_default_sweep_jobs_build_what_they_run():
                     layer = network.layer(name)
                     params, shape = var.resolve_params(run.params[layer.name]), network.variant_shape(layer, var.fuses)
                     request = BuildRequest.of(var.source, var.name, var.defines(params, shape))
-                    assert compile_variant(var, params, "sm_90", shape) is builds[request]
+                    assert compile_variant(var, params, "sm_90a", shape) is builds[request]
 
 
 def test_compile_all_keeps_a_compile_error_as_that_builds_result(tmp_path, monkeypatch):
@@ -218,18 +220,28 @@ def test_the_window_kernels_default_register_cap_is_no_cap():
     assert ".minnctapersm 5" in ptx({**defines, "MIN_BLOCKS": 5})
 
 
-def test_a_build_nvrtc_hands_back_without_a_log_keeps_the_resources_of_the_same_cubin(tmp_path, monkeypatch):
-    """NVRTC 13.0 (the lent H100's) returns a cubin it made before, with no ptxas log, for a PTX it compiled
-    already in the process (on the device, tma_conv1 at BLOCKS 264 after BLOCKS 132): its resources are the
-    earlier build's, not none."""
-    from convsweep.compile import _resources
+def test_every_build_asks_nvrtc_not_to_cache_so_its_ptxas_log_is_read(tmp_path, monkeypatch):
+    """NVRTC 12.9+ keeps a cache of its own and hands a cached build back without ptxas' log (NVRTC 13.0 on
+    the lent H100 did, from a kernel's second build on): each compile asks for none, so every build's record
+    has the registers, shared memory and spills of each kernel."""
+    import cuda.core
+
+    log = ("ptxas info    : Compiling entry function 'conv_forward' for 'sm_90'\n"
+           "ptxas info    : Function properties for conv_forward\n"
+           "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+           "ptxas info    : Used 40 registers, used 1 barriers, 256 bytes smem")
+
+    class CachingProgram:  # a log only where the cache is off, as NVRTC 13.0's
+        def __init__(self, code, code_type, options):
+            self.options = options
+
+        def compile(self, target, logs):
+            if self.options.no_cache:
+                logs.write(log)
+            return SimpleNamespace(code=b"\x7fELF cubin")
 
     monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path))
-    log = ("ptxas info    : Compiling entry function 'conv_relu_pool_tma' for 'sm_90a'\n"
-           "ptxas info    : Function properties for conv_relu_pool_tma\n"
-           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
-           "ptxas info    : Used 62 registers, used 1 barriers, 128 bytes smem")
-    first = _resources(log, b"\x7fELF same code")
-    assert [(k.name, k.registers, k.shared_bytes) for k in first] == [("conv_relu_pool_tma", 62, 128)]
-    assert _resources("", b"\x7fELF same code") == first
-    assert _resources("", b"\x7fELF other code") == ()
+    monkeypatch.setattr(cuda.core, "Program", CachingProgram)
+    build = compile_source(KERNELS_DIR / "naive.cu", "naive", {}, "sm_90")
+    assert [(k.name, k.registers, k.shared_bytes, k.spill_store_bytes) for k in build.kernels] == \
+        [("conv_forward", 40, 256, 4)]
