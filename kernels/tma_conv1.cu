@@ -56,6 +56,7 @@
 // block), BLOCKS (the persistent grid; 264 = 2 per SM of an H100).
 #include "common.cuh"
 #include "mma_f16.cuh"
+#include "tma.cuh"
 
 #ifndef SPLIT_H
 #define SPLIT_H 1
@@ -94,38 +95,6 @@ constexpr int PAD1 = PAD_FLOATS > 0 ? PAD_FLOATS : 1;  // no division by 0 where
 
 __device__ __forceinline__ unsigned smem_u32(const void *p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Blocks until the phase of parity `parity` has completed (acquire: what completed it is visible).
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-// The producer's arrival on a full barrier, announcing the bytes the bulk copy will complete on it.
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-// One image, global -> shared, by the bulk-copy engine; completes `bytes` of transactions on `bar`.
-__device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigned bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
 }
 
 // D = A B (the accumulator's first term: no zeroing instructions).

@@ -26,11 +26,40 @@ __device__ __forceinline__ unsigned long long b_desc(unsigned addr) {
            (static_cast<unsigned long long>(SBO >> 4) << 32);
 }
 
+// A descriptor as two words: the low one (address >> 4, LBO >> 4) varies with the tile, the high one (SBO >> 4)
+// does not; desc_lo(addr + 1024 j) == desc_lo(addr) + 64 j while the tiles stay in one 256 KB window.
+__device__ __forceinline__ unsigned desc_lo(unsigned addr) { return ((addr & 0x3FFFF) >> 4) | ((LBO >> 4) << 16); }
+__device__ __forceinline__ unsigned long long desc_of(unsigned lo) {
+    return static_cast<unsigned long long>(lo) | (static_cast<unsigned long long>(SBO >> 4) << 32);
+}
+
 // *p = v where `pred`, as one predicated st.shared (no branch around it).
 __device__ __forceinline__ void st_shared_u16_if(unsigned short *p, unsigned short v, bool pred) {
     asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q st.shared.u16 [%0], %1;\n}\n" ::"r"(smem_u32(p)), "h"(v),
                  "r"(static_cast<int>(pred))
                  : "memory");
+}
+
+// 32 bits at shared address `addr` / 16 bits to it (a constant added to addr folds into the instruction's
+// immediate: base register + offset addressing).
+__device__ __forceinline__ unsigned lds32_at(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ void sts16_at(unsigned addr, unsigned short v) {
+    asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
+}
+
+// `v` as a value the compiler cannot recompute from its inputs: computed once where this is called (before
+// a loop), held in a register, not rebuilt (sunk) at each use inside the loop.
+__device__ __forceinline__ unsigned long long held(unsigned long long v) {
+    asm volatile("mov.b64 %0, %0;" : "+l"(v));
+    return v;
+}
+__device__ __forceinline__ unsigned held(unsigned v) {
+    asm volatile("mov.b32 %0, %0;" : "+r"(v));
+    return v;
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

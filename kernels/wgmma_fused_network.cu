@@ -37,9 +37,10 @@
 //
 // Phases (a block: 2 warpgroups = 8 warps; one wave of min(B, BLOCKS) blocks, block i taking images
 // i, i + gridDim.x, ...):
-//   load   the next image's fp32 rows arrive by cp.async (16-byte chunks) while this one computes;
-//   stage  rows -> fp16 x1 [H][PW1];
-//   conv1  wgmma as above; the epilogue pools, adds the bias, applies ReLU, writes fp16 x2 [4][HP1][PW2];
+//   load   the next image's fp32 rows arrive by one bulk copy (cp.async.bulk, issued by thread 0, completing
+//          on an mbarrier that every thread waits on) while this one computes;
+//   stage  rows -> fp16 x1 [HR1][PW1] (rows past H: zeros, written once);
+//   conv1  wgmma as above; the epilogue pools, adds the bias, applies ReLU, writes fp16 x2 [4][HR2][PW2];
 //   conv2  wgmma as above; the epilogue writes the image's flattened fp16 features [16][8][8];
 //   dense  after every GROUP (8) images: fp16_fused_network's fc1 (mma.sync over the 8 images; 1% of the
 //          work) + ReLU + fc2 in fp32.
@@ -58,16 +59,25 @@
 //     8 mb + 2 w (pair 8 blk + g), rows g + 8 unit 8 mb + 2 w + 1. k = 8 pp + k' reads input row
 //     4 rg + 2 f + pp, column 2 pair + k'. n = 8 dr + 2 m + s: B1[f][k][n] = w1[m][2 f + pp - dr][k' - s].
 //     Thread (g, t) then holds map t, conv rows dr = j, pixels 2 pair + e: pooled row 2 rg + j / 2.
+//     A table in shared memory (built once) gives each unit's x1 and x2 origins, so a warp's M-block is one
+//     16-byte load (its lo and hi units) and two base pointers; its 20 A loads are base + immediates, its 4
+//     stores base + immediates. No clamp, no predicate: x1 has HR1 = max(H, 4 RG + 6) rows (the last
+//     rowgroup's reads), x2 rows of PW2 = max(38, 8 UPR) halves (every block's columns) and HR2 =
+//     max(38, 2 RG + 2) rows; units u >= UNITS (the last M-blocks', 16 NB - UNITS of them) read unit 0's
+//     rows and store into x2's rows 2 RG, 2 RG + 1. What conv1 writes past the maps (rows >= HP1, columns
+//     >= WP1) is finite and read by conv2 only for outputs it does not store: a stored band reads rows
+//     <= 4 HP2 + 5 <= HP1 - 1, a stored pooled column columns <= 4 WP2 + 5 <= WP1 - 1.
 //   conv2: warp w of warpgroup v is band (pooled row) 4 v + w; row g <-> pixel pair g (pixels 2g, 2g+1),
 //     row g + 8 <-> pair g + 8; k = 8 cc + k' reads x2[2 cp + cc][4 band + r][2 pair + k']; in the block of
 //     kernel row d, n = 2 m + s: B2[cp][6 - d][k][n] = w2[m][2 cp + cc][d][k' - s]; input row r feeds conv
 //     row q (accumulators acc[q], N 32) through the block of d = r - q. Thread (g, t) holds
 //     maps 4j + t of pixels 2g, 2g+1 (row g) and 2g+16, 2g+17 (row g+8): the 4x4 pool is the 4 q
-//     accumulators, the pixel pair, and lanes g ^ 1 (one shuffle).
+//     accumulators, the pixel pair, and lanes g ^ 1 (one shuffle). Its reads, rows 4 band + r <= 37 and
+//     columns <= 37, stay inside x2 (HR2, PW2 >= 38): no clamp.
 // Shapes: LeNet-86's (the static_asserts and registry constraints say which sizes may vary). absorbs_input
 // is not supported (fp16_fused_network's u8-source upsample): this variant reads the fp32 input.
 // Tunables (registry): BLOCKS (the grid; 264 = 2 per SM of an H100), C1N (conv1's wgmma width, above),
-// C1P and C2R (round two, below: the schedule only; every index above is unchanged).
+// C1P and C2R (the schedule only; every index above is unchanged; round three below says what they are now).
 //
 // Round two (issue 36 item 1). Round one (C1P 1, C2R 1) measured 0.329 ms at batch 10000 on the lent
 // H100, beside fp16_fused_network's 0.382 ms in the same process. ncu (BLOCKS 264, C1N 32): 128 registers,
@@ -97,20 +107,67 @@
 // 42-47%, fewer "no eligible" cycles; not the 0.20 ms target, which needs the phases of an image (stage,
 // conv1, conv2, dense, each behind a block barrier) to overlap, i.e. fewer registers or warp specialization.
 // The device script times every C1P x C2R x C1N at BLOCKS 264 beside round one's schedule, so the two moves
-// are measured apart.
+// are measured apart. (Round three replaced both schedules; below.)
+//
+// Round three (issue 36, "the instruction diet"). Round two measured 0.324 ms (C1P 1, C2R 2; fp16_fused_network
+// 0.380 beside it); ncu: 128 registers, 2 blocks per SM, issue slots 47%, tensor pipe 38%, 0.89 eligible
+// warps per scheduler, and 14,039 warp-instructions per image: conv1 8,476 (~163 per warp and M-block for
+// 5 HGMMA: unit -> (rowgroup, block) divisions, clamped row addresses per load, the B descriptors rebuilt per
+// wgmma, a predicated epilogue), conv2's wgmma part 2,400, its epilogue 913, the cp.async image loop 728,
+// the prologue 546, stage 504, dense 448. 0.20 ms is ~5,230 cycles per image per SM at 1.98 GHz; at 47%
+// issue efficiency that fits ~9,800 instructions. The floor: 5.80 MFMA per image, ~3,290 tensor cycles per
+// image per SM at the 86% of peak an N32 RS wgmma reaches on this H100 (.scratch/wgrate.py): 0.126 ms.
+// This round cuts instructions, with every index above unchanged:
+//   conv1: the unit table (above): per warp and M-block 1 LDS.128, 2 adds, 20 LDS, 5 HGMMA, fence / commit /
+//     wait, an epilogue of 4 x (3 max.NaN, add, max.NaN with 0, cvt, add, STS) and the loop: ~66 instead of
+//     ~163. The bias is loaded once per block, not per image. C1P 2 is now a pipeline: both warpgroups run
+//     NB = (MB1 + 1) / 2 M-blocks, unrolled; M-block i + 1 is issued into the other accumulator set before
+//     i's wait_group 1, so i's epilogue runs under i + 1's wgmma; straight code with no branch or predicate.
+//     (It costs v = 1 one padding M-block, 5 wgmma per image: ~2.4% more tensor work.)
+//   B descriptors: computed before the image loop (their low words from the tiles' base; conv2's as base +
+//     64 j per 1 KB block); the PTX has no address arithmetic feeding a descriptor inside the loops (a test
+//     checks); whether ptxas then holds them in uniform registers or rematerializes is the SASS's to say.
+//   conv2: no clamp (x2's rows), no zeroing (each accumulator's first wgmma has scale-d false), and C2R 1 a
+//     software pipeline over 20 groups per pass: group i + 1's 4 A loads issued right after group i's
+//     commit, before the wait_group 1 for group i - 1, into the third of three register sets, so their
+//     latency passes under the wgmma in flight. (C2R 2 keeps two sets, loads after the wait: a third set of
+//     8 spilled.)
+//   image: one cp.async.bulk of the whole image (29.6 KB) per image, expect_tx on an mbarrier; every thread
+//     waits on its phase before staging; the next copy is issued after the barrier that follows staging, as
+//     the cp.async chunks were, so it still lands during conv1, conv2 and dense. One barrier per image fewer.
+//   prologue: B tiles a core-matrix row (8 k, 16 bytes, one st.shared.v4) per thread and step.
+//   registers: 102-118 at LeNet-86 for every setting (NVRTC 13.5), no spills; 2 blocks per SM as before
+//     (95,200 B of shared memory: + the 896 B table, + 2 x2 rows).
+// Prediction (before the device run), warp-instructions per image: conv1 ~3,400 (52 warp-M-blocks x ~66;
+// ~3,900 if ptxas rebuilds descriptors with 2 uniform ops per wgmma), conv2 wgmma + A ~1,400 (per warp 56
+// HGMMA, 40 LDS, 20 x fence / commit / wait), conv2 epilogue ~880, stage ~400, image load ~50, dense ~450,
+// prologue ~40, loop ~30: ~6,600 in all (from 14,039), under the ~9,000 the plan asked. Issue slots then
+// ~30%, so issue no longer bounds; the block barriers between phases and conv1's wait per M-block (C1P 1)
+// do: with the other block and the other warpgroup filling those gaps, tensor pipe ~50-60%, i.e. ~5,500-
+// 6,600 cycles per image per SM: 0.21-0.25 ms (0.23 most likely), 1.4x round two, C1P 2 a few % faster where
+// the H100's NVRTC (13.0) does not serialize it. Short of the 0.20 target unless the tensor pipe passes ~63%.
+// Measured (.scratch/wf37.sh on the lent H100, NVRTC 13.0, 2026-11-26; batch 10000, median of 20, beside
+// fp16_fused_network's 0.384-0.386 ms): 0.256-0.265 ms for every setting (C1N 32 C1P 1 C2R 1, the default,
+// 0.2570-0.2611; C1P 2 0.2564-0.2607, no setting serialized by 13.0, 102-126 registers, no spills): -21% on
+// round two's 0.324. ncu (C1P 2): 7,842 warp-instructions per image (conv1 3,408, conv2 with its epilogue
+// 3,338, stage 489), issue slots 32.8%, tensor pipe 49.1%, 0.52 eligible warps per scheduler: the count fell
+// as predicted and issue no longer bounds; now latency does: the most stalled lines are conv2's
+// WARPGROUP.ARRIVE (wgmma.fence, a warpgroup-wide arrive per commit group: ~25% of the stall samples),
+// with 2 blocks of 2 warpgroups per SM to cover them. Not the target: see docs/performance.md.
 #include "common.cuh"
 #include "mma_f16.cuh"
 #include "wgmma.cuh"
 #include "fused_dense.cuh"
+#include "tma.cuh"
 
 #ifndef C1N
 #define C1N 32
 #endif
 #ifndef C1P
-#define C1P 2
+#define C1P 1
 #endif
 #ifndef C2R
-#define C2R 2
+#define C2R 1
 #endif
 static_assert(sizeof(conv_t) == 4, "wgmma_fused_network reads float32");
 static_assert(C1N == 16 || C1N == 32, "conv1's wgmma width");
@@ -131,16 +188,22 @@ constexpr int M1 = M_FIXED, M2 = M2_FIXED, K2 = K2_FIXED, N1 = N1_FIXED, N2 = N2
 constexpr int HP1 = (kH - kK + 1) / 2, WP1 = (kW - kK + 1) / 2;                    // pooled conv1 maps
 constexpr int HP2 = (HP1 - K2 + 1 - 4) / 4 + 1, WP2 = (WP1 - K2 + 1 - 4) / 4 + 1;  // pooled conv2 maps
 constexpr int FEAT = M2 * HP2 * WP2;
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 
 // conv1's mapping: rowgroups of 4 conv rows, units of 8 pixel pairs, M-blocks of 8 units.
 constexpr int DR = 4;                          // conv rows per rowgroup (N = DR x 4 maps x 2 pixels)
 constexpr int F1 = (DR + kK - 1 + 1) / 2;      // input row pairs a rowgroup reads: 5
 constexpr int RG = (HP1 + 1) / 2, UPR = (WP1 + 7) / 8, UNITS = RG * UPR, MB1 = (UNITS + 7) / 8;
-constexpr int PW1 = (kW > 16 * UPR + 6 ? kW : 16 * UPR + 6);  // staged input row (halves): every column read
+constexpr int NB = (MB1 + 1) / 2;              // M-blocks per warpgroup (C1P 2: both warpgroups run NB)
+constexpr int UT = 16 * NB;                    // the unit table's entries: every unit an M-block may name
+constexpr int PW1 = cmax(kW, 16 * UPR + 6);    // staged input row (halves): every column a unit reads
+constexpr int HR1 = cmax(kH, 4 * RG + 6);      // x1 rows: the image's, then zeros to the last row a unit reads
 // conv2's mapping: a band (pooled row) per warp, Q conv rows, R input rows; 4 bands per warpgroup pass.
 constexpr int Q = 4, R = Q + K2 - 1, CPAIRS = M1 / 2;
-constexpr int PW2 = (WP1 > 38 ? WP1 + WP1 % 2 : 38);         // staged pooled conv1 row (halves): columns <= 37 read
-constexpr int CH2 = (HP1 * PW2 + 63) / 64 * 64 + 16;         // halves per channel: 8 words past a multiple of 32,
+constexpr int PW2 = cmax(38, 8 * UPR);         // x2 row (halves): conv2 reads columns <= 37, conv1 writes < 8 UPR
+constexpr int HR2 = cmax(38, 2 * RG + 2);      // x2 rows: conv2 reads rows <= 37; conv1 writes < 2 RG, and its
+                                               // padding units rows 2 RG, 2 RG + 1
+constexpr int CH2 = (HR2 * PW2 + 63) / 64 * 64 + 16;         // halves per channel: 8 words past a multiple of 32,
                                                              // so conv1's stores of 4 maps hit distinct banks
 constexpr int FEAT_STRIDE = FEAT + 8;                        // halves: images' feature rows 4 banks apart
 
@@ -148,39 +211,36 @@ static_assert(kK == 7 && K2 == 7 && M1 == 4 && M2 == 16 && F1 == 5, "the B tiles
 static_assert(kW % 2 == 0 && PW1 % 2 == 0 && PW2 % 2 == 0, "32-bit A fragments: even columns and pitches");
 static_assert(HP2 <= 2 * 4 && WP2 <= 8, "conv2: two warpgroup passes of 4 bands, 32 conv columns per warp");
 static_assert(HP1 >= K2 + 3 && WP1 >= K2 + 3, "conv2 has a pooled output");
+static_assert(4 * 7 + R - 1 < HR2 && 2 * 15 + 7 < PW2, "conv2's reads (bands 0-7, pairs 0-15) stay in x2's rows");
 static_assert(C2R >= 1 && R % C2R == 0, "conv2's input rows per commit group divide the band's R = 10");
 
 // Shared memory, bytes (registry shared_bytes says the same; the kernel checks it). B tiles first: the
-// descriptors want 16-byte-aligned tiles, and the dynamic base is.
+// descriptors want 16-byte-aligned tiles, and the dynamic base is; the bulk copy wants raw 16-byte aligned.
 constexpr int B1_BYTES = F1 * 1024;                          // conv1: a 16 x 32 block per row pair
 constexpr int B2_BYTES = CPAIRS * K2 * 1024;                 // conv2: a 16 x 32 block per (channel pair, d)
+constexpr int TBL_BYTES = 8 * UT;                            // conv1's unit table (uint2 per unit)
 constexpr int RAW_BYTES = 4 * kH * kW;                       // the next image, fp32, as it arrives
-constexpr int X1_BYTES = (2 * kH * PW1 + 15) / 16 * 16;
+constexpr int X1_BYTES = (2 * HR1 * PW1 + 15) / 16 * 16;
 constexpr int X2_BYTES = 2 * M1 * CH2;
 constexpr int FEAT_BYTES = 2 * GROUP * FEAT_STRIDE;
-constexpr int OFF_B2 = B1_BYTES, OFF_RAW = OFF_B2 + B2_BYTES, OFF_X1 = OFF_RAW + RAW_BYTES;
-constexpr int OFF_X2 = OFF_X1 + X1_BYTES, OFF_FEAT = OFF_X2 + X2_BYTES;
+constexpr int OFF_B2 = B1_BYTES, OFF_TBL = OFF_B2 + B2_BYTES, OFF_RAW = OFF_TBL + TBL_BYTES;
+constexpr int OFF_X1 = OFF_RAW + RAW_BYTES, OFF_X2 = OFF_X1 + X1_BYTES, OFF_FEAT = OFF_X2 + X2_BYTES;
 constexpr int SHARED_BYTES = OFF_FEAT + FEAT_BYTES;
-static_assert((kH * kW) % 4 == 0, "each image starts 16-byte aligned and is whole 16-byte chunks (cp.async)");
-static_assert(RAW_BYTES % 16 == 0 && X2_BYTES % 16 == 0, "alignment of what follows");
-static_assert(4 * (WARPS * N1 * GROUP + GROUP * N1) <= X1_BYTES, "fc partial sums fit where x1 is idle");
+static_assert((kH * kW) % 4 == 0, "each image starts 16-byte aligned and is whole 16-byte chunks (bulk copy)");
+static_assert(TBL_BYTES % 16 == 0 && RAW_BYTES % 16 == 0 && X2_BYTES % 16 == 0, "alignment of what follows");
+static_assert(4 * (WARPS * N1 * GROUP + GROUP * N1) <= 2 * kH * PW1, "fc partial sums fit in x1's staged rows");
 
-// Every thread's share of one image's 16-byte chunks into `raw`, as one cp.async group.
-__device__ __forceinline__ void load_image(float *raw, const float *__restrict__ src) {
-    const unsigned base = smem_u32(raw);
-    for (int c = threadIdx.x; c < kH * kW / 4; c += THREADS)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 16 * c), "l"(src + 4 * c) : "memory");
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-__device__ __forceinline__ void wait_image() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// raw (fp32 [kH][kW]) -> x1 (fp16 [kH][PW1], zero past kW).
+// raw (fp32 [kH][kW]) -> x1 (fp16 [HR1][PW1], zero past kW; rows past kH were zeroed once).
 __device__ __forceinline__ void stage_input(const float *raw, unsigned short *x1) {
     if constexpr (PW1 == kW) {  // LeNet-86: the same contiguous array, four values per thread and step
-        for (int e = threadIdx.x; e < kH * kW / 4; e += THREADS) {
-            const float4 v = reinterpret_cast<const float4 *>(raw)[e];
-            reinterpret_cast<uint2 *>(x1)[e] = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
+        constexpr int N4 = kH * kW / 4, STEPS = (N4 + THREADS - 1) / THREADS;
+#pragma unroll
+        for (int i = 0; i < STEPS; ++i) {
+            const int e = threadIdx.x + i * THREADS;
+            if (i + 1 < STEPS || e < N4) {
+                const float4 v = reinterpret_cast<const float4 *>(raw)[e];
+                reinterpret_cast<uint2 *>(x1)[e] = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
+            }
         }
     } else {
         for (int e = threadIdx.x; e < kH * PW1 / 2; e += THREADS) {
@@ -191,152 +251,150 @@ __device__ __forceinline__ void stage_input(const float *raw, unsigned short *x1
     }
 }
 
+// What a thread of conv1 keeps across images: its lane's offsets into x1 and x2, its warp's first table
+// entry, the B descriptors and its map's bias.
+struct Conv1Ctx {
+    unsigned ld_lane;           // 4 (g + t): bytes from a unit's x1 origin to row g's k' 2t, 2t + 1
+    unsigned st_lane;           // 2 (t CH2 + g): bytes from a unit's x2 origin to map t, pooled column g
+    const uint4 *tbl;           // units 8 v + 2 w, + 1 (this warp's lo and hi units of M-block v)
+    unsigned d1;                // B1's descriptor, low word: block f's is d1 + 64 f (C1N 16: + 2 SBO / 16 for
+                                // its columns 16-31)
+    float bm;
+};
+
 // conv1 + bias + ReLU + 2x2 pool on wgmma: warpgroup v takes M-blocks v, v + 2, ...; each is 5 wgmma of
 // N 32 (row pairs f; C1N 16: 8 of N 16) in one commit group on 16 accumulators (acc[h]: conv rows dr = 2h,
-// 2h + 1), its 20 A registers loaded first; then the pool in registers. C1P 2: M-blocks in pairs, the
-// second's group issued (into another accumulator set) before the first's wait, so the tensor cores work
-// on it while this warpgroup pools and stores the first (wait_group 1, then 0).
-__device__ __forceinline__ void conv1_issue(const unsigned short *x1, unsigned b1, int mb, int w, int g, int t,
-                                            Acc8 (&acc)[2]) {
-    const int u_lo = 8 * mb + 2 * w, u_hi = u_lo + 1;                     // this warp's rows g, g + 8
-    const int ul = min(u_lo, UNITS - 1), uh = min(u_hi, UNITS - 1);       // past the last: computed, not stored
-    const int rg_lo = ul / UPR, blk_lo = ul % UPR, rg_hi = uh / UPR, blk_hi = uh % UPR;
-    const unsigned short *src_lo = x1 + 16 * blk_lo + 2 * (g + t), *src_hi = x1 + 16 * blk_hi + 2 * (g + t);
+// 2h + 1), its 20 A registers loaded first, from two pointers (the warp's lo and hi units, out of the
+// table) plus immediates; then the pool in registers and 4 unpredicated stores.
+__device__ __forceinline__ void conv1_issue(const Conv1Ctx &c, uint4 e, Acc8 (&acc)[2]) {
+    const unsigned lo = e.x + c.ld_lane, hi = e.z + c.ld_lane;  // rows g, g + 8: their units' (row 4 rg, column 16 blk)
     unsigned a[F1][4];
 #pragma unroll
     for (int f = 0; f < F1; ++f) {
-        // Rows past kH feed only conv rows of pooled rows past HP1 (not stored): clamped, they read staged data.
-        const int r0 = min(4 * rg_lo + 2 * f, kH - 1), r1 = min(4 * rg_lo + 2 * f + 1, kH - 1);
-        const int s0 = min(4 * rg_hi + 2 * f, kH - 1), s1 = min(4 * rg_hi + 2 * f + 1, kH - 1);
-        a[f][0] = lds32(src_lo + r0 * PW1);  // row g, k' 2t..: input row 2f, pixel pair 8 blk + g
-        a[f][1] = lds32(src_hi + s0 * PW1);  // row g + 8: the other unit
-        a[f][2] = lds32(src_lo + r1 * PW1);  // k 8 + 2t..: input row 2f + 1
-        a[f][3] = lds32(src_hi + s1 * PW1);
+        a[f][0] = lds32_at(lo + 4 * f * PW1);        // row g, k' 2t..: input row 4 rg + 2f, pixel pair 8 blk + g
+        a[f][1] = lds32_at(hi + 4 * f * PW1);        // row g + 8: the other unit
+        a[f][2] = lds32_at(lo + 2 * (2 * f + 1) * PW1);  // k 8 + 2t..: input row 4 rg + 2f + 1
+        a[f][3] = lds32_at(hi + 2 * (2 * f + 1) * PW1);
 #pragma unroll
         for (int j = 0; j < 4; ++j) pin(a[f][j]);
     }
-    // No zeroing: each accumulator's first wgmma has scale-d false (D = A * B). (Zeroing them while the
-    // other M-block's group is in flight made ptxas inject a wait there, C7517.)
+    // No zeroing: each accumulator's first wgmma has scale-d false (D = A * B).
     wgmma_fence();  // A written before the wgmma read it
 #pragma unroll
     for (int f = 0; f < F1; ++f) {
         if (C1N == 32) {  // B's zero columns too (row pair 0 feeds conv rows 0, 1 only, pair 4 rows 2, 3)
-            if (f == 0) wgmma_n32<0>(acc[0], acc[1], a[f], b_desc(b1 + f * 1024));
-            else wgmma_n32(acc[0], acc[1], a[f], b_desc(b1 + f * 1024));
+            if (f == 0) wgmma_n32<0>(acc[0], acc[1], a[f], desc_of(c.d1 + 64 * f));
+            else wgmma_n32(acc[0], acc[1], a[f], desc_of(c.d1 + 64 * f));
         } else {  // conv rows 0, 1 (columns 0-15) and 2, 3 (16-31, two core matrices on) apart, where fed
-            if (f == 0) wgmma_n16<0>(acc[0], a[f], b_desc(b1 + f * 1024));
-            if (f > 0 && f < F1 - 1) wgmma_n16(acc[0], a[f], b_desc(b1 + f * 1024));
-            if (f == 1) wgmma_n16<0>(acc[1], a[f], b_desc(b1 + f * 1024 + 2 * SBO));
-            if (f > 1) wgmma_n16(acc[1], a[f], b_desc(b1 + f * 1024 + 2 * SBO));
+            if (f == 0) wgmma_n16<0>(acc[0], a[f], desc_of(c.d1 + 64 * f));
+            if (f > 0 && f < F1 - 1) wgmma_n16(acc[0], a[f], desc_of(c.d1 + 64 * f));
+            if (f == 1) wgmma_n16<0>(acc[1], a[f], desc_of(c.d1 + 64 * f + 2 * SBO / 16));
+            if (f > 1) wgmma_n16(acc[1], a[f], desc_of(c.d1 + 64 * f + 2 * SBO / 16));
         }
     }
     wgmma_commit();
 }
 
-// The epilogue of M-block mb, once its commit group is complete.
-__device__ __forceinline__ void conv1_store(unsigned short *x2, float bm, int mb, int w, int g, int t, Acc8 (&acc)[2]) {
+// The epilogue of an M-block, once its commit group is complete: max of 4 (3 max.NaN), bias, ReLU as a
+// max.NaN with 0 (NaN stays NaN), fp16, one 16-bit store each, no predicate (padding lands in padding).
+__device__ __forceinline__ void conv1_store(const Conv1Ctx &c, uint4 e, Acc8 (&acc)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) pin(acc[h][e]);
-    const int u_lo = 8 * mb + 2 * w, u_hi = u_lo + 1;
-    const int ul = min(u_lo, UNITS - 1), uh = min(u_hi, UNITS - 1);
-    const int rg_lo = ul / UPR, blk_lo = ul % UPR, rg_hi = uh / UPR, blk_hi = uh % UPR;
-    // acc[h][4j' + e]: conv row dr = 2h + j', pixel s = e, row g; + 2: row g + 8. Pooled row 2 rg + h.
+        for (int i = 0; i < 8; ++i) pin(acc[h][i]);
+    // acc[h][4j' + i]: conv row dr = 2h + j', pixel s = i, row g; + 2: row g + 8. Pooled row 2 rg + h.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            const int u = half ? u_hi : u_lo, rg = half ? rg_hi : rg_lo, blk = half ? blk_hi : blk_lo;
             const float m4 = max_nan(max_nan(acc[h][2 * half], acc[h][2 * half + 1]),
                                      max_nan(acc[h][4 + 2 * half], acc[h][5 + 2 * half]));
-            const int ph = 2 * rg + h, pc = 8 * blk + g;
-            const float s = m4 + bm;
-            // A predicated store, not a branch: ptxas serializes the wgmma (C7518) when a divergent path
-            // runs while the other M-block's group is in flight.
-            st_shared_u16_if(x2 + t * CH2 + ph * PW2 + pc, to_half(s < 0.f ? 0.f : s),  // NaN stays NaN
-                             u < UNITS && ph < HP1 && pc < WP1);
+            sts16_at((half ? e.w : e.y) + c.st_lane + 2 * h * PW2, to_half(max_nan(m4 + c.bm, 0.f)));
         }
     }
 }
 
-__device__ __forceinline__ void conv1(const unsigned short *x1, unsigned short *x2, unsigned b1,
-                                      const float *__restrict__ bias, int v, int w, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    const float bm = __ldg(bias + t);
+__device__ __forceinline__ void conv1(const Conv1Ctx &c, int v) {
     Acc8 acc0[2];
     if (C1P == 1) {
+        const uint4 *tp = c.tbl;
 #pragma unroll 1
-        for (int mb = v; mb < MB1; mb += 2) {
-            conv1_issue(x1, b1, mb, w, g, t, acc0);
+        for (int mb = v; mb < MB1; mb += 2, tp += 8) {  // 16 units (8 entries of two) per step
+            const uint4 e = *tp;
+            conv1_issue(c, e, acc0);
             wgmma_wait<0>();
-            conv1_store(x2, bm, mb, w, g, t, acc0);
+            conv1_store(c, e, acc0);
         }
-    } else {  // two M-blocks per round, both groups issued before the first wait: mb + 2 runs on the tensor
-              // cores while mb is pooled. Both warpgroups run the same count of rounds (a loop that ptxas
-              // sees as uniform: with a trip count depending on v it serializes the wgmma, C7518); an
-              // M-block past MB1 is computed on clamped units and not stored (its units u >= 8 MB1 >= UNITS).
+    } else {  // a pipeline: M-block i + 1's group is issued (into the other accumulator set) before M-block
+              // i's wait, so the tensor cores run it while this warpgroup pools and stores i. Both
+              // warpgroups run NB M-blocks, unrolled (v = 1's last may be all padding units: computed, stored
+              // into x2's padding rows); straight code, no branch or predicate while a group is in flight.
         Acc8 acc1[2];
+        uint4 e = c.tbl[0];  // M-block v + 2 i's entry: units 8 (v + 2 i) + 2 w, + 1
+        conv1_issue(c, e, acc0);
 #pragma unroll
-        for (int round = 0; round < (MB1 + 3) / 4; ++round) {
-            const int mb = v + 4 * round;
-            conv1_issue(x1, b1, mb, w, g, t, acc0);
-            conv1_issue(x1, b1, mb + 2, w, g, t, acc1);
-            wgmma_wait<1>();  // mb's group is complete (groups complete in order)
-            conv1_store(x2, bm, mb, w, g, t, acc0);
-            wgmma_wait<0>();
-            conv1_store(x2, bm, mb + 2, w, g, t, acc1);
+        for (int i = 0; i < NB; ++i) {
+            uint4 next = e;
+            if (i + 1 < NB) {  // compile-time: the loop is unrolled
+                next = c.tbl[8 * (i + 1)];
+                conv1_issue(c, next, (i + 1) % 2 ? acc1 : acc0);
+                wgmma_wait<1>();  // M-block i's group is complete (groups complete in order)
+            } else {
+                wgmma_wait<0>();
+            }
+            conv1_store(c, e, i % 2 ? acc1 : acc0);
+            e = next;
         }
     }
 }
 
 // conv2 + bias + ReLU + 4x4 pool into the image's flattened features: warpgroup v's pass, bands
-// 4 v .. 4 v + 3 (warp w: band 4 v + w); per channel pair and input row r, one commit group of a wgmma
-// (N 32) for each conv row q it feeds, q in [max(0, r - 6), min(3, r)], through kernel row d = r - q.
-__device__ __forceinline__ void conv2(const unsigned short *x2, unsigned short *feat, unsigned b2,
-                                      const float *__restrict__ bias, int v, int w, int lane) {
-    const int g = lane >> 2, t = lane & 3, band = 4 * v + w;
+// 4 v .. 4 v + 3 (warp w: band 4 v + w); per channel pair and C2R input rows r, one commit group of a
+// wgmma (N 32) for each conv row q an input row feeds, q in [max(0, r - 6), min(3, r)], through kernel
+// row d = r - q. A software pipeline over the groups: group i + 1's A fragments are loaded (into the third
+// of three register sets) right after group i is issued, before the wait for group i - 1, so the loads'
+// latency passes under the wgmma in flight.
+__device__ __forceinline__ void conv2(unsigned src, unsigned short *feat, unsigned d2,
+                                      const float *__restrict__ bias, int band, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    constexpr int GROUPS = CPAIRS * R / C2R;
     Acc8 acc[Q][2];
+    constexpr int SETS = C2R == 1 ? 3 : 2;  // A register sets: C2R 1 loads a group ahead (below); C2R 2 has
+                                            // no registers for a third set of 8 (ptxas spills)
+    unsigned a[SETS][C2R][4];
+    // src: x2's shared address of (channel 0, row 4 band, column 2 (g + t)): this lane's pair g's k' 2t, 2t + 1
+    // of the band's first input row; no clamp: x2 has HR2 rows.
+    auto load = [&](int grp, unsigned (&ag)[C2R][4]) {
+        const int cp = grp / (R / C2R), r0 = grp % (R / C2R) * C2R;
 #pragma unroll
-    for (int q = 0; q < Q; ++q)
+        for (int i = 0; i < C2R; ++i) {
+            const unsigned p0 = src + 2 * (2 * cp * CH2 + (r0 + i) * PW2), p1 = p0 + 2 * CH2;  // channels 2cp, 2cp + 1
+            ag[i][0] = lds32_at(p0), ag[i][1] = lds32_at(p0 + 32), ag[i][2] = lds32_at(p1), ag[i][3] = lds32_at(p1 + 32);  // pairs g, g + 8
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                acc[q][h][e] = 0.f;
-                pin(acc[q][h][e]);
-            }
-    const unsigned short *src = x2 + 2 * (g + t);
-#pragma unroll
-    for (int cp = 0; cp < CPAIRS; ++cp) {
-#pragma unroll
-        for (int r0 = 0; r0 < R; r0 += C2R) {
-            // C2R input rows per commit group: their A fragments loaded together (more loads in flight),
-            // their wgmma issued back to back; the group before stays in flight while these load.
-            unsigned a[C2R][4];
-#pragma unroll
-            for (int i = 0; i < C2R; ++i) {
-                // Rows past HP1 feed only conv rows of bands past HP2 (not stored): clamped, they read staged data.
-                const int row = min(4 * band + r0 + i, HP1 - 1);
-                const unsigned short *p0 = src + 2 * cp * CH2 + row * PW2, *p1 = p0 + CH2;  // channels 2cp, 2cp + 1
-                a[i][0] = lds32(p0), a[i][1] = lds32(p0 + 16), a[i][2] = lds32(p1), a[i][3] = lds32(p1 + 16);  // pairs g, g + 8
-#pragma unroll
-                for (int j = 0; j < 4; ++j) pin(a[i][j]);
-            }
-            wgmma_fence();
-#pragma unroll
-            for (int i = 0; i < C2R; ++i) {
-                const int r = r0 + i;
-#pragma unroll
-                for (int q = 0; q < Q; ++q) {
-                    const int d = r - q;  // kernel row: input row 4 band + r feeds conv row 4 band + q through it
-                    if (d < 0 || d >= K2) continue;
-                    wgmma_n32(acc[q][0], acc[q][1], a[i], b_desc(b2 + (cp * K2 + (K2 - 1) - d) * 1024));
-                }
-            }
-            wgmma_commit();
-            wgmma_wait<1>();  // the group before has been read: its A registers may be written again
+            for (int j = 0; j < 4; ++j) pin(ag[i][j]);
         }
+    };
+    load(0, a[0]);
+#pragma unroll
+    for (int grp = 0; grp < GROUPS; ++grp) {
+        const int cp = grp / (R / C2R), r0 = grp % (R / C2R) * C2R;
+        wgmma_fence();
+#pragma unroll
+        for (int i = 0; i < C2R; ++i) {
+            const int r = r0 + i;
+#pragma unroll
+            for (int q = 0; q < Q; ++q) {
+                const int d = r - q;  // kernel row: input row 4 band + r feeds conv row 4 band + q through it
+                if (d < 0 || d >= K2) continue;
+                const unsigned long long desc = desc_of(d2 + 64 * (cp * K2 + (K2 - 1) - d));  // 1 KB blocks
+                if (cp == 0 && d == 0) wgmma_n32<0>(acc[q][0], acc[q][1], a[grp % SETS][i], desc);  // acc[q]'s first
+                else wgmma_n32(acc[q][0], acc[q][1], a[grp % SETS][i], desc);
+            }
+        }
+        wgmma_commit();
+        if (SETS == 3 && grp + 1 < GROUPS) load(grp + 1, a[(grp + 1) % SETS]);  // group grp - 2's set: complete
+        wgmma_wait<1>();  // group grp - 1 is complete: its A set may be written again
+        if (SETS == 2 && grp + 1 < GROUPS) load(grp + 1, a[(grp + 1) % SETS]);  // into group grp - 1's set
     }
     wgmma_wait<0>();
 #pragma unroll
@@ -364,7 +422,7 @@ __device__ __forceinline__ void conv2(const unsigned short *x2, unsigned short *
             const int pc = g / 2 + 4 * (g & 1);
             if (band >= HP2 || pc >= WP2) continue;
             const float s = (g & 1 ? hv[1] : hv[0]) + __ldg(bias + m);
-            feat[(m * HP2 + band) * WP2 + pc] = to_half(s < 0.f ? 0.f : s);
+            feat[(m * HP2 + band) * WP2 + pc] = to_half(max_nan(s, 0.f));  // NaN stays NaN
         }
     }
 }
@@ -376,48 +434,90 @@ network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), 
     (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS;
     unsigned dynamic_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
-    // Too little shared memory, or an x cp.async cannot read in 16-byte chunks: the logits stay poisoned.
+    // Too little shared memory, or an x the bulk copy cannot read (16-byte aligned): the logits stay poisoned.
     if (dynamic_bytes < SHARED_BYTES || (reinterpret_cast<unsigned long long>(x) & 15) != 0 || blockIdx.x >= B) return;
     extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ __align__(8) unsigned long long arrived;  // raw holds the next image (the bulk copy's mbarrier)
     unsigned short *b1s = reinterpret_cast<unsigned short *>(smem), *b2s = reinterpret_cast<unsigned short *>(smem + OFF_B2);
+    uint2 *tbl = reinterpret_cast<uint2 *>(smem + OFF_TBL);
     float *raw = reinterpret_cast<float *>(smem + OFF_RAW);
     unsigned short *x1 = reinterpret_cast<unsigned short *>(smem + OFF_X1);
     unsigned short *x2 = reinterpret_cast<unsigned short *>(smem + OFF_X2);
     unsigned short *feat = reinterpret_cast<unsigned short *>(smem + OFF_FEAT);
     float *part = reinterpret_cast<float *>(x1);  // the dense phase's sums: x1 is idle until the next image
+    const unsigned bar = smem_u32(&arrived);
 
     const int count = (B - 1 - blockIdx.x) / gridDim.x + 1;  // images blockIdx.x, + gridDim.x, ... below B
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, v = warp >> 2, w = warp & 3;
-    load_image(raw, x + image_offset(blockIdx.x, 1, kH, kW));
+    const int g = lane >> 2, t = lane & 3;
+    if (threadIdx.x == 0) {  // the first image, by the bulk-copy engine, while the block builds its tables
+        mbar_init(bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_expect_tx(bar, RAW_BYTES);
+        bulk_load(smem_u32(raw), x + image_offset(blockIdx.x, 1, kH, kW), RAW_BYTES, bar);
+    }
 
-    // The B tiles, k fastest (the layout above); 0 where a kernel row or column falls outside 0..6.
-    for (int e = threadIdx.x; e < F1 * 512; e += THREADS) {  // conv1: [f][n = 8 dr + 2 m + s][k = 8 pp + k']
-        const int f = e / 512, n = (e / 16) % 32, kk = e % 16;
-        const int ky = 2 * f + kk / 8 - n / 8, kx = kk % 8 - n % 2, m = (n % 8) / 2;
-        const float wv = ky >= 0 && ky < kK && kx >= 0 && kx < kK ? __ldg(k + (m * kK + ky) * kK + kx) : 0.f;
-        b1s[(f * 1024 + b_offset(kk, n)) / 2] = to_half(wv);
+    // The B tiles (the layout above), a core-matrix row (8 k's of one n: 16 bytes) per thread and step;
+    // 0 where a kernel row or column falls outside 0..6.
+    for (int e = threadIdx.x; e < (F1 + CPAIRS * K2) * 64; e += THREADS) {
+        const int blk = e / 64, n = (e / 2) % 32, kh = e % 2;  // block, column, k half (k = 8 kh + k')
+        float wv[8];
+        if (blk < F1) {  // conv1: [f][n = 8 dr + 2 m + s][k = 8 pp + k'] = w1[m][2 f + pp - dr][k' - s]
+            const int ky = 2 * blk + kh - n / 8, m = (n % 8) / 2, s = n % 2;
+#pragma unroll
+            for (int kp = 0; kp < 8; ++kp) {
+                const int kx = kp - s;
+                wv[kp] = ky >= 0 && ky < kK && kx >= 0 && kx < kK ? __ldg(k + (m * kK + ky) * kK + kx) : 0.f;
+            }
+        } else {  // conv2: [cp][6 - d][n = 2 m + s][k = 8 cc + k'] = w2[m][2 cp + cc][d][k' - s]
+            const int b2 = blk - F1, cp = b2 / K2, d = K2 - 1 - b2 % K2, c = 2 * cp + kh, m = n / 2, s = n % 2;
+#pragma unroll
+            for (int kp = 0; kp < 8; ++kp) {
+                const int kx = kp - s;
+                wv[kp] = kx >= 0 && kx < K2 ? __ldg(conv2_w + ((m * M1 + c) * K2 + d) * K2 + kx) : 0.f;
+            }
+        }
+        *reinterpret_cast<uint4 *>(smem + blk * 1024 + b_offset(8 * kh, n)) =  // B1 then B2: 1 KB blocks
+            make_uint4(pack_half2(wv[0], wv[1]), pack_half2(wv[2], wv[3]), pack_half2(wv[4], wv[5]), pack_half2(wv[6], wv[7]));
     }
-    for (int e = threadIdx.x; e < CPAIRS * K2 * 512; e += THREADS) {  // conv2: [cp][6 - d][n = 2 m + s][k = 8 cc + k']
-        const int blk = e / 512, n = (e / 16) % 32, kk = e % 16;
-        const int cp = blk / K2, d = K2 - 1 - blk % K2, c = 2 * cp + kk / 8, kx = kk % 8 - n % 2, m = n / 2;
-        const float wv = kx >= 0 && kx < K2 ? __ldg(conv2_w + ((m * M1 + c) * K2 + d) * K2 + kx) : 0.f;
-        b2s[(blk * 1024 + b_offset(kk, n)) / 2] = to_half(wv);
-    }
-    for (int e = threadIdx.x; e < X2_BYTES / 4; e += THREADS) reinterpret_cast<unsigned *>(x2)[e] = 0u;  // unwritten columns read 0
+    // conv1's unit table (shared byte addresses): unit u < UNITS is (rowgroup u / UPR, block u % UPR): x1's
+    // (row 4 rg, column 16 blk), x2's (pooled row 2 rg, column 8 blk); a padding unit reads unit 0's rows and
+    // writes x2's rows 2 RG, 2 RG + 1, which no stored conv2 output reads.
+    for (int u = threadIdx.x; u < UT; u += THREADS)
+        tbl[u] = u < UNITS ? make_uint2(smem_u32(x1) + 2 * (4 * (u / UPR) * PW1 + 16 * (u % UPR)),
+                                        smem_u32(x2) + 2 * (2 * (u / UPR) * PW2 + 8 * (u % UPR)))
+                           : make_uint2(smem_u32(x1), smem_u32(x2) + 2 * (2 * RG * PW2));
+    // x2 zeroed once: columns and rows conv1 never writes read 0 (a zero weight times them must be 0);
+    // x1's rows past kH likewise (stage never writes them).
+    for (int e = threadIdx.x; e < X2_BYTES / 4; e += THREADS) reinterpret_cast<unsigned *>(x2)[e] = 0u;
+    for (int e = kH * PW1 / 2 + threadIdx.x; e < HR1 * PW1 / 2; e += THREADS) reinterpret_cast<unsigned *>(x1)[e] = 0u;
     // The B tiles were written by ordinary stores and are read by the tensor cores (the async proxy): each
-    // writing thread fences before the barrier (the first __syncthreads below) that orders them.
+    // writing thread fences before the barrier that orders them.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    const unsigned b1 = smem_u32(b1s), b2 = smem_u32(b2s);
+
+    // Kept across images: the descriptors (no address arithmetic left in the loops), the lane offsets.
+    Conv1Ctx c1;
+    c1.ld_lane = 4 * (g + t);
+    c1.st_lane = 2 * (t * CH2 + g);
+    c1.tbl = reinterpret_cast<const uint4 *>(tbl + 8 * v + 2 * w);
+    c1.bm = __ldg(bias + t);
+    c1.d1 = held(desc_lo(smem_u32(b1s)));
+    const unsigned d2 = held(desc_lo(smem_u32(b2s)));  // conv2's block j: d2 + 64 j
+    const int band = 4 * v + w;
+    const unsigned src2 = smem_u32(x2) + 4 * (g + t) + 8 * band * PW2;
+    __syncthreads();  // the barrier's init, the tables, the zeros
 
     for (int n = 0; n < count; ++n) {
-        wait_image();
-        __syncthreads();  // raw holds image n; the previous image's phases are done with x1, x2 (and part)
+        mbar_wait(bar, n & 1);  // raw holds image n (phase n of the barrier)
         stage_input(raw, x1);
-        __syncthreads();
-        if (n + 1 < count) load_image(raw, x + image_offset(blockIdx.x + (n + 1) * gridDim.x, 1, kH, kW));  // lands during this image
-        conv1(x1, x2, b1, bias, v, w, lane);
-        __syncthreads();
-        conv2(x2, feat + n % GROUP * FEAT_STRIDE, b2, conv2_b, v, w, lane);
+        __syncthreads();  // x1 staged, raw read; the previous image's conv2 is done with x2
+        if (threadIdx.x == 0 && n + 1 < count) {  // the next image lands while this one computes
+            mbar_expect_tx(bar, RAW_BYTES);
+            bulk_load(smem_u32(raw), x + image_offset(blockIdx.x + (n + 1) * gridDim.x, 1, kH, kW), RAW_BYTES, bar);
+        }
+        conv1(c1, v);
+        __syncthreads();  // x2 written; conv1 is done with x1
+        conv2(src2, feat + n % GROUP * FEAT_STRIDE, d2, conv2_b, band, lane);
         if (n % GROUP == GROUP - 1 || n == count - 1) {
             __syncthreads();
             const int group_first = n - n % GROUP;
@@ -426,6 +526,7 @@ network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), 
             dense<WARPS, GROUP, FEAT, FEAT_STRIDE, N1, N2>(feat, part, fc1_w, fc1_b, fc2_w, fc2_b, y,
                                                          [=](int img) { return first + (long long)img * stride; },
                                                          n % GROUP + 1, warp, lane);
+            __syncthreads();  // dense is done with part (x1) before the next image is staged there
         }
     }
 }
