@@ -317,11 +317,13 @@ def test_the_caching_test_runs_each_of_its_fresh_rounds_twice_in_a_row():
     guard.rounds, guard.all_ms, guard.found = Rounds(), [1.0, 1.0, 1.0], Integrity(checks="full")
     guard._state_after = guard._poison = lambda: None
     guard.busy_after = []
+    guard._warm_transfer = lambda r: seen.append(f"copy {r}")
     guard._checked = lambda what, r: seen.append(r)
     guard.timed_pass, guard.pass_ms = lambda: None, lambda reading: 1.0
     guard.finish(0.0, lambda: None)
-    # a warm-up over a round the timed passes saw (1), then rounds none saw (1 and 2 are theirs), each fresh then again
-    assert seen == [1, 3, 3, 4, 4, 5, 5]
+    # a warm-up over a round the timed passes saw (1), then rounds none saw (1 and 2 are theirs), each copied to the
+    # device once untimed, then fresh, then again
+    assert seen == [1, "copy 3", 3, 3, "copy 4", 4, 4, "copy 5", 5, 5]
     assert guard.found.caching["passes"] == [3, 3] and guard.found.caching["ratio"] == 1.0
 
 
@@ -383,6 +385,7 @@ def test_the_caching_test_needs_every_pair_faster_on_its_second_pass(pairs, susp
     guard.rounds, guard.all_ms, guard.found = Rounds(), [1.0] * 5, Integrity(checks="full")
     guard._state_after = guard._poison = lambda: None
     guard.busy_after = []
+    guard._warm_transfer = lambda r: None
     guard._checked = lambda what, r: None
     guard.timed_pass, guard.pass_ms = lambda: None, lambda reading: next(times)
     guard.finish(0.0, lambda: None)
