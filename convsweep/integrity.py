@@ -286,9 +286,9 @@ class IntegrityObserver(Observer):
         self._checked("the caching test's warm-up pass", self.rounds.current)
         for k in range(self.rounds.caching):
             r = self.rounds.fresh + 1 + k  # a round no pass has seen yet
-            self._warm_transfer(r)
             for again in (False, True):
                 self.rounds.current = r
+                self._warm_transfer(r)
                 self._poison()
                 times[again].append(self.pass_ms(self.timed_pass()))
                 self._checked(f"caching-test pass {2 * k + again} ({'again' if again else 'fresh inputs'})", r)
@@ -307,10 +307,11 @@ class IntegrityObserver(Observer):
                 f"({repeated:.3f} against {fresh:.3f} ms, more than the {threshold:.0%} noise allows)")
 
     def _warm_transfer(self, r: int) -> None:
-        """Round r's images copied to the device once, untimed, before its fresh pass: the first copy out of a host
-        buffer is slower than the next (batch 10001 on 4 streams, pinned, on the lent H100: repeats 0.89x fresh,
-        every pair), and the again pass would have that for free. No kernel runs on them here, so nothing a
-        kernel could have kept of them exists before the fresh pass."""
+        """Round r's images copied to the device, untimed, before each pass of its pair, alike: the first copy out of
+        a host buffer is slower than the next (batch 10001 on 4 streams, pinned, on the lent H100: repeats 0.89x
+        fresh, every pair), and the again pass had that for free. (Before the fresh pass alone, it slowed the
+        fresh pass instead: 0.68-0.72x at batch 10000 on one pageable stream.) No kernel runs on them here, so
+        nothing a kernel could have kept of them exists before the fresh pass."""
         self.gpu.upload(self.rounds.inputs[r], self.rounds.base.x_dev, self.streams[0])
         self.streams[0].sync()
 

@@ -321,9 +321,9 @@ def test_the_caching_test_runs_each_of_its_fresh_rounds_twice_in_a_row():
     guard._checked = lambda what, r: seen.append(r)
     guard.timed_pass, guard.pass_ms = lambda: None, lambda reading: 1.0
     guard.finish(0.0, lambda: None)
-    # a warm-up over a round the timed passes saw (1), then rounds none saw (1 and 2 are theirs), each copied to the
-    # device once untimed, then fresh, then again
-    assert seen == [1, "copy 3", 3, 3, "copy 4", 4, 4, "copy 5", 5, 5]
+    # a warm-up over a round the timed passes saw (1), then rounds none saw (1 and 2 are theirs), each fresh then
+    # again, each pass after an untimed copy of its images
+    assert seen == [1, "copy 3", 3, "copy 3", 3, "copy 4", 4, "copy 4", 4, "copy 5", 5, "copy 5", 5]
     assert guard.found.caching["passes"] == [3, 3] and guard.found.caching["ratio"] == 1.0
 
 
