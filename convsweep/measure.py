@@ -244,13 +244,19 @@ def _compile_errors(ctx: JobContext, todo: list[int], builds: dict) -> dict[int,
     return errors
 
 
+def _build_arch(spec: JobSpec) -> str:
+    """What a job's kernels are compiled for before any CUDA context: the spec's, or NVML's idea of this GPU's
+    (the lent H100's where there is none, so that a kernel that does not compile says so on any machine)."""
+    return spec.arch if spec.arch != "auto" else host_gpu_arch() or NO_GPU_ARCH
+
+
 def _measure_gpu_settings(ctx: JobContext, asked: Search | UpFront, backend: Backend, shared: dict, finish) -> None:
     spec, clock = ctx.spec, backend.clock
     # The builds compile on the CPU cores (for NVML's idea of the GPU's architecture: no CUDA context
     # is needed to know it; the lent H100's where there is no GPU, so that a kernel that does not compile says
     # so on any machine), while other jobs may hold the GPU. A guided search's first proposals alone are
     # known now: each later round of them compiles in parallel before it is measured.
-    arch = spec.arch if spec.arch != "auto" else host_gpu_arch() or NO_GPU_ARCH
+    arch = _build_arch(spec)
     todo = asked.propose()
     requests = [r for i in todo for r in build_requests(ctx.batch.network, ctx.variants, ctx.runs[i])]
     with ExitStack() as stack:
@@ -454,7 +460,7 @@ def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, bac
     batch = load_batch(network, spec.dataset, spec.batch, spec.input_format)
     result = Interleaved([{name: [] for name in variants} for variants in layers], ["ok"] * len(runs),
                          [None] * len(runs))
-    arch = spec.arch if spec.arch != "auto" else host_gpu_arch() or NO_GPU_ARCH
+    arch = _build_arch(spec)
     requests = [r for run, variants in zip(runs, layers) for r in build_requests(batch.network, variants, run)]
     holder = f"winners of {spec.experiment} at batch {spec.batch}"
     with ExitStack() as stack:
