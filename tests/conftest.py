@@ -6,6 +6,20 @@ import pytest
 pytest_plugins = ["store_fixtures"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook turns -n into its workers
+def pytest_cmdline_main(config):
+    # The whole suite (a bare `pytest`, as README and CI run it) goes over every core with pytest-xdist
+    # (the test extra brings it): its NVRTC builds and Snakemake sweeps are most of its time. Worksteal
+    # hands each worker a contiguous run of tests (a module's fixtures are made once) and moves the
+    # rest to whichever finishes first. Named files or tests, an explicit -n (-n0: one process), --pdb
+    # or a pytest without xdist run here, in this one process; so does each worker.
+    whole_suite = config.args_source == pytest.Config.ArgsSource.TESTPATHS and not hasattr(config, "workerinput")
+    if getattr(config.option, "numprocesses", 0) is None and whole_suite and not config.option.usepdb:
+        config.option.numprocesses = "auto"
+        if config.option.dist == "no":
+            config.option.dist = "worksteal"
+
+
 @pytest.hookimpl(trylast=True)  # after pytest's own tmp_path plugin has set up its factory
 def pytest_configure(config):
     # The shipped registry only: a developer's own kernel directories (convsweep.variants) are not

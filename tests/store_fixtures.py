@@ -36,6 +36,15 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path):
         yield from _fresh_pg_database()
 
 
+@pytest.fixture(scope="module", params=BACKENDS)
+def module_db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """db_url's database made once for a module, for the fixture of a module whose tests only read it."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('db') / 'results.sqlite'}"
+    else:
+        yield from _fresh_pg_database()
+
+
 @pytest.fixture
 def empty_pg_url():
     """A URL of an empty PostgreSQL database of its own (skipped without a server)."""
@@ -282,7 +291,11 @@ def _make_reader(admin_url: str) -> None:
                 connection.exec_driver_sql(f"CREATE ROLE {READER} LOGIN PASSWORD '{READER}'")
             except DBAPIError:  # made meanwhile by another test process
                 pass
-        connection.exec_driver_sql(f"GRANT pg_read_all_data TO {READER}")
+        try:
+            connection.exec_driver_sql(f"GRANT pg_read_all_data TO {READER}")
+        except DBAPIError:  # granted at the same moment by another test process (pytest-xdist's workers)
+            if not connection.exec_driver_sql(f"SELECT pg_has_role('{READER}', 'pg_read_all_data', 'MEMBER')").scalar():
+                raise
     admin.dispose()
 
 

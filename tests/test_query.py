@@ -26,14 +26,15 @@ WRITES = [
 ]
 
 
-@pytest.fixture
-def loaded_url(db_url):
-    """A database holding standard_results(): 4 ok runs, one incorrect, one failed."""
-    engine = open_store(db_url)
+@pytest.fixture(scope="module")
+def loaded_url(module_db_url):
+    """A database holding standard_results(): 4 ok runs, one incorrect, one failed. Made once per backend: its
+    tests only query it, through a connection that cannot write (test_writes_are_refused_and_data_stays)."""
+    engine = open_store(module_db_url)
     for result in standard_results():
         ingest_result(engine, result, None)
     engine.dispose()
-    return db_url
+    return module_db_url
 
 
 def rows_of(url, sql_or_name, params=None):
