@@ -11,6 +11,41 @@
 // Two consecutive halves in shared memory as one 32-bit register (an f16x2 fragment).
 __device__ __forceinline__ unsigned lds32(const unsigned short *p) { return *reinterpret_cast<const unsigned *>(p); }
 
+// The rest of the dense phase, after fc1's mma: each warp's partial sums (acc, its k-slice; acc[mt] as
+// mma.m16n8k16's D) summed in shared memory, fc1's bias and ReLU, then fc2 in fp32 into the logits of the
+// group's first n images.
+template <int kWarps, int kGroup, int kN1, int kN2, class YRow>
+__device__ __forceinline__ void dense_tail(const float (&acc)[2][4], float *part, const float *__restrict__ b1,
+                                           const float *__restrict__ w2, const float *__restrict__ b2,
+                                           float *__restrict__ y, YRow y_row, int n, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    // part[warp][output][image]: d0, d1 are (output mt*16 + g, images 2t, 2t+1), d2, d3 output + 8.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+        float *p = part + (warp * kN1 + mt * 16 + g) * kGroup + 2 * t;
+        p[0] = acc[mt][0], p[1] = acc[mt][1], p[8 * kGroup] = acc[mt][2], p[8 * kGroup + 1] = acc[mt][3];
+    }
+    __syncthreads();
+    float *hidden = part + kWarps * kN1 * kGroup;  // [image][output]
+    {
+        const int o = threadIdx.x / kGroup, img = threadIdx.x % kGroup;
+        float s = __ldg(b1 + o);
+#pragma unroll
+        for (int wi = 0; wi < kWarps; ++wi) s += part[(wi * kN1 + o) * kGroup + img];
+        hidden[img * kN1 + o] = s < 0.f ? 0.f : s;
+    }
+    __syncthreads();
+    if (threadIdx.x < kN2 * kGroup) {
+        const int o = threadIdx.x / kGroup, img = threadIdx.x % kGroup;
+        if (img < n) {
+            float s = __ldg(b2 + o);
+#pragma unroll
+            for (int j = 0; j < kN1; ++j) s = fmaf(hidden[img * kN1 + j], __ldg(w2 + o * kN1 + j), s);
+            y[y_row(img) * kN2 + o] = s;
+        }
+    }
+}
+
 // fc1 (mma, n = the group's images) + bias + ReLU, then fc2 in fp32, for the `n` images of a group: the
 // group's image i is row y_row(i) of y (the logits, [image][kN2]), its features row i of `feat`. `part` is
 // shared scratch of 4 * kN1 * kGroup * (kWarps + 1) bytes.
@@ -38,29 +73,45 @@ __device__ __forceinline__ void dense(const unsigned short *feat, float *part, c
                         pack_half2(w11.x, w11.y), bl, bh);
         }
     }
-    // part[warp][output][image]: d0, d1 are (output mt*16 + g, images 2t, 2t+1), d2, d3 output + 8.
+    dense_tail<kWarps, kGroup, kN1, kN2>(acc, part, b1, w2, b2, y, y_row, n, warp, lane);
+}
+
+// fc1's weights as mma.m16n8k16 A fragments in fp16, in the order dense_fragments reads them: entry
+// (s * 2 + mt) * 32 + lane holds lane (g, t)'s four f16x2 registers of k-step s (inputs 16 s ..) and m-tile
+// mt (outputs 16 mt ..): (output 16 mt + g, inputs 16 s + 2t, + 1), (output + 8), (inputs + 8), (both).
+template <int kFeat>
+__device__ __forceinline__ uint4 fc1_fragment(const float *__restrict__ w1, int e) {
+    const int lane = e % 32, mt = e / 32 % 2, s = e / 64, g = lane >> 2, t = lane & 3;
+    const float *wp = w1 + (16 * mt + g) * kFeat + 16 * s + 2 * t;
+    return make_uint4(pack_half2(wp[0], wp[1]), pack_half2(wp[8 * kFeat], wp[8 * kFeat + 1]),
+                      pack_half2(wp[8], wp[9]), pack_half2(wp[8 * kFeat + 8], wp[8 * kFeat + 9]));
+}
+
+// dense() with fc1's weights as fragments (fc1_fragment, in global memory): a warp's whole k-slice of them,
+// 16 bytes per lane and (k-step, m-tile), is loaded before its first mma, so a group waits on L2 once, not
+// once per k-step, and reads half the bytes (fp16) with no conversion.
+template <int kWarps, int kGroup, int kFeat, int kFeatStride, int kN1, int kN2, class YRow>
+__device__ __forceinline__ void dense_fragments(const unsigned short *feat, float *part, const uint4 *__restrict__ w1f,
+                                                const float *__restrict__ b1, const float *__restrict__ w2,
+                                                const float *__restrict__ b2, float *__restrict__ y, YRow y_row, int n,
+                                                int warp, int lane) {
+    constexpr int K_SLICE = kFeat / kWarps, STEPS = K_SLICE / 16;  // fc1 inputs per warp, its k16 steps
+    static_assert(kN1 == 32 && kGroup == 8 && kN2 <= kN1, "fc1's two m16 tiles, the group as the mma's n8");
+    static_assert(K_SLICE * kWarps == kFeat && K_SLICE % 16 == 0, "whole k16 steps per warp");
+    static_assert(32 * kWarps == kN1 * kGroup, "a thread per (fc1 output, image)");
+    const int g = lane >> 2, t = lane & 3;
+    uint4 wf[STEPS][2];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-        float *p = part + (warp * kN1 + mt * 16 + g) * kGroup + 2 * t;
-        p[0] = acc[mt][0], p[1] = acc[mt][1], p[8 * kGroup] = acc[mt][2], p[8 * kGroup + 1] = acc[mt][3];
-    }
-    __syncthreads();
-    float *hidden = part + kWarps * kN1 * kGroup;  // [image][output]
-    {
-        const int o = threadIdx.x / kGroup, img = threadIdx.x % kGroup;
-        float s = __ldg(b1 + o);
+    for (int s = 0; s < STEPS; ++s)
 #pragma unroll
-        for (int wi = 0; wi < kWarps; ++wi) s += part[(wi * kN1 + o) * kGroup + img];
-        hidden[img * kN1 + o] = s < 0.f ? 0.f : s;
-    }
-    __syncthreads();
-    if (threadIdx.x < kN2 * kGroup) {
-        const int o = threadIdx.x / kGroup, img = threadIdx.x % kGroup;
-        if (img < n) {
-            float s = __ldg(b2 + o);
+        for (int mt = 0; mt < 2; ++mt) wf[s][mt] = __ldg(w1f + ((warp * STEPS + s) * 2 + mt) * 32 + lane);
+    float acc[2][4] = {};
 #pragma unroll
-            for (int j = 0; j < kN1; ++j) s = fmaf(hidden[img * kN1 + j], __ldg(w2 + o * kN1 + j), s);
-            y[y_row(img) * kN2 + o] = s;
-        }
+    for (int s = 0; s < STEPS; ++s) {
+        const unsigned short *f = feat + g * kFeatStride + (warp * STEPS + s) * 16 + 2 * t;  // B: image g
+        const unsigned bl = lds32(f), bh = lds32(f + 8);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) mma_f16_k16(acc[mt], wf[s][mt].x, wf[s][mt].y, wf[s][mt].z, wf[s][mt].w, bl, bh);
     }
+    dense_tail<kWarps, kGroup, kN1, kN2>(acc, part, b1, w2, b2, y, y_row, n, warp, lane);
 }

@@ -42,8 +42,8 @@
 //   stage  rows -> fp16 x1 [HR1][PW1] (rows past H: zeros, written once);
 //   conv1  wgmma as above; the epilogue pools, adds the bias, applies ReLU, writes fp16 x2 [4][HR2][PW2];
 //   conv2  wgmma as above; the epilogue writes the image's flattened fp16 features [16][8][8];
-//   dense  after every GROUP (8) images: fp16_fused_network's fc1 (mma.sync over the 8 images; 1% of the
-//          work) + ReLU + fc2 in fp32.
+//   dense  after every GROUP (8) images: fc1 as mma.sync over the 8 images (1% of the work) on fp16 weight
+//          fragments that a first launch (fc1_fragments) writes into the workspace, + ReLU + fc2 in fp32.
 //
 // Layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix ..."; g = lane / 4, t = lane % 4, w = warp of the
 // warpgroup; tests/test_wgmma_fused.py replays them in numpy):
@@ -54,19 +54,24 @@
 //       byte(k, n) = base + (n / 8) * SBO + (k / 8) * LBO + (n % 8) * 16 + (k % 8) * 2, LBO 128, SBO 256,
 //     a 16 x 32 block 1024 bytes; descriptor [0,14) address >> 4, [16,30) LBO >> 4, [32,46) SBO >> 4,
 //     base offset 0, swizzle 0 (wgmma_conv2's, there at N = 16).
-//   conv1: unit u (of RG * UPR) = rowgroup rg = u / UPR (conv rows 4 rg..4 rg+3, pooled rows 2 rg, 2 rg+1)
-//     x pair block blk = u % UPR (pixel pairs 8 blk..8 blk+7). M-block mb: warp w's rows g are unit
-//     8 mb + 2 w (pair 8 blk + g), rows g + 8 unit 8 mb + 2 w + 1. k = 8 pp + k' reads input row
-//     4 rg + 2 f + pp, column 2 pair + k'. n = 8 dr + 2 m + s: B1[f][k][n] = w1[m][2 f + pp - dr][k' - s].
-//     Thread (g, t) then holds map t, conv rows dr = j, pixels 2 pair + e: pooled row 2 rg + j / 2.
-//     A table in shared memory (built once) gives each unit's x1 and x2 origins, so a warp's M-block is one
-//     16-byte load (its lo and hi units) and two base pointers; its 20 A loads are base + immediates, its 4
-//     stores base + immediates. No clamp, no predicate: x1 has HR1 = max(H, 4 RG + 6) rows (the last
-//     rowgroup's reads), x2 rows of PW2 = max(38, 8 UPR) halves (every block's columns) and HR2 =
-//     max(38, 2 RG + 2) rows; units u >= UNITS (the last M-blocks', 16 NB - UNITS of them) read unit 0's
-//     rows and store into x2's rows 2 RG, 2 RG + 1. What conv1 writes past the maps (rows >= HP1, columns
-//     >= WP1) is finite and read by conv2 only for outputs it does not store: a stored band reads rows
-//     <= 4 HP2 + 5 <= HP1 - 1, a stored pooled column columns <= 4 WP2 + 5 <= WP1 - 1.
+//   conv1: a unit is rowgroup rg (conv rows 4 rg..4 rg+3, pooled rows 2 rg, 2 rg+1) x pair block blk (pixel
+//     pairs 8 blk..8 blk+7), rg < RG, blk < UPR. A warp's rows g are a unit of its lo slot (pair 8 blk + g),
+//     rows g + 8 one of its hi slot; the 16 slots, j = 8 v + 2 w + (0 lo, 1 hi), are vertical strips (round
+//     four): strip j % SPC of block column j / SPC, rowgroups STEPS1 (j % SPC) .. + STEPS1 - 1, one per
+//     step (SPC = min(16 / UPR, RG), STEPS1 = ceil(RG / SPC): 3 strips of 7 for LeNet-86). k = 8 pp + k'
+//     reads input row 4 rg + 2 f + pp, column 2 pair + k'. n = 8 dr + 2 m + s: B1[f][k][n] =
+//     w1[m][2 f + pp - dr][k' - s]. Thread (g, t) then holds map t, conv rows dr = j, pixels 2 pair + e:
+//     pooled row 2 rg + j / 2. Step i of a strip reads its row pairs 2 i .. 2 i + 4 (from the strip's
+//     origin, row 4 rg0): pairs 2 i .. 2 i + 2 are step i - 1's, so a step loads 2 pairs (8 LDS), from two
+//     base pointers + immediates; its 4 stores are base + i * (two pooled rows) + immediates. No clamp, no
+//     predicate: x1 has HR1 = max(H, 4 (RG + SPC) + 2) rows (past the strips' last reads, 4 SPC STEPS1 + 5),
+//     x2 rows of PW2 = max(38, 8 UPR) halves (every block's columns) and HR2 = max(38, 2 (RG + SPC)) rows;
+//     the strips' steps past RG - 1 compute conv rows past the maps and store into x2's padding rows, and
+//     slots j >= UPR SPC (idle: LeNet-86 has one) step over unit 0's rows storing into rows 2 SPC STEPS1,
+//     + 1 each time: below the strips' last rows, so no two warps ever store into the same element.
+//     What conv1 writes past the maps (rows >= HP1, columns >= WP1) is finite and read by conv2 only for
+//     outputs it does not store: a stored band reads rows <= 4 HP2 + 5 <= HP1 - 1, a stored pooled column
+//     columns <= 4 WP2 + 5 <= WP1 - 1.
 //   conv2: warp w of warpgroup v is band (pooled row) 4 v + w; row g <-> pixel pair g (pixels 2g, 2g+1),
 //     row g + 8 <-> pair g + 8; k = 8 cc + k' reads x2[2 cp + cc][4 band + r][2 pair + k']; in the block of
 //     kernel row d, n = 2 m + s: B2[cp][6 - d][k][n] = w2[m][2 cp + cc][d][k' - s]; input row r feeds conv
@@ -76,8 +81,9 @@
 //     columns <= 37, stay inside x2 (HR2, PW2 >= 38): no clamp.
 // Shapes: LeNet-86's (the static_asserts and registry constraints say which sizes may vary). absorbs_input
 // is not supported (fp16_fused_network's u8-source upsample): this variant reads the fp32 input.
-// Tunables (registry): BLOCKS (the grid; 264 = 2 per SM of an H100), C1N (conv1's wgmma width, above),
-// C1P and C2R (the schedule only; every index above is unchanged; round three below says what they are now).
+// Tunables (registry): BLOCKS (the grid; 264 = 2 per SM of an H100) and C2R (conv2's schedule only). Rounds one
+// to three below also had C1N (conv1's wgmma width; 16 skipped the zero columns at N 16's rate) and C1P
+// (conv1's M-blocks in flight), for conv1's M-blocks; round four's strips replaced both.
 //
 // Round two (issue 36 item 1). Round one (C1P 1, C2R 1) measured 0.329 ms at batch 10000 on the lent
 // H100, beside fp16_fused_network's 0.382 ms in the same process. ncu (BLOCKS 264, C1N 32): 128 registers,
@@ -154,24 +160,43 @@
 // as predicted and issue no longer bounds; now latency does: the most stalled lines are conv2's
 // WARPGROUP.ARRIVE (wgmma.fence, a warpgroup-wide arrive per commit group: ~25% of the stall samples),
 // with 2 blocks of 2 warpgroups per SM to cover them. Not the target: see docs/performance.md.
+//
+// Round four (issue 36, "where the time goes"). First an ablation table of round three (the same binary with
+// one piece removed, so the outputs are wrong and only the time counts; .scratch/r4 on the lent H100, batch
+// 10000, median of 20): 0.262 ms whole; without the dense phase 0.221 (-16%), without conv1 0.168, without
+// conv2 0.168, without staging 0.246, without the bulk copies 0.254. The dense phase, 1% of the FLOPs, cost
+// 16%: after every 8 images every warp read its k-slice of fc1's fp32 weights (16 KB a warp, 128 KB a block,
+// from L2 and in step with all 264 blocks) two k-steps at a time, converting as it went. Two changes, both
+// measured in that session:
+//   dense: fc1's weights are converted once per forward by a first launch (fc1_fragments, 16 blocks) into
+//     the workspace as fp16 mma fragments (fused_dense.cuh: fc1_fragment), and a warp loads its whole slice,
+//     16 LDG.128 a lane, before its first mma: half the bytes, one L2 latency a group. 0.262 -> 0.239-0.241.
+//     (Tried beside it, no gain: dense phases staggered across blocks, 0.241; groups of 16 images, 0.239.)
+//   conv1 as strips: conv1 cost the same as conv2 for 38% of the tensor work; without its A loads (the
+//     wgmma fed constant registers) it saved 0.027 ms. Its M-blocks had every unit load all 5 of its row pairs
+//     (20 LDS a warp and M-block, each an LDS.32 of 11 distinct words); walking each slot down a column of
+//     units keeps 3 of the 5 in registers: 8 LDS a step, 1040 -> 544 an image. The 112 unit-steps (16 slots x
+//     7) are 12% more conv1 tensor work than the 100 units, as the M-blocks' 104 were 4%. 0.240 -> 0.210-0.213.
+//   Measured and not kept: x1 as row pairs, x2 as channel pairs (an LDS.64 for two A registers): 0; -1%
+//   before the strips and 0 with them; the next image staged inside conv2's commit groups: 0; an L2 prefetch of the image after next: 0;
+//   conv1's steps two in flight (two accumulator sets): 0; the block barrier between conv1 and conv2 dropped
+//   (wrong outputs): -0.5%, so the barriers are not where the time goes.
+// Bench (lent H100, median of 20): 0.210 ms, fp16_fused_network 0.381 beside it; the default sweep under nsys
+// 0.2150. ncu: 122 registers, tensor pipe 61.5% (49.1% in round three), issue slots 37.2%, 0.63 eligible warps
+// per scheduler, 3,662 shared wavefronts per image (4,331), 7,104 warp-instructions per image (7,842); stalls
+// (SourceCounters, on the same kernel with x2 as channel pairs, as fast) short scoreboard 30% (conv2's A loads
+// and register moves, the staging's loads), barrier 14% (the wgmma waits of conv1's steps, the block barriers),
+// wait 14%. At 0.20 ms the pipe would be at ~65%: not reached; docs/performance.md says what next.
 #include "common.cuh"
 #include "mma_f16.cuh"
 #include "wgmma.cuh"
 #include "fused_dense.cuh"
 #include "tma.cuh"
 
-#ifndef C1N
-#define C1N 32
-#endif
-#ifndef C1P
-#define C1P 1
-#endif
 #ifndef C2R
 #define C2R 1
 #endif
 static_assert(sizeof(conv_t) == 4, "wgmma_fused_network reads float32");
-static_assert(C1N == 16 || C1N == 32, "conv1's wgmma width");
-static_assert(C1P == 1 || C1P == 2, "conv1's M-blocks in flight per warpgroup");
 
 namespace {
 
@@ -189,45 +214,49 @@ constexpr int HP1 = (kH - kK + 1) / 2, WP1 = (kW - kK + 1) / 2;                 
 constexpr int HP2 = (HP1 - K2 + 1 - 4) / 4 + 1, WP2 = (WP1 - K2 + 1 - 4) / 4 + 1;  // pooled conv2 maps
 constexpr int FEAT = M2 * HP2 * WP2;
 __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 
-// conv1's mapping: rowgroups of 4 conv rows, units of 8 pixel pairs, M-blocks of 8 units.
+// conv1's mapping: rowgroups of 4 conv rows, units of 8 pixel pairs (rowgroup rg, block blk), and 16 unit
+// slots (2 warpgroups x 4 warps x lo / hi rows) that are vertical strips: SPC strips per block column,
+// STEPS1 rowgroups each (not S: that is the kernel's stride argument).
 constexpr int DR = 4;                          // conv rows per rowgroup (N = DR x 4 maps x 2 pixels)
 constexpr int F1 = (DR + kK - 1 + 1) / 2;      // input row pairs a rowgroup reads: 5
-constexpr int RG = (HP1 + 1) / 2, UPR = (WP1 + 7) / 8, UNITS = RG * UPR, MB1 = (UNITS + 7) / 8;
-constexpr int NB = (MB1 + 1) / 2;              // M-blocks per warpgroup (C1P 2: both warpgroups run NB)
-constexpr int UT = 16 * NB;                    // the unit table's entries: every unit an M-block may name
+constexpr int RG = (HP1 + 1) / 2, UPR = (WP1 + 7) / 8;
+constexpr int SPC = cmin(16 / UPR, RG), STEPS1 = (RG + SPC - 1) / SPC;  // LeNet-86: 3 strips of 7 per column
 constexpr int PW1 = cmax(kW, 16 * UPR + 6);    // staged input row (halves): every column a unit reads
-constexpr int HR1 = cmax(kH, 4 * RG + 6);      // x1 rows: the image's, then zeros to the last row a unit reads
+// x1 rows: the image's, then zeros past the last a strip reads (4 SPC STEPS1 + 6 <= 4 (RG + SPC) + 2)
+constexpr int HR1 = cmax(kH, 4 * (RG + SPC) + 2);
 // conv2's mapping: a band (pooled row) per warp, Q conv rows, R input rows; 4 bands per warpgroup pass.
 constexpr int Q = 4, R = Q + K2 - 1, CPAIRS = M1 / 2;
 constexpr int PW2 = cmax(38, 8 * UPR);         // x2 row (halves): conv2 reads columns <= 37, conv1 writes < 8 UPR
-constexpr int HR2 = cmax(38, 2 * RG + 2);      // x2 rows: conv2 reads rows <= 37; conv1 writes < 2 RG, and its
-                                               // padding units rows 2 RG, 2 RG + 1
+constexpr int HR2 = cmax(38, 2 * (RG + SPC));  // x2 rows: conv2 reads rows <= 37; conv1 writes < 2 SPC STEPS1 (its
+                                               // strips' last steps) <= 2 (RG + SPC - 1), its idle slots 2 SPC STEPS1, + 1
 constexpr int CH2 = (HR2 * PW2 + 63) / 64 * 64 + 16;         // halves per channel: 8 words past a multiple of 32,
                                                              // so conv1's stores of 4 maps hit distinct banks
 constexpr int FEAT_STRIDE = FEAT + 8;                        // halves: images' feature rows 4 banks apart
 
 static_assert(kK == 7 && K2 == 7 && M1 == 4 && M2 == 16 && F1 == 5, "the B tiles and N below");
+static_assert(UPR <= 16, "a block column of units per slot at least");
 static_assert(kW % 2 == 0 && PW1 % 2 == 0 && PW2 % 2 == 0, "32-bit A fragments: even columns and pitches");
 static_assert(HP2 <= 2 * 4 && WP2 <= 8, "conv2: two warpgroup passes of 4 bands, 32 conv columns per warp");
 static_assert(HP1 >= K2 + 3 && WP1 >= K2 + 3, "conv2 has a pooled output");
 static_assert(4 * 7 + R - 1 < HR2 && 2 * 15 + 7 < PW2, "conv2's reads (bands 0-7, pairs 0-15) stay in x2's rows");
 static_assert(C2R >= 1 && R % C2R == 0, "conv2's input rows per commit group divide the band's R = 10");
+static_assert(FEAT % (16 * WARPS) == 0, "fc1: whole k16 steps per warp");
 
 // Shared memory, bytes (registry shared_bytes says the same; the kernel checks it). B tiles first: the
 // descriptors want 16-byte-aligned tiles, and the dynamic base is; the bulk copy wants raw 16-byte aligned.
 constexpr int B1_BYTES = F1 * 1024;                          // conv1: a 16 x 32 block per row pair
 constexpr int B2_BYTES = CPAIRS * K2 * 1024;                 // conv2: a 16 x 32 block per (channel pair, d)
-constexpr int TBL_BYTES = 8 * UT;                            // conv1's unit table (uint2 per unit)
 constexpr int RAW_BYTES = 4 * kH * kW;                       // the next image, fp32, as it arrives
 constexpr int X1_BYTES = (2 * HR1 * PW1 + 15) / 16 * 16;
 constexpr int X2_BYTES = 2 * M1 * CH2;
 constexpr int FEAT_BYTES = 2 * GROUP * FEAT_STRIDE;
-constexpr int OFF_B2 = B1_BYTES, OFF_TBL = OFF_B2 + B2_BYTES, OFF_RAW = OFF_TBL + TBL_BYTES;
+constexpr int OFF_B2 = B1_BYTES, OFF_RAW = OFF_B2 + B2_BYTES;
 constexpr int OFF_X1 = OFF_RAW + RAW_BYTES, OFF_X2 = OFF_X1 + X1_BYTES, OFF_FEAT = OFF_X2 + X2_BYTES;
 constexpr int SHARED_BYTES = OFF_FEAT + FEAT_BYTES;
 static_assert((kH * kW) % 4 == 0, "each image starts 16-byte aligned and is whole 16-byte chunks (bulk copy)");
-static_assert(TBL_BYTES % 16 == 0 && RAW_BYTES % 16 == 0 && X2_BYTES % 16 == 0, "alignment of what follows");
+static_assert(RAW_BYTES % 16 == 0 && X2_BYTES % 16 == 0, "alignment of what follows");
 static_assert(4 * (WARPS * N1 * GROUP + GROUP * N1) <= 2 * kH * PW1, "fc partial sums fit in x1's staged rows");
 
 // raw (fp32 [kH][kW]) -> x1 (fp16 [HR1][PW1], zero past kW; rows past kH were zeroed once).
@@ -251,53 +280,19 @@ __device__ __forceinline__ void stage_input(const float *raw, unsigned short *x1
     }
 }
 
-// What a thread of conv1 keeps across images: its lane's offsets into x1 and x2, its warp's first table
-// entry, the B descriptors and its map's bias.
+// What a thread of conv1 keeps across images: where its warp's two strips start (its lane's offsets
+// included) and how far a step moves their stores, the B descriptors and its map's bias.
 struct Conv1Ctx {
-    unsigned ld_lane;           // 4 (g + t): bytes from a unit's x1 origin to row g's k' 2t, 2t + 1
-    unsigned st_lane;           // 2 (t CH2 + g): bytes from a unit's x2 origin to map t, pooled column g
-    const uint4 *tbl;           // units 8 v + 2 w, + 1 (this warp's lo and hi units of M-block v)
-    unsigned d1;                // B1's descriptor, low word: block f's is d1 + 64 f (C1N 16: + 2 SBO / 16 for
-                                // its columns 16-31)
+    unsigned ld_lo, ld_hi;      // x1: rows g (lo strip) and g + 8 (hi strip): (row 4 rg0, column 16 blk + 2 (g + t))
+    unsigned st_lo, st_hi;      // x2: map t, (pooled row 2 rg0, column 8 blk + g)
+    unsigned step_lo, step_hi;  // x2 bytes per step (two pooled rows); 0 for an idle slot
+    unsigned d1;                // B1's descriptor, low word: row pair f's block is d1 + 64 f
     float bm;
 };
 
-// conv1 + bias + ReLU + 2x2 pool on wgmma: warpgroup v takes M-blocks v, v + 2, ...; each is 5 wgmma of
-// N 32 (row pairs f; C1N 16: 8 of N 16) in one commit group on 16 accumulators (acc[h]: conv rows dr = 2h,
-// 2h + 1), its 20 A registers loaded first, from two pointers (the warp's lo and hi units, out of the
-// table) plus immediates; then the pool in registers and 4 unpredicated stores.
-__device__ __forceinline__ void conv1_issue(const Conv1Ctx &c, uint4 e, Acc8 (&acc)[2]) {
-    const unsigned lo = e.x + c.ld_lane, hi = e.z + c.ld_lane;  // rows g, g + 8: their units' (row 4 rg, column 16 blk)
-    unsigned a[F1][4];
-#pragma unroll
-    for (int f = 0; f < F1; ++f) {
-        a[f][0] = lds32_at(lo + 4 * f * PW1);        // row g, k' 2t..: input row 4 rg + 2f, pixel pair 8 blk + g
-        a[f][1] = lds32_at(hi + 4 * f * PW1);        // row g + 8: the other unit
-        a[f][2] = lds32_at(lo + 2 * (2 * f + 1) * PW1);  // k 8 + 2t..: input row 4 rg + 2f + 1
-        a[f][3] = lds32_at(hi + 2 * (2 * f + 1) * PW1);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) pin(a[f][j]);
-    }
-    // No zeroing: each accumulator's first wgmma has scale-d false (D = A * B).
-    wgmma_fence();  // A written before the wgmma read it
-#pragma unroll
-    for (int f = 0; f < F1; ++f) {
-        if (C1N == 32) {  // B's zero columns too (row pair 0 feeds conv rows 0, 1 only, pair 4 rows 2, 3)
-            if (f == 0) wgmma_n32<0>(acc[0], acc[1], a[f], desc_of(c.d1 + 64 * f));
-            else wgmma_n32(acc[0], acc[1], a[f], desc_of(c.d1 + 64 * f));
-        } else {  // conv rows 0, 1 (columns 0-15) and 2, 3 (16-31, two core matrices on) apart, where fed
-            if (f == 0) wgmma_n16<0>(acc[0], a[f], desc_of(c.d1 + 64 * f));
-            if (f > 0 && f < F1 - 1) wgmma_n16(acc[0], a[f], desc_of(c.d1 + 64 * f));
-            if (f == 1) wgmma_n16<0>(acc[1], a[f], desc_of(c.d1 + 64 * f + 2 * SBO / 16));
-            if (f > 1) wgmma_n16(acc[1], a[f], desc_of(c.d1 + 64 * f + 2 * SBO / 16));
-        }
-    }
-    wgmma_commit();
-}
-
-// The epilogue of an M-block, once its commit group is complete: max of 4 (3 max.NaN), bias, ReLU as a
+// The epilogue of a unit pair, once its commit group is complete: max of 4 (3 max.NaN), bias, ReLU as a
 // max.NaN with 0 (NaN stays NaN), fp16, one 16-bit store each, no predicate (padding lands in padding).
-__device__ __forceinline__ void conv1_store(const Conv1Ctx &c, uint4 e, Acc8 (&acc)[2]) {
+__device__ __forceinline__ void conv1_store(const Conv1Ctx &c, unsigned st_lo, unsigned st_hi, Acc8 (&acc)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -309,45 +304,41 @@ __device__ __forceinline__ void conv1_store(const Conv1Ctx &c, uint4 e, Acc8 (&a
         for (int half = 0; half < 2; ++half) {
             const float m4 = max_nan(max_nan(acc[h][2 * half], acc[h][2 * half + 1]),
                                      max_nan(acc[h][4 + 2 * half], acc[h][5 + 2 * half]));
-            sts16_at((half ? e.w : e.y) + c.st_lane + 2 * h * PW2, to_half(max_nan(m4 + c.bm, 0.f)));
+            sts16_at((half ? st_hi : st_lo) + 2 * h * PW2, to_half(max_nan(m4 + c.bm, 0.f)));
         }
     }
 }
 
-__device__ __forceinline__ void conv1(const Conv1Ctx &c, int v) {
-    Acc8 acc0[2];
-    if (C1P == 1) {
-        const uint4 *tp = c.tbl;
-#pragma unroll 1
-        for (int mb = v; mb < MB1; mb += 2, tp += 8) {  // 16 units (8 entries of two) per step
-            const uint4 e = *tp;
-            conv1_issue(c, e, acc0);
-            wgmma_wait<0>();
-            conv1_store(c, e, acc0);
-        }
-    } else {  // a pipeline: M-block i + 1's group is issued (into the other accumulator set) before M-block
-              // i's wait, so the tensor cores run it while this warpgroup pools and stores i. Both
-              // warpgroups run NB M-blocks, unrolled (v = 1's last may be all padding units: computed, stored
-              // into x2's padding rows); straight code, no branch or predicate while a group is in flight.
-        Acc8 acc1[2];
-        uint4 e = c.tbl[0];  // M-block v + 2 i's entry: units 8 (v + 2 i) + 2 w, + 1
-        conv1_issue(c, e, acc0);
+// conv1 + bias + ReLU + 2x2 pool on wgmma: the warpgroup steps its 8 slots down their strips, STEPS1 steps,
+// each 5 wgmma of N 32 (row pairs f) in one commit group on 16 accumulators (acc[h]: conv rows 2h, 2h + 1),
+// then the pool in registers and 4 unpredicated stores. A step reads row pairs 2 i .. 2 i + 4 of its strips:
+// 3 of them are the previous step's registers, so a step loads 2 row pairs (8 LDS), after the wait (no
+// wgmma in flight then reads a register), their latency under the epilogue's arithmetic.
+__device__ __forceinline__ void conv1(const Conv1Ctx &c) {
+    Acc8 acc[2];
+    unsigned P[2 * STEPS1 + 3][4];  // row pair p of the strips: [0] lo's row 2p, [1] hi's, [2] lo's 2p + 1, [3] hi's
+    auto load = [&](int p) {
+        P[p][0] = lds32_at(c.ld_lo + 4 * p * PW1), P[p][1] = lds32_at(c.ld_hi + 4 * p * PW1);
+        P[p][2] = lds32_at(c.ld_lo + 2 * (2 * p + 1) * PW1), P[p][3] = lds32_at(c.ld_hi + 2 * (2 * p + 1) * PW1);
 #pragma unroll
-        for (int i = 0; i < NB; ++i) {
-            uint4 next = e;
-            if (i + 1 < NB) {  // compile-time: the loop is unrolled
-                next = c.tbl[8 * (i + 1)];
-                conv1_issue(c, next, (i + 1) % 2 ? acc1 : acc0);
-                wgmma_wait<1>();  // M-block i's group is complete (groups complete in order)
-            } else {
-                wgmma_wait<0>();
-            }
-            conv1_store(c, e, i % 2 ? acc1 : acc0);
-            e = next;
+        for (int j = 0; j < 4; ++j) pin(P[p][j]);
+    };
+#pragma unroll
+    for (int p = 0; p < F1; ++p) load(p);
+#pragma unroll
+    for (int i = 0; i < STEPS1; ++i) {
+        wgmma_fence();  // A written before the wgmma read it
+#pragma unroll
+        for (int f = 0; f < F1; ++f) {  // no zeroing: the first wgmma has scale-d false (D = A * B)
+            if (f == 0) wgmma_n32<0>(acc[0], acc[1], P[2 * i + f], desc_of(c.d1 + 64 * f));
+            else wgmma_n32(acc[0], acc[1], P[2 * i + f], desc_of(c.d1 + 64 * f));
         }
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (i + 1 < STEPS1) load(2 * i + F1), load(2 * i + F1 + 1);  // the next step's two new row pairs
+        conv1_store(c, c.st_lo + i * c.step_lo, c.st_hi + i * c.step_hi, acc);
     }
 }
-
 // conv2 + bias + ReLU + 4x4 pool into the image's flattened features: warpgroup v's pass, bands
 // 4 v .. 4 v + 3 (warp w: band 4 v + w); per channel pair and C2R input rows r, one commit group of a
 // wgmma (N 32) for each conv row q an input row feeds, q in [max(0, r - 6), min(3, r)], through kernel
@@ -429,9 +420,19 @@ __device__ __forceinline__ void conv2(unsigned src, unsigned short *feat, unsign
 
 }  // namespace
 
+// fc1's weights as the dense phase's A fragments (fused_dense.cuh: fc1_fragment), fp16, into the workspace:
+// one thread per 16-byte entry. The launch before network_forward: the weights may change between runs.
+extern "C" __global__ void __launch_bounds__(256)
+fc1_fragments(CONV_ARGS, WORKSPACE_ARG, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), FUSED_WEIGHTS(fc2)) {
+    (void)y, (void)x, (void)k, (void)bias, (void)B, (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS;
+    (void)conv2_w, (void)conv2_b, (void)fc1_b, (void)fc2_w, (void)fc2_b;
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < 4 * FEAT) reinterpret_cast<uint4 *>(workspace)[e] = fc1_fragment<FEAT>(fc1_w, e);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), FUSED_WEIGHTS(fc2)) {
-    (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS;
+network_forward(CONV_ARGS, WORKSPACE_ARG, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), FUSED_WEIGHTS(fc2)) {
+    (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS, (void)fc1_w;
     unsigned dynamic_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
     // Too little shared memory, or an x the bulk copy cannot read (16-byte aligned): the logits stay poisoned.
@@ -439,12 +440,12 @@ network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), 
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ __align__(8) unsigned long long arrived;  // raw holds the next image (the bulk copy's mbarrier)
     unsigned short *b1s = reinterpret_cast<unsigned short *>(smem), *b2s = reinterpret_cast<unsigned short *>(smem + OFF_B2);
-    uint2 *tbl = reinterpret_cast<uint2 *>(smem + OFF_TBL);
     float *raw = reinterpret_cast<float *>(smem + OFF_RAW);
     unsigned short *x1 = reinterpret_cast<unsigned short *>(smem + OFF_X1);
     unsigned short *x2 = reinterpret_cast<unsigned short *>(smem + OFF_X2);
     unsigned short *feat = reinterpret_cast<unsigned short *>(smem + OFF_FEAT);
     float *part = reinterpret_cast<float *>(x1);  // the dense phase's sums: x1 is idle until the next image
+    const uint4 *fc1f = reinterpret_cast<const uint4 *>(workspace);  // fc1_fragments wrote it
     const unsigned bar = smem_u32(&arrived);
 
     const int count = (B - 1 - blockIdx.x) / gridDim.x + 1;  // images blockIdx.x, + gridDim.x, ... below B
@@ -480,13 +481,6 @@ network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), 
         *reinterpret_cast<uint4 *>(smem + blk * 1024 + b_offset(8 * kh, n)) =  // B1 then B2: 1 KB blocks
             make_uint4(pack_half2(wv[0], wv[1]), pack_half2(wv[2], wv[3]), pack_half2(wv[4], wv[5]), pack_half2(wv[6], wv[7]));
     }
-    // conv1's unit table (shared byte addresses): unit u < UNITS is (rowgroup u / UPR, block u % UPR): x1's
-    // (row 4 rg, column 16 blk), x2's (pooled row 2 rg, column 8 blk); a padding unit reads unit 0's rows and
-    // writes x2's rows 2 RG, 2 RG + 1, which no stored conv2 output reads.
-    for (int u = threadIdx.x; u < UT; u += THREADS)
-        tbl[u] = u < UNITS ? make_uint2(smem_u32(x1) + 2 * (4 * (u / UPR) * PW1 + 16 * (u % UPR)),
-                                        smem_u32(x2) + 2 * (2 * (u / UPR) * PW2 + 8 * (u % UPR)))
-                           : make_uint2(smem_u32(x1), smem_u32(x2) + 2 * (2 * RG * PW2));
     // x2 zeroed once: columns and rows conv1 never writes read 0 (a zero weight times them must be 0);
     // x1's rows past kH likewise (stage never writes them).
     for (int e = threadIdx.x; e < X2_BYTES / 4; e += THREADS) reinterpret_cast<unsigned *>(x2)[e] = 0u;
@@ -495,17 +489,26 @@ network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), 
     // writing thread fences before the barrier that orders them.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 
-    // Kept across images: the descriptors (no address arithmetic left in the loops), the lane offsets.
+    // Kept across images: the strips' addresses and steps, the descriptors (no address arithmetic left in the
+    // loops), the lane offsets. Slot j = 8 v + 2 w + (0: lo, 1: hi) is strip j % SPC of block column j / SPC,
+    // rowgroups STEPS1 (j % SPC) ..; slots past UPR SPC are idle: they recompute unit 0's rowgroups and store
+    // into x2's rows 2 SPC STEPS1, + 1, past every strip's, which no stored conv2 output reads.
     Conv1Ctx c1;
-    c1.ld_lane = 4 * (g + t);
-    c1.st_lane = 2 * (t * CH2 + g);
-    c1.tbl = reinterpret_cast<const uint4 *>(tbl + 8 * v + 2 * w);
+    auto slot = [&](int j, unsigned &ld, unsigned &st, unsigned &step) {
+        const int blk = j / SPC, rg0 = j % SPC * STEPS1;
+        const bool used = j < UPR * SPC;
+        ld = smem_u32(x1) + 4 * (g + t) + (used ? 2 * (4 * rg0 * PW1 + 16 * blk) : 0);
+        st = smem_u32(x2) + 2 * (t * CH2 + g) + 2 * (used ? 2 * rg0 * PW2 + 8 * blk : 2 * SPC * STEPS1 * PW2);
+        step = used ? 2 * 2 * PW2 : 0;
+    };
+    slot(8 * v + 2 * w, c1.ld_lo, c1.st_lo, c1.step_lo);
+    slot(8 * v + 2 * w + 1, c1.ld_hi, c1.st_hi, c1.step_hi);
     c1.bm = __ldg(bias + t);
     c1.d1 = held(desc_lo(smem_u32(b1s)));
     const unsigned d2 = held(desc_lo(smem_u32(b2s)));  // conv2's block j: d2 + 64 j
     const int band = 4 * v + w;
     const unsigned src2 = smem_u32(x2) + 4 * (g + t) + 8 * band * PW2;
-    __syncthreads();  // the barrier's init, the tables, the zeros
+    __syncthreads();  // the barrier's init, the tiles, the zeros
 
     for (int n = 0; n < count; ++n) {
         mbar_wait(bar, n & 1);  // raw holds image n (phase n of the barrier)
@@ -515,7 +518,7 @@ network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), 
             mbar_expect_tx(bar, RAW_BYTES);
             bulk_load(smem_u32(raw), x + image_offset(blockIdx.x + (n + 1) * gridDim.x, 1, kH, kW), RAW_BYTES, bar);
         }
-        conv1(c1, v);
+        conv1(c1);
         __syncthreads();  // x2 written; conv1 is done with x1
         conv2(src2, feat + n % GROUP * FEAT_STRIDE, d2, conv2_b, band, lane);
         if (n % GROUP == GROUP - 1 || n == count - 1) {
@@ -523,9 +526,9 @@ network_forward(CONV_ARGS, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), 
             const int group_first = n - n % GROUP;
             const long long first = blockIdx.x + (long long)group_first * gridDim.x;  // the group's image i is
             const int stride = gridDim.x;                                              // image first + i * stride
-            dense<WARPS, GROUP, FEAT, FEAT_STRIDE, N1, N2>(feat, part, fc1_w, fc1_b, fc2_w, fc2_b, y,
-                                                         [=](int img) { return first + (long long)img * stride; },
-                                                         n % GROUP + 1, warp, lane);
+            dense_fragments<WARPS, GROUP, FEAT, FEAT_STRIDE, N1, N2>(feat, part, fc1f, fc1_b, fc2_w, fc2_b, y,
+                                                                   [=](int img) { return first + (long long)img * stride; },
+                                                                   n % GROUP + 1, warp, lane);
             __syncthreads();  // dense is done with part (x1) before the next image is staged there
         }
     }

@@ -1,10 +1,12 @@
-"""wgmma_fused_network without a GPU: it builds for sm_90a through the project's NVRTC path (every setting,
-no spills, 2 blocks per SM, no serialized wgmma: on an older NVRTC only the registry default must be free of
-them, the others are xfailed naming the NVRTC), asks for wgmma, the fences and the bulk copy in its PTX
-(HGMMA in its SASS where a disassembler is installed) with the B descriptors built before the image loop,
-is refused in one line for sm_80 and plain sm_90, its registry shared_bytes is the kernel's layout, and
-its layout math (kernels/wgmma_fused_network.cu's comment: pixel pairs as A rows, (conv row, map, pixel)
-as N, B blocks in decreasing kernel row, conv1's unit table and padded maps), replayed in numpy, computes
+"""wgmma_fused_network without a GPU: its two kernels (fc1_fragments, network_forward) build for sm_90a
+through the project's NVRTC path (every setting, no spills, 2 blocks per SM, no serialized wgmma: on an older
+NVRTC only the registry default must be free of them, the others are xfailed naming the NVRTC), it asks for
+wgmma at N 32 only, the fences and the bulk copy in its PTX (HGMMA in its SASS where a disassembler is
+installed) with the B descriptors built before the image loop and 16 mma.sync in the dense phase, is refused
+in one line for sm_80 and plain sm_90, its registry launches (fc1_fragments, then network_forward),
+workspace and shared_bytes are the kernel's layout, and its layout math (kernels/wgmma_fused_network.cu's
+comment: pixel pairs as A rows, (conv row, map, pixel) as N, B blocks in decreasing kernel row, conv1's
+slots as vertical strips over padded maps, fc1's weights as mma fragments), replayed in numpy, computes
 LeNet-86's logits."""
 import math
 import re
@@ -45,7 +47,7 @@ def fused_shape(network, batch: int = 1):
     return network.variant_shape(network.layer("conv1"), load_registry()[NAME].fuses, batch)
 
 
-SCHEDULE = ("C1N", "C1P", "C2R")  # what changes the code (BLOCKS is the grid only)
+SCHEDULE = ("C2R",)  # what changes the code (BLOCKS is the grid only)
 
 
 def is_default(variant, params) -> bool:
@@ -60,18 +62,19 @@ def nvrtc_tuple() -> tuple[int, ...]:
                          ids=lambda p: "-".join(f"{k}{v}" for k, v in sorted(p.items())))
 def test_every_setting_builds_for_sm_90a_at_two_blocks_per_sm_without_spills_or_serialized_wgmma(variant, params):
     """ptxas says C7510-C7518 'wgmma.mma_async instructions are serialized' where it must wait after each
-    wgmma (seen here while conv2's wgmma took accumulator runs that overlapped without being equal; with C1P 2
-    while the M-block loop's trip count depended on the warpgroup, C7518, or the store was a branch), and
-    C7517 'wgmma.wait_group is injected' where it adds a wait (seen while C1P 2 zeroed one accumulator set
-    with the other's group in flight; the first wgmma now has scale-d false). The lent H100's NVRTC (13.0)
-    serialized round two's C1P 2 where this machine's 13.5 did not: on an NVRTC older than 13.5 the
-    registry default must still be free of it (it is what runs), another setting that is not is an xfail
-    that names the NVRTC and ptxas' line (pytest -rx prints it), not a skip."""
+    wgmma (seen here while conv2's wgmma took accumulator runs that overlapped without being equal; with
+    round two's conv1 M-block pairs while their loop's trip count depended on the warpgroup, C7518, or the
+    store was a branch), and C7517 'wgmma.wait_group is injected' where it adds a wait (seen while one
+    accumulator set was zeroed with the other's group in flight; the first wgmma now has scale-d false). The
+    lent H100's NVRTC (13.0) serialized a round-two setting where this machine's 13.5 did not: on an NVRTC
+    older than 13.5 the registry default must still be free of it (it is what runs), another setting that
+    is not is an xfail that names the NVRTC and ptxas' line (pytest -rx prints it), not a skip."""
     assert variant.arch == ("sm_90a",) and variant.min_cc == 9.0 and not variant.absorbs_input
     build = compile_variant(variant, params, "sm_90a", fused_shape(LENET))
     assert build.arch == "sm_90a" and build.cubin[:4] == b"\x7fELF"
-    (kernel,) = build.kernels
-    assert kernel.name == "network_forward", params
+    kernels = {k.name: k for k in build.kernels}  # NVRTC's order is not the launch order
+    assert sorted(kernels) == ["fc1_fragments", "network_forward"], params
+    kernel = kernels["network_forward"]
     # No spills; a small stack frame (local_bytes) may depend on the NVRTC release.
     assert kernel.spill_store_bytes == 0 and kernel.spill_load_bytes == 0, (params, build.log)
     assert kernel.registers <= 128, (params, kernel.registers)  # 2 blocks of 256 threads per SM
@@ -82,26 +85,25 @@ def test_every_setting_builds_for_sm_90a_at_two_blocks_per_sm_without_spills_or_
 
 
 def test_its_ptx_asks_for_wgmma_with_the_fences_hopper_needs(variant):
-    for c1n in (16, 32):
-        params = {**variant.defaults(), "C1N": c1n}
-        ptx = compile_ptx(variant.source, NAME, variant.defines(params, fused_shape(LENET)), "sm_90a")
-        assert ".target sm_90a" in ptx
-        assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16" in ptx  # conv2, and conv1 at C1N 32
-        assert ("wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16" in ptx) == (c1n == 16)
-        for instruction in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
-                            "fence.proxy.async.shared::cta", "mbarrier.try_wait.parity.shared::cta.b64",
-                            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"):
-            assert instruction in ptx, instruction
-        assert "cp.async.cg" not in ptx  # the image is one bulk copy, not 16-byte chunks
-        # The B descriptors are built once, before the image loop: every wgmma's descriptor register is
-        # defined before the first wgmma (no address arithmetic rebuilds one inside the loops).
-        first_wgmma = ptx.index("wgmma.mma_async")
-        for desc in set(re.findall(r"wgmma\.mma_async[^;]*\}, (%rd\d+), p,", ptx)):
-            defines = re.compile(rf"^\s*[a-z][\w.]*\s+{re.escape(desc)},", re.M)  # its first operand: written
-            assert defines.search(ptx[:first_wgmma]), desc
-            assert not defines.search(ptx[first_wgmma:]), f"{desc} rebuilt in the loops"
-        # mma.sync is left only in fc1 (1% of the work): its m16n8k16 over 8 images, a few in an unrolled loop
-        assert ptx.count("mma.sync.aligned") == ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") <= 8
+    ptx = compile_ptx(variant.source, NAME, variant.defines(variant.defaults(), fused_shape(LENET)), "sm_90a")
+    assert ".target sm_90a" in ptx
+    assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16" in ptx  # conv1 and conv2
+    assert "m64n16k16" not in ptx  # conv1's strips are N 32 only (round three's C1N 16 is gone)
+    for instruction in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
+                        "fence.proxy.async.shared::cta", "mbarrier.try_wait.parity.shared::cta.b64",
+                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"):
+        assert instruction in ptx, instruction
+    assert "cp.async.cg" not in ptx  # the image is one bulk copy, not 16-byte chunks
+    # The B descriptors are built once, before the image loop: every wgmma's descriptor register is
+    # defined before the first wgmma (no address arithmetic rebuilds one inside the loops).
+    first_wgmma = ptx.index("wgmma.mma_async")
+    for desc in set(re.findall(r"wgmma\.mma_async[^;]*\}, (%rd\d+), p,", ptx)):
+        defines = re.compile(rf"^\s*[a-z][\w.]*\s+{re.escape(desc)},", re.M)  # its first operand: written
+        assert defines.search(ptx[:first_wgmma]), desc
+        assert not defines.search(ptx[first_wgmma:]), f"{desc} rebuilt in the loops"
+    # mma.sync is left only in fc1 (1% of the work): m16n8k16 over 8 images, dense_fragments fully unrolled,
+    # so each warp's 8 k-steps (1024 features / 8 warps / 16) x 2 m-tiles appear once each: 16.
+    assert ptx.count("mma.sync.aligned") == ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 16
 
 
 def test_its_sass_is_hgmma(variant, tmp_path):
@@ -127,8 +129,9 @@ def test_a_target_without_wgmma_is_refused_in_one_line_naming_the_variant(varian
 
 # -- the layout math, replayed -------------------------------------------------------------------
 # A numpy transliteration of kernels/wgmma_fused_network.cu's indexing (staging, B blocks and descriptors,
-# A fragments, accumulator layouts, the epilogues' pools and shuffle), driven by the PTX ISA's fragment
-# layouts: it checks the design's arithmetic, not the compiled code (tests/test_wgmma_fused_gpu.py does).
+# A fragments, accumulator layouts, the epilogues' pools and shuffle, fc1's weight fragments), driven by the
+# PTX ISA's fragment layouts: it checks the design's arithmetic, not the compiled code
+# (tests/test_wgmma_fused_gpu.py does).
 LBO, SBO = 128, 256
 LANES = np.arange(32)
 G, T = LANES // 4, LANES % 4
@@ -147,27 +150,30 @@ class Layout:
         d(self, "WP1", (self.W - 6) // 2)
         d(self, "HP2", (self.HP1 - 10) // 4 + 1)
         d(self, "WP2", (self.WP1 - 10) // 4 + 1)
+        d(self, "FEAT", 16 * self.HP2 * self.WP2)
         d(self, "RG", (self.HP1 + 1) // 2)
         d(self, "UPR", (self.WP1 + 7) // 8)
-        d(self, "UNITS", self.RG * self.UPR)
-        d(self, "MB1", (self.UNITS + 7) // 8)
-        d(self, "NB", (self.MB1 + 1) // 2)
-        d(self, "UT", 16 * self.NB)
+        d(self, "SPC", min(16 // self.UPR, self.RG))
+        d(self, "STEPS1", (self.RG + self.SPC - 1) // self.SPC)
         d(self, "PW1", max(self.W, 16 * self.UPR + 6))
-        d(self, "HR1", max(self.H, 4 * self.RG + 6))
+        d(self, "HR1", max(self.H, 4 * (self.RG + self.SPC) + 2))
         d(self, "PW2", max(38, 8 * self.UPR))
-        d(self, "HR2", max(38, 2 * self.RG + 2))
+        d(self, "HR2", max(38, 2 * (self.RG + self.SPC)))
         d(self, "CH2", (self.HR2 * self.PW2 + 63) // 64 * 64 + 16)
 
     def shared_bytes(self) -> int:
-        feat = 16 * self.HP2 * self.WP2
         x1 = (2 * self.HR1 * self.PW1 + 15) // 16 * 16
-        return 5 * 1024 + 2 * 7 * 1024 + 8 * self.UT + 4 * self.H * self.W + x1 + 2 * 4 * self.CH2 + 2 * 8 * (feat + 8)
+        return 5 * 1024 + 2 * 7 * 1024 + 4 * self.H * self.W + x1 + 2 * 4 * self.CH2 + 2 * 8 * (self.FEAT + 8)
 
-    def table(self) -> list[tuple[int, int]]:
-        """conv1's unit table, in halves from x1's and x2's starts (the kernel's is in bytes, the same / 2)."""
-        return [(4 * (u // self.UPR) * self.PW1 + 16 * (u % self.UPR), 2 * (u // self.UPR) * self.PW2 + 8 * (u % self.UPR))
-                if u < self.UNITS else (0, 2 * self.RG * self.PW2) for u in range(self.UT)]
+    def slot(self, j: int) -> tuple[int, int, int]:
+        """conv1's slot j (= 8 v + 2 w + hi): its strip's (ld, st, step) in halves from x1's and x2's starts,
+        lane offsets left out (the kernel's `slot` is in bytes, the same x 2). Strip j % SPC of block column
+        blk = j // SPC, rowgroups rg0 = STEPS1 (j % SPC) .. + STEPS1 - 1, one a step; slots j >= UPR SPC are
+        idle: they read from x1's origin and store into x2 rows 2 SPC STEPS1, + 1 (past every strip's) at every step."""
+        blk, rg0, used = j // self.SPC, j % self.SPC * self.STEPS1, j < self.UPR * self.SPC
+        ld = 4 * rg0 * self.PW1 + 16 * blk if used else 0
+        st = 2 * rg0 * self.PW2 + 8 * blk if used else 2 * self.SPC * self.STEPS1 * self.PW2
+        return ld, st, 2 * self.PW2 if used else 0
 
 
 def b_offset(k, n):
@@ -185,15 +191,7 @@ def d_place(i):
     return G + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * T + i % 2
 
 
-def conv1_blocks(v: int, lay: Layout, c1p: int) -> list[int]:
-    """The M-blocks warpgroup v computes, in order: C1P 1 v, v + 2, ... < MB1; C1P 2 v, v + 2, ... NB of them
-    for both warpgroups (v = 1's last may be all padding units)."""
-    if c1p == 1:
-        return list(range(v, lay.MB1, 2))
-    return [v + 2 * i for i in range(lay.NB)]
-
-
-def replay_image(x, w1, b1, w2, b2, lay: Layout, c1n: int, c1p: int = 1, c2r: int = 1) -> np.ndarray:
+def replay_image(x, w1, b1, w2, b2, lay: Layout, c2r: int = 1) -> np.ndarray:
     """One image x [H, W] through conv1 and conv2 as the kernel indexes them; its fp16 features [16 * HP2 * WP2]."""
     H, W = lay.H, lay.W
     f16 = lambda a: np.asarray(a, np.float32).astype(np.float16)
@@ -215,58 +213,65 @@ def replay_image(x, w1, b1, w2, b2, lay: Layout, c1n: int, c1p: int = 1, c2r: in
     x1 = x1.ravel()
     x2 = np.zeros(4 * lay.CH2, np.float16)
     written = np.zeros(4 * lay.CH2, int)
-    table = lay.table()
-    assert lay.PW2 >= 8 * lay.UPR and lay.HR2 >= 2 * lay.RG + 2 and lay.HR2 * lay.PW2 <= lay.CH2  # stores stay in their map
+    writer = np.full(4 * lay.CH2, -1)  # the warp (4 v + w) that stored an element: no two warps store into one
+    # stores stay in their map: the strips' last steps' rows, the idle slots' rows 2 SPC STEPS1, + 1, every block's columns
+    assert 2 * lay.SPC * lay.STEPS1 + 2 <= lay.HR2 and lay.PW2 >= 8 * lay.UPR
+    assert lay.HR2 * lay.PW2 <= lay.CH2
 
-    # conv1
+    # conv1: warpgroup v steps its 8 slots down their strips (warp w: rows g slot 8 v + 2 w, rows g + 8 slot
+    # 8 v + 2 w + 1), STEPS1 steps of 5 wgmma (row pairs f) on the strips' row pairs 2 i + f, each pair loaded
+    # once into the kernel's P[p]: pairs 0..4 before step 0, 2 i + 5 and 2 i + 6 after step i's wait.
+    NP = 2 * lay.STEPS1 + 3  # the kernel's P[2 STEPS1 + 3][4]
     for v in range(2):
-        for mb in conv1_blocks(v, lay, c1p):
-            D = np.zeros((4, 16, 32))  # [warp][row][column]
-            A = np.zeros((5, 4, 16, 16))  # [f][warp][row][k]
-            units = []
+        slots = [[lay.slot(8 * v + 2 * w + hi) for hi in range(2)] for w in range(4)]  # [w][lo, hi]: (ld, st, step)
+        P = np.full((NP, 4, 4, 32, 2), np.nan)  # [p][warp][register][lane][half of the f16x2]
+
+        def load(p):
+            assert 0 <= p < NP and np.isnan(P[p]).all(), f"row pair {p} loaded twice or past P"
             for w in range(4):
-                u_lo = 8 * mb + 2 * w  # the warp's table entry: units u_lo (rows g), u_lo + 1 (rows g + 8)
-                assert u_lo + 1 < lay.UT
-                (ld_lo, st_lo), (ld_hi, st_hi) = table[u_lo], table[u_lo + 1]
-                units.append((st_lo, st_hi))
-                src_lo, src_hi = ld_lo + 2 * (G + T), ld_hi + 2 * (G + T)
-                for f in range(5):  # no clamp: rows 2f, 2f + 1 of the unit's rowgroup, immediates from two pointers
-                    r0, r1 = 2 * f * lay.PW1, (2 * f + 1) * lay.PW1
-                    for reg, (addr, row_off, k_off) in enumerate([(src_lo + r0, 0, 0), (src_hi + r0, 8, 0),
-                                                                   (src_lo + r1, 0, 8), (src_hi + r1, 8, 8)]):
-                        assert (addr % 2 == 0).all() and addr.max() + 1 < len(x1)  # aligned 32-bit loads inside x1
-                        A[f, w, G + row_off, 2 * T + k_off] = x1[addr]
-                        A[f, w, G + row_off, 2 * T + k_off + 1] = x1[addr + 1]
-            A64 = A.reshape(5, 64, 16)
+                ld_lo, ld_hi = (slots[w][hi][0] + 2 * (G + T) for hi in range(2))  # this lane's (pair g, k' 2t)
+                # [0] lo's row 2p, [1] hi's, [2] lo's 2p + 1, [3] hi's: no clamp, immediates from two pointers
+                for reg, addr in enumerate([ld_lo + 2 * p * lay.PW1, ld_hi + 2 * p * lay.PW1,
+                                            ld_lo + (2 * p + 1) * lay.PW1, ld_hi + (2 * p + 1) * lay.PW1]):
+                    assert (addr % 2 == 0).all() and addr.max() + 1 < len(x1)  # aligned 32-bit loads inside x1's rows
+                    P[p, w, reg] = np.stack([x1[addr], x1[addr + 1]], axis=1)
+
+        for p in range(5):
+            load(p)
+        for i in range(lay.STEPS1):
+            D = np.zeros((64, 32))  # [warp x 16 + row][column]
             for f in range(5):
-                if c1n == 32:
-                    D.reshape(64, 32)[:] += A64[f] @ b_read(b1s, f * 1024, 32)
-                else:
-                    if f < 4:
-                        D.reshape(64, 32)[:, :16] += A64[f] @ b_read(b1s, f * 1024, 16)
-                    if f > 0:
-                        D.reshape(64, 32)[:, 16:] += A64[f] @ b_read(b1s, f * 1024 + 2 * SBO, 16)
+                A = np.zeros((4, 16, 16))  # [warp][row][k]
+                for reg, (row_off, k_off) in enumerate([(0, 0), (8, 0), (0, 8), (8, 8)]):  # mma.m16n8k16's A
+                    for e in range(2):
+                        A[:, G + row_off, 2 * T + k_off + e] = P[2 * i + f, :, reg, :, e]
+                assert not np.isnan(A).any(), f"step {i} reads row pair {2 * i + f} before it is loaded"
+                D += A.reshape(64, 16) @ b_read(b1s, f * 1024, 32)
+            if i + 1 < lay.STEPS1:  # the next step's two new row pairs
+                load(2 * i + 5), load(2 * i + 6)
             for w in range(4):
                 acc = np.zeros((2, 8, 32))  # acc[h][i] per lane: register 8h + i of m64n32
                 for h in range(2):
-                    for i in range(8):
-                        rows, cols = d_place(8 * h + i)
-                        acc[h, i] = D[w, rows, cols]
-                st_lo, st_hi = units[w]
+                    for r in range(8):
+                        rows, cols = d_place(8 * h + r)
+                        acc[h, r] = D[16 * w + rows, cols]
+                (_, st_lo, step_lo), (_, st_hi, step_hi) = slots[w]
                 for h in range(2):
                     for half in range(2):
                         m4 = np.maximum(np.maximum(acc[h, 2 * half], acc[h, 2 * half + 1]),
                                         np.maximum(acc[h, 4 + 2 * half], acc[h, 5 + 2 * half]))
-                        for lane in LANES:  # every lane stores: no predicate
-                            s = m4[lane] + b1[T[lane]]
-                            at = (st_hi if half else st_lo) + T[lane] * lay.CH2 + G[lane] + h * lay.PW2
-                            x2[at] = f16(max(s, 0.0))
-                            written[at] += 1
+                        # every lane stores (no predicate): map t, (pooled row 2 rg + h, column 8 blk + g)
+                        at = (st_hi + i * step_hi if half else st_lo + i * step_lo) + T * lay.CH2 + G + h * lay.PW2
+                        assert (0 <= at - T * lay.CH2).all() and (at - T * lay.CH2 < lay.HR2 * lay.PW2).all(), (v, w, i)
+                        x2[at] = f16(np.maximum(m4 + b1[T], 0.0))
+                        np.add.at(written, at, 1)
+                        assert np.isin(writer[at], (-1, 4 * v + w)).all(), f"warps race on x2 (warp {4 * v + w}, step {i})"
+                        writer[at] = 4 * v + w
     maps = written.reshape(4, lay.CH2)[:, :lay.HR2 * lay.PW2].reshape(4, lay.HR2, lay.PW2)
     assert (maps[:, :lay.HP1, :lay.WP1] == 1).all(), "each pooled conv1 value written once"
     assert written.reshape(4, lay.CH2)[:, lay.HR2 * lay.PW2:].sum() == 0, "nothing past a map's rows"
-    # the rest (columns >= WP1, rows >= HP1: padding units, rowgroups and blocks past the maps) is read only
-    # by conv2 outputs that are not stored (4 HP2 + 5 <= HP1 - 1, the same for columns)
+    # the rest (columns >= WP1, rows >= HP1: the strips' steps past RG, the idle slots, blocks past the maps)
+    # is read only by conv2 outputs that are not stored (4 HP2 + 5 <= HP1 - 1, the same for columns)
     assert 4 * lay.HP2 + 5 <= lay.HP1 - 1 and 4 * lay.WP2 + 6 <= lay.WP1
 
     # conv2
@@ -315,6 +320,52 @@ def replay_image(x, w1, b1, w2, b2, lay: Layout, c1n: int, c1p: int = 1, c2r: in
     return feat
 
 
+def fc1_fragments(w1) -> np.ndarray:
+    """The workspace fc1_fragments writes (fused_dense.cuh: fc1_fragment): [4 FEAT][8] halves, entry e =
+    (s * 2 + mt) * 32 + lane a uint4 of 4 f16x2 words, the lower half first (pack_half2(lo, hi))."""
+    n1, feat = w1.shape
+    e = np.arange(4 * feat)
+    lane, mt, s = e % 32, e // 32 % 2, e // 64
+    wp = (16 * mt + lane // 4) * feat + 16 * s + 2 * (lane % 4)  # (output 16 mt + g, inputs 16 s + 2t)
+    halves = [0, 1, 8 * feat, 8 * feat + 1, 8, 9, 8 * feat + 8, 8 * feat + 9]  # (+1), output + 8, inputs + 8, both
+    assert wp.max() + halves[-1] < n1 * feat
+    return np.asarray(w1, np.float32).ravel()[wp[:, None] + np.array(halves)].astype(np.float16)
+
+
+def replay_fc1(feats, frags, warps: int = 8) -> np.ndarray:
+    """fc1 (no bias) of a group's n <= 8 images as dense_fragments computes it: warp `warp` takes k-steps
+    warp * STEPS .. + STEPS - 1 (STEPS = FEAT / warps / 16), its A tiles rebuilt from the fragments as
+    mma.m16n8k16's A layout says, B from the features' rows (FEAT + 8 halves apart), the warps' tiles summed
+    (dense_tail's part); [n][32]."""
+    n, feat = feats.shape
+    stride, steps = feat + 8, feat // warps // 16
+    rows = np.full((8, stride), np.nan)  # images past n: stale or unset shared memory, only their columns see it
+    rows[:n, :feat] = feats
+    rows = rows.ravel()
+    used = np.zeros(len(frags), int)
+    part = np.zeros((warps, 32, 8))  # [warp][output][image]
+    for warp in range(warps):
+        for s in range(steps):
+            k = (warp * steps + s) * 16
+            f = G * stride + k + 2 * T  # B: image g, inputs k + 2t (+ 1), k + 2t + 8 (+ 9)
+            assert (f % 2 == 0).all() and (f % stride + 9 < feat).all()  # aligned 32-bit loads inside the image's row
+            B = np.zeros((16, 8))
+            for k_off in (0, 8):
+                for e in range(2):
+                    B[2 * T + k_off + e, G] = rows[f + k_off + e]
+            for mt in range(2):
+                entry = ((warp * steps + s) * 2 + mt) * 32 + LANES
+                used[entry] += 1
+                words = frags[entry].astype(np.float64)  # [lane][8 halves]: a0, a1, a2, a3
+                A = np.zeros((16, 16))
+                for reg, (row_off, k_off) in enumerate([(0, 0), (8, 0), (0, 8), (8, 8)]):
+                    for e in range(2):
+                        A[G + row_off, 2 * T + k_off + e] = words[:, 2 * reg + e]
+                part[warp, 16 * mt:16 * mt + 16] += A @ B
+    assert (used == 1).all(), "each fragment read once"
+    return part.sum(axis=0).T[:n]
+
+
 def reference_logits(x, wt):
     """float64: conv1, relu, pool 2, conv2, relu, pool 4, flatten, fc1, relu, fc2."""
     wt = {k: v.astype(np.float64) for k, v in wt.items()}
@@ -332,20 +383,21 @@ def random_weights(rng, size):
     return {k: (rng.uniform(-1, 1, s) / math.sqrt(fan_in[k.split(".")[0]])).astype(np.float32) for k, s in shapes.items()}
 
 
-@pytest.mark.parametrize("size, c1n, c1p, c2r", [(86, 32, 2, 2), (86, 16, 2, 1), (86, 32, 1, 1), (86, 16, 1, 2),
-                                                  (84, 32, 2, 2), (84, 32, 1, 1)])  # 84: padded x1 rows, odd pooled sizes (39)
-def test_the_layout_math_computes_the_network(tmp_path, size, c1n, c1p, c2r):
+@pytest.mark.parametrize("size, c2r", [(86, 1), (86, 2), (84, 1), (84, 2)])  # 84: padded x1 rows, odd pooled sizes (39)
+def test_the_layout_math_computes_the_network(tmp_path, size, c2r):
     rng = np.random.default_rng()
     var = load_registry()[NAME]
     network = LENET if size == 86 else network_of_size(tmp_path, size)
-    var.check_shape(fused_shape(network, 2), {**var.defaults(), "C1N": c1n, "C1P": c1p, "C2R": c2r})  # registry constraints
+    var.check_shape(fused_shape(network, 2), {**var.defaults(), "C2R": c2r})  # registry constraints
     wt = load_weights(LENET) if size == 86 else random_weights(rng, size)
     x = rng.uniform(0.0, 1.0, (2, 1, size, size)).astype(np.float32)
     lay = Layout(size, size)
     feats = np.stack([replay_image(x[i, 0], wt["conv1.weight"], wt["conv1.bias"], wt["conv2.weight"], wt["conv2.bias"],
-                                   lay, c1n, c1p, c2r) for i in range(len(x))]).astype(np.float64)
-    w1 = wt["fc1.weight"].astype(np.float16).astype(np.float64)  # the dense phase packs fc1's weights to half
-    hidden = np.maximum(feats @ w1.T + wt["fc1.bias"], 0)
+                                   lay, c2r) for i in range(len(x))]).astype(np.float64)
+    fc1 = replay_fc1(feats, fc1_fragments(wt["fc1.weight"]))
+    w1 = wt["fc1.weight"].astype(np.float16).astype(np.float64)  # the fragments are fc1's weights in half
+    assert np.allclose(fc1, feats @ w1.T, rtol=1e-12, atol=1e-12)  # the same products, summed in another order
+    hidden = np.maximum(fc1 + wt["fc1.bias"], 0)
     logits = hidden @ wt["fc2.weight"].T.astype(np.float64) + wt["fc2.bias"]
     assert normwise_error(logits, reference_logits(x, wt)) <= var.tolerance
 
@@ -353,26 +405,32 @@ def test_the_layout_math_computes_the_network(tmp_path, size, c1n, c1p, c2r):
 @pytest.mark.parametrize("size", [86, 84])
 def test_the_registry_shared_bytes_is_the_kernels_layout_and_two_blocks_fit_an_sm(tmp_path, variant, size):
     network = LENET if size == 86 else network_of_size(tmp_path, size)
-    (launch,) = variant.launch_plan(fused_shape(network, 10000), variant.defaults())
-    assert launch.shared_bytes == Layout(size, size).shared_bytes()
+    shape, lay = fused_shape(network, 10000), Layout(size, size)
+    fragments, launch = variant.launch_plan(shape, variant.defaults())
+    # fc1_fragments first: it writes the workspace network_forward's dense phase reads, a thread per 16 bytes
+    assert fragments.kernel == "fc1_fragments" and launch.kernel == "network_forward"
+    assert fragments.grid == ((4 * lay.FEAT + 255) // 256, 1, 1) and fragments.block == (256, 1, 1)
+    assert fragments.shared_bytes == 0
+    assert variant.workspace_bytes(shape, variant.defaults()) == 64 * lay.FEAT  # 4 FEAT fragment entries of 16 bytes
+    assert launch.shared_bytes == lay.shared_bytes()
     assert launch.grid == (264, 1, 1) and launch.block == (256, 1, 1)
     assert 2 * (launch.shared_bytes + 1024) <= 233472  # an H100 SM's 228 KB, 1 KB reserved per block
     if size == 86:
-        assert launch.shared_bytes == 95200
+        assert fragments.grid == (16, 1, 1) and variant.workspace_bytes(shape, variant.defaults()) == 65536
+        assert launch.shared_bytes == 96704
 
 
 def test_the_padded_path_builds_too(tmp_path, variant):
     """An 84 x 84 input: staged rows padded past W (the row-wise staging), odd pooled sizes (x1's padding
     rows, x2's padding row and column). No wgmma serialized (as above, an older NVRTC may serialize a
-    non-default setting: xfail), no spills at the registry default."""
+    non-default setting: xfail), no spills (as at LeNet-86)."""
     shape = fused_shape(network_of_size(tmp_path, 84))
     for params in variant.all_combinations():
         if params["BLOCKS"] != 264:
             continue
         build = compile_variant(variant, params, "sm_90a", shape)
-        # No spills for the default; C1N 16 with C1P 2 and C2R 2 spilled 16 B here with NVRTC 13.5 (two M-blocks'
-        # A and accumulators live at once): slower, still correct (the GPU tests run the padded path).
-        assert build.kernels[0].spill_store_bytes <= (0 if is_default(variant, params) else 32), (params, build.log)
+        (kernel,) = [k for k in build.kernels if k.name == "network_forward"]
+        assert kernel.spill_store_bytes == 0 and kernel.spill_load_bytes == 0, (params, build.log)
         serialized = "serialized" in build.log or "injected" in build.log
         if serialized and not is_default(variant, params) and nvrtc_tuple() < (13, 5):
             pytest.xfail(f"NVRTC {nvrtc_version()} serializes {params} at 84 x 84: {build.log}")
@@ -388,5 +446,6 @@ def test_a_shape_it_cannot_compute_is_refused_naming_the_constraint(tmp_path, va
 
 def test_a_batch_smaller_than_the_grid_gets_a_block_per_image(variant):
     for batch, blocks in ((1, 1), (7, 7), (264, 264), (10001, 264)):
-        (launch,) = variant.launch_plan(fused_shape(LENET, batch), variant.defaults())
+        (launch,) = [l for l in variant.launch_plan(fused_shape(LENET, batch), variant.defaults())
+                     if l.kernel == "network_forward"]
         assert launch.grid == (blocks, 1, 1)

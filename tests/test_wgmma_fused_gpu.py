@@ -1,8 +1,9 @@
 """wgmma_fused_network on a Hopper GPU (skipped with the reason elsewhere): the whole network's logits
-against float64 on fresh random images (new ones every call) with NaN-poisoned logits, at batch 1, 7
-and 10001, every registered setting (batch 300; 1 and 7 on both conv schedules, C1P/C2R 1 and 2), LeNet-86's trained weights and random ones, and an 84 x 84 input
-(the padded staging, odd pooled sizes); then jobs as fp16_fused_network's tests run them: any batch and
-chunking, and the accuracy at batch 10000 on mnist5k (cycled) equal to 0.9932."""
+(its two launches: fc1_fragments, then network_forward) against float64 on fresh random images (new ones
+every call) with NaN-poisoned logits, at batch 1, 7 and 10001, every registered setting (batch 300; 1 and 7
+on both conv2 schedules, C2R 1 and 2), LeNet-86's trained weights and random ones, and an 84 x 84 input (the
+padded staging and strips, odd pooled sizes); then jobs as fp16_fused_network's tests run them: any batch
+and chunking, and the accuracy at batch 10000 on mnist5k (cycled) equal to 0.9932."""
 import numpy as np
 import pytest
 
@@ -50,7 +51,7 @@ def check(gpu, network, weights, params, batch) -> float:
 
 
 CASES = [(p, 300) for p in VARIANT.all_combinations()] + [(VARIANT.defaults(), b) for b in (1, 7)] + [
-    ({**VARIANT.defaults(), "C1P": 2, "C2R": 2}, b) for b in (1, 7)]  # every setting at 300; 1 and 7 on both schedules
+    ({**VARIANT.defaults(), "C2R": 2}, b) for b in (1, 7)]  # every setting at 300; 1 and 7 on both conv2 schedules
 
 
 @pytest.mark.parametrize("params, batch", CASES,
@@ -60,10 +61,10 @@ def test_the_network_matches_float64_on_fresh_random_images(gpu, params, batch):
     assert max(errors) <= VARIANT.tolerance, errors
 
 
-@pytest.mark.parametrize("params", [VARIANT.defaults(), {**VARIANT.defaults(), "C1N": 16, "BLOCKS": 132, "C1P": 1, "C2R": 1}],
-                         ids=["defaults", "C1N16-BLOCKS132-C1P1-C2R1"])
+@pytest.mark.parametrize("params", [VARIANT.defaults(), {**VARIANT.defaults(), "BLOCKS": 132, "C2R": 2}],
+                         ids=["defaults", "BLOCKS132-C2R2"])
 def test_the_network_matches_float64_at_batch_10001(gpu, params):
-    """> BLOCKS: each block takes 38-76 images through its cp.async buffer and its 8-image dense groups."""
+    """> BLOCKS: each block takes 38-76 images through its bulk-copy buffer and its 8-image dense groups."""
     assert check(gpu, LENET, load_weights(LENET), params, 10001) <= VARIANT.tolerance
 
 
@@ -73,11 +74,11 @@ def test_random_weights_too(gpu, batch):
     assert check(gpu, LENET, random_weights(rng, 86), VARIANT.defaults(), batch) <= VARIANT.tolerance
 
 
-@pytest.mark.parametrize("c1n, c1p", [(16, 2), (32, 2), (32, 1)])
-def test_an_84_pixel_input_takes_the_padded_path(gpu, tmp_path, c1n, c1p):
+@pytest.mark.parametrize("c2r", [1, 2])
+def test_an_84_pixel_input_takes_the_padded_path(gpu, tmp_path, c2r):
     network = network_of_size(tmp_path, 84)
     weights = random_weights(np.random.default_rng(), 84)
-    assert check(gpu, network, weights, {**VARIANT.defaults(), "C1N": c1n, "C1P": c1p}, 9) <= VARIANT.tolerance
+    assert check(gpu, network, weights, {**VARIANT.defaults(), "C2R": c2r}, 9) <= VARIANT.tolerance
 
 
 @pytest.mark.parametrize("batch, streams, chunk", [(1, 1, None), (7, 3, 2), (10001, 1, None), (10001, 4, 1250)])
