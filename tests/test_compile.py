@@ -97,6 +97,33 @@ def test_compile_error_names_file_and_line(tmp_path, monkeypatch):
     assert "error" in err.value.log
 
 
+def test_editing_an_included_header_rebuilds_the_kernel(tmp_path, monkeypatch):
+    """The build cache's key covers every checkout header a kernel includes, transitively: an edit to
+    mma_f16.cuh (wgmma_fused_network.cu -> fused_dense.cuh -> mma_f16.cuh) is compiled, not served from the
+    cache; undone, the first build is a cache hit again."""
+    from convsweep.compile import kernel_sources, source_hash
+    from convsweep.network import load_network
+    from convsweep.paths import ROOT
+
+    monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path / "cache"))
+    kernels = tmp_path / "kernels"
+    shutil.copytree(KERNELS_DIR, kernels, ignore=shutil.ignore_patterns("*.yaml"))
+    var = load_registry()["wgmma_fused_network"]
+    source, header = kernels / "wgmma_fused_network.cu", kernels / "mma_f16.cuh"
+    assert {"fused_dense.cuh", "mma_f16.cuh", "wgmma.cuh", "tma.cuh", "common.cuh"} <= {p.name for p in kernel_sources(source)}
+    network = load_network(ROOT / "networks/lenet86.yaml")
+    defines = var.defines(var.defaults(), network.variant_shape(network.layer("conv1"), var.fuses, 1))
+    first = compile_source(source, var.name, defines, "sm_90a")
+    text, before = header.read_text(), source_hash(source)
+    header.write_text(text + "\n#error an edit to a header two includes down\n")
+    assert source_hash(source) != before
+    with pytest.raises(CompileError, match="an edit to a header two includes down"):
+        compile_source(source, var.name, defines, "sm_90a")
+    header.write_text(text)
+    again = compile_source(source, var.name, defines, "sm_90a")
+    assert source_hash(source) == before and again.cache_hit and again.cubin == first.cubin
+
+
 def test_ptxas_log_parsing():
     log = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function 'a' for 'sm_90'
