@@ -28,6 +28,12 @@ typedef CONV_T conv_t;
 
 __device__ __forceinline__ int conv_out_size(int in, int k, int s) { return (in - k) / s + 1; }
 
+// The 32-bit shared-memory address of a generic pointer to shared memory (what wgmma descriptors, bulk copies,
+// mbarriers and ld/st.shared take).
+__device__ __forceinline__ unsigned smem_u32(const void *p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
 // Start of image b in a [B][C][H][W] tensor. 64-bit because B*C*H*W passes 2^31 at large
 // batches; indices inside one image stay 32-bit, which is cheaper in the inner loops.
 __device__ __forceinline__ long long image_offset(int b, int C, int H, int W) {

@@ -93,10 +93,6 @@ constexpr int PAD_FLOATS = STAGE_FLOATS - IMAGE_FLOATS;
 constexpr unsigned SHARED_BYTES = 4u * STAGES * STAGE_FLOATS;  // the registry's shared_bytes says the same
 constexpr int PAD1 = PAD_FLOATS > 0 ? PAD_FLOATS : 1;  // no division by 0 where there is no padding
 
-__device__ __forceinline__ unsigned smem_u32(const void *p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 // D = A B (the accumulator's first term: no zeroing instructions).
 __device__ __forceinline__ void mma_first(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                           const uint2 &b) {

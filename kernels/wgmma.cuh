@@ -7,11 +7,6 @@
 // 512 bytes, a k16 x n32 block 1024. Each kernel's top comment says how its weights fill them.
 #pragma once
 
-// The 32-bit shared-memory address of a generic pointer to shared memory (what descriptors and st.shared take).
-__device__ __forceinline__ unsigned smem_u32(const void *p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 constexpr unsigned LBO = 128, SBO = 256;  // core-matrix strides along K and along N
 
 // Byte offset of B[k][n] from its tile's (or block's) start.
