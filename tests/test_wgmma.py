@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import kernel_checks
 from kernel_checks import (assert_refused_in_one_line, conv_relu_pool_reference, fresh_conv_inputs,
                            needs_disassembler, replay_error, sass_of)
 
@@ -54,10 +53,6 @@ def test_its_ptx_asks_for_wgmma_with_the_fences_hopper_needs(variant):
                         "fence.proxy.async.shared::cta", "cp.async.cg.shared.global"):
         assert instruction in ptx, instruction
     assert "mma.sync" not in ptx  # no fallback onto the older path
-
-
-# test_wgmma_fused.py still imports it from here (its owner can take it from kernel_checks).
-find_disassembler = kernel_checks.find_disassembler
 
 
 @needs_disassembler

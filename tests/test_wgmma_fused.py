@@ -10,17 +10,16 @@ slots as vertical strips over padded maps, fc1's weights as mma fragments), repl
 LeNet-86's logits."""
 import math
 import re
-import subprocess
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
-from test_wgmma import find_disassembler
+from kernel_checks import assert_refused_in_one_line, needs_disassembler, sass_of
 
 from convsweep.checks import normwise_error
-from convsweep.compile import compile_ptx, compile_source, compile_variant, nvrtc_version
-from convsweep.errors import CompileError, ShapeError
+from convsweep.compile import compile_ptx, compile_variant, nvrtc_version
+from convsweep.errors import ShapeError
 from convsweep.network import load_network, load_weights
 from convsweep.paths import ROOT
 from convsweep.reference import conv2d_reference, maxpool2d_reference
@@ -106,25 +105,14 @@ def test_its_ptx_asks_for_wgmma_with_the_fences_hopper_needs(variant):
     assert ptx.count("mma.sync.aligned") == ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 16
 
 
+@needs_disassembler
 def test_its_sass_is_hgmma(variant, tmp_path):
-    tool = find_disassembler()
-    if tool is None:
-        pytest.skip("no nvdisasm or cuobjdump on PATH, in the venv's nvidia packages or under CUDA_HOME")
-    cubin = tmp_path / "wgmma_fused_network.cubin"
-    cubin.write_bytes(compile_variant(variant, variant.defaults(), "sm_90a", fused_shape(LENET)).cubin)
-    sass = subprocess.run([*tool, str(cubin)], capture_output=True, text=True, check=True).stdout
-    assert "HGMMA.64x32x16.F32" in sass
+    assert "HGMMA.64x32x16.F32" in sass_of(variant, fused_shape(LENET), tmp_path)
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100"])
 def test_a_target_without_wgmma_is_refused_in_one_line_naming_the_variant(variant, target):
-    expected = f"variant '{NAME}' needs sm_90a (registry arch), got {target}"
-    defines = variant.defines(variant.defaults(), fused_shape(LENET))
-    for build in (lambda: compile_variant(variant, variant.defaults(), target, fused_shape(LENET)),
-                  lambda: compile_source(variant.source, NAME, defines, target)):
-        with pytest.raises(CompileError) as info:
-            build()
-        assert str(info.value) == expected and "\n" not in str(info.value)
+    assert_refused_in_one_line(variant, target, fused_shape(LENET), f"variant '{NAME}' needs sm_90a (registry arch), got {target}")
 
 
 # -- the layout math, replayed -------------------------------------------------------------------
