@@ -44,11 +44,12 @@ class ConvOp:
         if gpu.compute_capability < variant.min_cc:  # before compiling: NVRTC would fail less clearly
             raise DeviceError(f"variant '{variant.name}' needs compute capability {variant.min_cc}, {gpu.name} has "
                               f"{gpu.compute_capability}")
-        self.gpu, self.variant, self.params = gpu, variant, params
+        self.gpu, self.variant, self.params, self.layer_shape = gpu, variant, params, layer_shape
         self.build = compile_variant(variant, params, arch or gpu.arch, layer_shape)
         self.module = gpu.module(self.build, private=variant.constant_weights is not None)
         self.kernels = {name: gpu.kernel(self.module, name) for name in variant.kernel_names}
         self._plans: dict[ConvShape, tuple[list, int]] = {}  # shape -> (launches, workspace bytes)
+        self.prepared: DeviceArray | None = None  # the weights in the variant's form (registry prepare)
 
     def _plan(self, shape: ConvShape) -> tuple[list, int]:
         """Launch geometry and workspace size, evaluated once per shape: enqueue is on the hot path
@@ -61,7 +62,9 @@ class ConvOp:
     def bind_weights(self, k: DeviceArray, bias: DeviceArray, stream, tail: tuple[DeviceArray, ...] = ()) -> None:
         """Once per layer, before any launch: the weights every launch reads (variants that keep k
         in __constant__ get it copied there); `tail`: a fused network's later weights and biases,
-        in layer order (FUSED_WEIGHTS)."""
+        in layer order (FUSED_WEIGHTS). A variant with a registry `prepare` gets its prepared buffer
+        written here, on `stream`, by its prepare launches (y, x and the workspace null, B 1, no absorbed
+        layer's arguments: nothing of an input)."""
         self.k, self.bias, self.tail = k, bias, tail
         if self.variant.constant_weights:
             symbol = self.gpu.global_array(self.module, self.variant.constant_weights)
@@ -69,6 +72,12 @@ class ConvOp:
                 raise ShapeError(f"variant '{self.variant.name}': {k.nbytes} bytes of weights do not fit "
                                  f"__constant__ {self.variant.constant_weights} ({symbol.nbytes} bytes)")
             self.gpu.copy(symbol, k, stream)
+        if self.variant.prepare:
+            nbytes = self.variant.prepared_bytes(self.layer_shape, self.params)
+            self.prepared = self.prepared or self.gpu.alloc((nbytes,), np.uint8)
+            args = self._args(np.uintp(0), np.uintp(0), self.layer_shape)
+            for launch in self.variant.prepare_plan(self.layer_shape, self.params):
+                self.gpu.launch(stream, self.kernels[launch.kernel], launch.grid, launch.block, launch.shared_bytes, *args)
 
     def workspace(self, shape: ConvShape) -> DeviceArray | None:
         """The scratch buffer one stream needs for `shape` (None when the variant needs none)."""
@@ -77,22 +86,29 @@ class ConvOp:
 
     def enqueue(self, stream, y: DeviceArray, x: DeviceArray, shape: ConvShape, workspace: DeviceArray | None = None,
                 absorbed_args: tuple = ()):
-        """Launch the variant's kernels on the bound weights: CONV_ARGS, then the workspace and pool
-        arguments it declares, the tail's weights, and those of a first layer it absorbs (`absorbed_args`:
+        """Launch the variant's kernels on the bound weights: CONV_ARGS, then the workspace, prepared
+        weights and pool arguments it declares, the tail's weights, and those of a first layer it absorbs (`absorbed_args`:
         x is then the shipped batch)."""
-        args = [y.arg, x.arg, self.k.arg, self.bias.arg, *(np.int32(v) for v in (shape.B, shape.C, shape.M, shape.H, shape.W,
-                                                                       shape.K, shape.S))]
         launches, need = self._plan(shape)
+        if self.variant.workspace and (workspace is None or workspace.nbytes < need):
+            raise ShapeError(f"variant '{self.variant.name}': needs a {need}-byte workspace for {shape}")
+        args = self._args(y.arg, x.arg, shape, workspace, absorbed_args)
+        for launch in launches:
+            self.gpu.launch(stream, self.kernels[launch.kernel], launch.grid, launch.block, launch.shared_bytes, *args)
+
+    def _args(self, y: np.uintp, x: np.uintp, shape: ConvShape, workspace: DeviceArray | None = None,
+              absorbed_args: tuple = ()) -> list:
+        """The kernel arguments in common.cuh's order: CONV_ARGS, then what the registry entry declares."""
+        args = [y, x, self.k.arg, self.bias.arg, *(np.int32(v) for v in (shape.B, shape.C, shape.M, shape.H, shape.W,
+                                                                       shape.K, shape.S))]
         if self.variant.workspace:
-            if workspace is None or workspace.nbytes < need:
-                raise ShapeError(f"variant '{self.variant.name}': needs a {need}-byte workspace for {shape}")
-            args.append(workspace.arg)
+            args.append(workspace.arg if workspace is not None else np.uintp(0))
+        if self.variant.prepare:
+            args.append(self.prepared.arg)
         if self.variant.fuses_pool:
             args += [np.int32(shape.P), np.int32(shape.PS)]
         args += [w.arg for w in self.tail]
-        args += absorbed_args
-        for launch in launches:
-            self.gpu.launch(stream, self.kernels[launch.kernel], launch.grid, launch.block, launch.shared_bytes, *args)
+        return args + list(absorbed_args)
 
 
 def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1, variant: str = "naive",

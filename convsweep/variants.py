@@ -167,6 +167,9 @@ class Variant:
     constant_weights: str | None = None  # __constant__ symbol the runner fills with k
     dtypes: tuple[str, ...] = ("float32",)  # element types the kernel is written for (conv_t)
     workspace: str | None = None  # bytes expression: a per-stream scratch buffer, passed after CONV_ARGS
+    # {bytes: expression, launches: [...]}: the weights in the kernel's own form, made once when the runner
+    # binds them (ConvOp.bind_weights); a buffer owned by the op, passed as PREPARED_ARG after the workspace
+    prepare: dict | None = None
     # Kinds of a network's first layer (convsweep.layers: absorbable) the kernel computes itself where
     # that layer comes right before its conv: the step has no launch of its own and x is the shipped batch.
     absorbs_input: tuple[str, ...] = ()
@@ -185,7 +188,7 @@ class Variant:
         entry = dataclasses.asdict(self)
         entry.pop("description")
         entry.pop("unit")  # what its floor is reckoned at, not what it builds or launches
-        for key in ("absorbs_input", "arch"):  # an entry without them keeps the hash it had before the keys
+        for key in ("absorbs_input", "arch", "prepare"):  # an entry without them keeps the hash it had before the keys
             if not entry[key]:
                 entry.pop(key)
         entry["source"] = None if entry["source"] is None else Path(entry["source"]).name
@@ -238,7 +241,14 @@ class Variant:
 
     @property
     def kernel_names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(launch["kernel"] for launch in self.launches))
+        prepare = self.prepare["launches"] if self.prepare else ()
+        return tuple(dict.fromkeys(launch["kernel"] for launch in (*prepare, *self.launches)))
+
+    def prepared_bytes(self, shape: ConvShape, params: dict) -> int:
+        if not self.prepare:
+            return 0
+        return int(evaluate(self.prepare["bytes"], {**shape.names(), **params},
+                            f"{REGISTRY_PATH.name}: {self.name}.prepare.bytes"))
 
     def defaults(self) -> dict[str, Any]:
         return {name: spec["default"] for name, spec in self.params.items()}
@@ -307,11 +317,18 @@ class Variant:
                 raise ShapeError(f"variant '{self.name}' cannot handle {_fmt(shape)}: needs {rule}")
 
     def launch_plan(self, shape: ConvShape, params: dict) -> list[Launch]:
+        return self._plan(self.launches, "launches", shape, params)
+
+    def prepare_plan(self, shape: ConvShape, params: dict) -> list[Launch]:
+        """The launches that write the prepared weights (registry prepare); none without it."""
+        return self._plan(self.prepare["launches"], "prepare.launches", shape, params) if self.prepare else []
+
+    def _plan(self, specs, key: str, shape: ConvShape, params: dict) -> list[Launch]:
         self.check_shape(shape, params)
         names = {**shape.names(), **params}
         plan = []
-        for i, spec in enumerate(self.launches):
-            where = f"{REGISTRY_PATH.name}: {self.name}.launches[{i}]"
+        for i, spec in enumerate(specs):
+            where = f"{REGISTRY_PATH.name}: {self.name}.{key}[{i}]"
             grid = tuple(int(evaluate(e, names, where)) for e in spec["grid"])
             block = tuple(int(evaluate(e, names, where)) for e in spec["block"])
             plan.append(Launch(spec["kernel"], _dim3(grid), _dim3(block),
@@ -400,7 +417,7 @@ def _read_registry(path: Path, shown: str) -> dict[str, Variant]:
             fuses=tuple(entry["fuses"]), dtypes=tuple(entry["dtypes"]),
             workspace=str(entry["workspace"]) if entry.get("workspace") else None, min_cc=float(entry["min_cc"]),
             launches=tuple(entry.get("launches", ())), compile_time=tuple(entry["compile_time"]),
-            constant_weights=entry.get("constant_weights"), unit=entry.get("unit"),
+            constant_weights=entry.get("constant_weights"), unit=entry.get("unit"), prepare=entry.get("prepare"),
             absorbs_input=tuple(entry["absorbs_input"]), arch=tuple(entry["arch"]))
     return registry
 

@@ -5,6 +5,9 @@
 // Every entry point takes CONV_ARGS, then, in this order, only what its registry entry declares:
 //   WORKSPACE_ARG  a device buffer of the registry's `workspace` bytes (im2col columns, half
 //                  copies, spectra), private to the stream the launch runs on;
+//   PREPARED_ARG   the weights in the variant's own form (registry `prepare`: its bytes and the
+//                  launches that write it, once, when the runner binds the weights; they get
+//                  the same arguments with y and x null), read-only to every other launch;
 //   POOL_ARGS      the fused max-pool window P and stride PS (variants whose `fuses` lists
 //                  maxpool; y is then the pooled output, [B][M][H_pool][W_pool]);
 //   FUSED_WEIGHTS  one per later layer with weights that the variant computes too (a variant
@@ -23,6 +26,7 @@ typedef CONV_T conv_t;
     conv_t *__restrict__ y, const conv_t *__restrict__ x, const conv_t *__restrict__ k,     \
         const conv_t *__restrict__ bias, int B, int C, int M, int H, int W, int K, int S
 #define WORKSPACE_ARG void *__restrict__ workspace
+#define PREPARED_ARG void *__restrict__ prepared
 #define POOL_ARGS int P, int PS
 #define FUSED_WEIGHTS(layer) const conv_t *__restrict__ layer##_w, const conv_t *__restrict__ layer##_b
 

@@ -94,7 +94,7 @@ constexpr int X2_BYTES = 2 * M1 * CH2;                    // pooled conv1 maps, 
 constexpr int B1_BYTES = 8 * 32 * F1, B2_BYTES = 8 * 32 * F2;
 constexpr int FEAT_BYTES = 2 * GROUP * FEAT_STRIDE;
 constexpr int SHARED_BYTES = INPUT_BYTES + X1_BYTES + X2_BYTES + B1_BYTES + B2_BYTES + FEAT_BYTES;
-static_assert(4 * (WARPS * N1 * GROUP + GROUP * N1) <= X1_BYTES, "fc partial sums fit where x1 is idle");
+static_assert(4 * WARPS * GROUP * (N1 + 4) <= X1_BYTES, "fc partial sums (fused_dense.cuh: dense_tail) fit where x1 is idle");
 static_assert(INPUT_BYTES % 16 == 0 && X1_BYTES % 16 == 0 && X2_BYTES % 16 == 0, "alignment of what follows");
 
 // Every thread's share of one image's 16-byte chunks into `raw`, as one cp.async group.

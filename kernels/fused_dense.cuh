@@ -12,43 +12,44 @@
 __device__ __forceinline__ unsigned lds32(const unsigned short *p) { return *reinterpret_cast<const unsigned *>(p); }
 
 // The rest of the dense phase, after fc1's mma: each warp's partial sums (acc, its k-slice; acc[mt] as
-// mma.m16n8k16's D) summed in shared memory, fc1's bias and ReLU, then fc2 in fp32 into the logits of the
-// group's first n images.
+// mma.m16n8k16's D) through shared memory to warp `img` (one warp per image of the group), whose lane o
+// sums fc1 output o over the k-slices, adds the bias and applies ReLU; fc2 then stays in the warp: each
+// logit a product per lane and a butterfly of shuffles, so no thread walks a 32-step chain and the hidden
+// layer needs no barrier of its own. The logits of the group's first n images are written.
 template <int kWarps, int kGroup, int kN1, int kN2, class YRow>
 __device__ __forceinline__ void dense_tail(const float (&acc)[2][4], float *part, const float *__restrict__ b1,
                                            const float *__restrict__ w2, const float *__restrict__ b2,
                                            float *__restrict__ y, YRow y_row, int n, int warp, int lane) {
+    static_assert(kN1 == 32 && kWarps == kGroup, "a lane per fc1 output, a warp per image");
+    constexpr int PITCH = kN1 + 4;  // part[warp][image][output], rows 4 words apart: the stores below hit
+                                    // 32 distinct banks (lanes g: + 1 word, t: + 8), the loads 32 as well
     const int g = lane >> 2, t = lane & 3;
-    // part[warp][output][image]: d0, d1 are (output mt*16 + g, images 2t, 2t+1), d2, d3 output + 8.
+    // d0, d1 are (output mt*16 + g, images 2t, 2t+1), d2, d3 output + 8.
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
-        float *p = part + (warp * kN1 + mt * 16 + g) * kGroup + 2 * t;
-        p[0] = acc[mt][0], p[1] = acc[mt][1], p[8 * kGroup] = acc[mt][2], p[8 * kGroup + 1] = acc[mt][3];
+        float *p = part + (warp * kGroup + 2 * t) * PITCH + mt * 16 + g;
+        p[0] = acc[mt][0], p[PITCH] = acc[mt][1], p[8] = acc[mt][2], p[PITCH + 8] = acc[mt][3];
     }
     __syncthreads();
-    float *hidden = part + kWarps * kN1 * kGroup;  // [image][output]
-    {
-        const int o = threadIdx.x / kGroup, img = threadIdx.x % kGroup;
-        float s = __ldg(b1 + o);
+    const int img = warp, o = lane;
+    float h = __ldg(b1 + o);
 #pragma unroll
-        for (int wi = 0; wi < kWarps; ++wi) s += part[(wi * kN1 + o) * kGroup + img];
-        hidden[img * kN1 + o] = s < 0.f ? 0.f : s;
-    }
-    __syncthreads();
-    if (threadIdx.x < kN2 * kGroup) {
-        const int o = threadIdx.x / kGroup, img = threadIdx.x % kGroup;
-        if (img < n) {
-            float s = __ldg(b2 + o);
+    for (int wi = 0; wi < kWarps; ++wi) h += part[(wi * kGroup + img) * PITCH + o];
+    h = h < 0.f ? 0.f : h;  // ReLU (NaN stays NaN)
+    float logit = 0.f;
 #pragma unroll
-            for (int j = 0; j < kN1; ++j) s = fmaf(hidden[img * kN1 + j], __ldg(w2 + o * kN1 + j), s);
-            y[y_row(img) * kN2 + o] = s;
-        }
+    for (int m = 0; m < kN2; ++m) {
+        float v = h * __ldg(w2 + m * kN1 + o);
+#pragma unroll
+        for (int d = 16; d > 0; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
+        if (o == m) logit = v;
     }
+    if (img < n && o < kN2) y[y_row(img) * kN2 + o] = logit + __ldg(b2 + o);
 }
 
 // fc1 (mma, n = the group's images) + bias + ReLU, then fc2 in fp32, for the `n` images of a group: the
 // group's image i is row y_row(i) of y (the logits, [image][kN2]), its features row i of `feat`. `part` is
-// shared scratch of 4 * kN1 * kGroup * (kWarps + 1) bytes.
+// shared scratch of 4 * (kN1 + 4) * kGroup * kWarps bytes.
 template <int kWarps, int kGroup, int kFeat, int kFeatStride, int kN1, int kN2, class YRow>
 __device__ __forceinline__ void dense(const unsigned short *feat, float *part, const float *__restrict__ w1,
                                       const float *__restrict__ b1, const float *__restrict__ w2,

@@ -223,14 +223,23 @@ constexpr int DR = 4;                          // conv rows per rowgroup (N = DR
 constexpr int F1 = (DR + kK - 1 + 1) / 2;      // input row pairs a rowgroup reads: 5
 constexpr int RG = (HP1 + 1) / 2, UPR = (WP1 + 7) / 8;
 constexpr int SPC = cmin(16 / UPR, RG), STEPS1 = (RG + SPC - 1) / SPC;  // LeNet-86: 3 strips of 7 per column
+// Uneven strips (round five): where the block columns are 5, warpgroup 1's 8 slots take a step fewer than
+// warpgroup 0's and still cover every unit: warpgroup 0's strips are the first two of columns 0-3 (STEPS1
+// long), warpgroup 1's the third of those (STEPS1 - 1) and four down column 4 (STEPS1 - 1 each). LeNet-86:
+// 104 unit-steps for its 100 units instead of 112, no idle slot. Else every slot takes STEPS1 steps (above).
+constexpr bool UNEVEN = UPR == 5 && 3 * STEPS1 - 1 >= RG && 4 * (STEPS1 - 1) >= RG;
+constexpr int STEPS_V1 = UNEVEN ? STEPS1 - 1 : STEPS1;
+constexpr int LAST_RG = UNEVEN ? 4 * (STEPS1 - 1) - 1 : SPC * STEPS1 - 1;  // the last rowgroup a strip steps on
 constexpr int PW1 = cmax(kW, 16 * UPR + 6);    // staged input row (halves): every column a unit reads
 // x1 rows: the image's, then zeros past the last a strip reads (4 SPC STEPS1 + 6 <= 4 (RG + SPC) + 2)
-constexpr int HR1 = cmax(kH, 4 * (RG + SPC) + 2);
+constexpr int HR1 = cmax(kH, 4 * (RG + 2 * SPC) + 6);
+static_assert(HR1 >= 4 * LAST_RG + 10, "x1 holds every row a strip reads (4 LAST_RG + 9)");
 // conv2's mapping: a band (pooled row) per warp, Q conv rows, R input rows; 4 bands per warpgroup pass.
 constexpr int Q = 4, R = Q + K2 - 1, CPAIRS = M1 / 2;
 constexpr int PW2 = cmax(38, 8 * UPR);         // x2 row (halves): conv2 reads columns <= 37, conv1 writes < 8 UPR
-constexpr int HR2 = cmax(38, 2 * (RG + SPC));  // x2 rows: conv2 reads rows <= 37; conv1 writes < 2 SPC STEPS1 (its
-                                               // strips' last steps) <= 2 (RG + SPC - 1), its idle slots 2 SPC STEPS1, + 1
+constexpr int HR2 = cmax(38, 2 * (RG + 2 * SPC));  // x2 rows: conv2 reads rows <= 37; conv1 writes rows <= 2 LAST_RG + 1
+                                                   // (its strips' last steps), its idle slots 2 SPC STEPS1, + 1
+static_assert(HR2 >= 2 * LAST_RG + 2 && (UNEVEN || HR2 >= 2 * SPC * STEPS1 + 2), "x2 holds every row conv1 stores");
 constexpr int CH2 = (HR2 * PW2 + 63) / 64 * 64 + 16;         // halves per channel: 8 words past a multiple of 32,
                                                              // so conv1's stores of 4 maps hit distinct banks
 constexpr int FEAT_STRIDE = FEAT + 8;                        // halves: images' feature rows 4 banks apart
@@ -252,12 +261,14 @@ constexpr int RAW_BYTES = 4 * kH * kW;                       // the next image, 
 constexpr int X1_BYTES = (2 * HR1 * PW1 + 15) / 16 * 16;
 constexpr int X2_BYTES = 2 * M1 * CH2;
 constexpr int FEAT_BYTES = 2 * GROUP * FEAT_STRIDE;
+constexpr int TILE_BYTES = B1_BYTES + B2_BYTES;               // both, as prepare_weights writes them
+constexpr int FC1_BYTES = 64 * FEAT;                          // fc1's fragments, first in the prepared buffer
 constexpr int OFF_B2 = B1_BYTES, OFF_RAW = OFF_B2 + B2_BYTES;
 constexpr int OFF_X1 = OFF_RAW + RAW_BYTES, OFF_X2 = OFF_X1 + X1_BYTES, OFF_FEAT = OFF_X2 + X2_BYTES;
 constexpr int SHARED_BYTES = OFF_FEAT + FEAT_BYTES;
 static_assert((kH * kW) % 4 == 0, "each image starts 16-byte aligned and is whole 16-byte chunks (bulk copy)");
 static_assert(RAW_BYTES % 16 == 0 && X2_BYTES % 16 == 0, "alignment of what follows");
-static_assert(4 * (WARPS * N1 * GROUP + GROUP * N1) <= 2 * kH * PW1, "fc partial sums fit in x1's staged rows");
+static_assert(4 * WARPS * GROUP * (N1 + 4) <= 2 * kH * PW1, "fc partial sums (fused_dense.cuh: dense_tail) fit in x1's staged rows");
 
 // raw (fp32 [kH][kW]) -> x1 (fp16 [HR1][PW1], zero past kW; rows past kH were zeroed once).
 __device__ __forceinline__ void stage_input(const float *raw, unsigned short *x1) {
@@ -314,9 +325,10 @@ __device__ __forceinline__ void conv1_store(const Conv1Ctx &c, unsigned st_lo, u
 // then the pool in registers and 4 unpredicated stores. A step reads row pairs 2 i .. 2 i + 4 of its strips:
 // 3 of them are the previous step's registers, so a step loads 2 row pairs (8 LDS), after the wait (no
 // wgmma in flight then reads a register), their latency under the epilogue's arithmetic.
+template <int STEPS>
 __device__ __forceinline__ void conv1(const Conv1Ctx &c) {
     Acc8 acc[2];
-    unsigned P[2 * STEPS1 + 3][4];  // row pair p of the strips: [0] lo's row 2p, [1] hi's, [2] lo's 2p + 1, [3] hi's
+    unsigned P[2 * STEPS + 3][4];  // row pair p of the strips: [0] lo's row 2p, [1] hi's, [2] lo's 2p + 1, [3] hi's
     auto load = [&](int p) {
         P[p][0] = lds32_at(c.ld_lo + 4 * p * PW1), P[p][1] = lds32_at(c.ld_hi + 4 * p * PW1);
         P[p][2] = lds32_at(c.ld_lo + 2 * (2 * p + 1) * PW1), P[p][3] = lds32_at(c.ld_hi + 2 * (2 * p + 1) * PW1);
@@ -326,7 +338,7 @@ __device__ __forceinline__ void conv1(const Conv1Ctx &c) {
 #pragma unroll
     for (int p = 0; p < F1; ++p) load(p);
 #pragma unroll
-    for (int i = 0; i < STEPS1; ++i) {
+    for (int i = 0; i < STEPS; ++i) {
         wgmma_fence();  // A written before the wgmma read it
 #pragma unroll
         for (int f = 0; f < F1; ++f) {  // no zeroing: the first wgmma has scale-d false (D = A * B)
@@ -335,7 +347,7 @@ __device__ __forceinline__ void conv1(const Conv1Ctx &c) {
         }
         wgmma_commit();
         wgmma_wait<0>();
-        if (i + 1 < STEPS1) load(2 * i + F1), load(2 * i + F1 + 1);  // the next step's two new row pairs
+        if (i + 1 < STEPS) load(2 * i + F1), load(2 * i + F1 + 1);  // the next step's two new row pairs
         conv1_store(c, c.st_lo + i * c.step_lo, c.st_hi + i * c.step_hi, acc);
     }
 }
@@ -353,14 +365,15 @@ __device__ __forceinline__ void conv2(unsigned src, unsigned short *feat, unsign
     constexpr int SETS = C2R == 1 ? 3 : 2;  // A register sets: C2R 1 loads a group ahead (below); C2R 2 has
                                             // no registers for a third set of 8 (ptxas spills)
     unsigned a[SETS][C2R][4];
-    // src: x2's shared address of (channel 0, row 4 band, column 2 (g + t)): this lane's pair g's k' 2t, 2t + 1
-    // of the band's first input row; no clamp: x2 has HR2 rows.
+    // src: x2's shared address of (channel 0, row 4 band, column 2 (2 g + t)): this lane's pair 2 g's k' 2t,
+    // 2t + 1 of the band's first input row (A row g; row g + 8 is pair 2 g + 1, 2 columns on); no clamp: x2
+    // has HR2 rows.
     auto load = [&](int grp, unsigned (&ag)[C2R][4]) {
         const int cp = grp / (R / C2R), r0 = grp % (R / C2R) * C2R;
 #pragma unroll
         for (int i = 0; i < C2R; ++i) {
             const unsigned p0 = src + 2 * (2 * cp * CH2 + (r0 + i) * PW2), p1 = p0 + 2 * CH2;  // channels 2cp, 2cp + 1
-            ag[i][0] = lds32_at(p0), ag[i][1] = lds32_at(p0 + 32), ag[i][2] = lds32_at(p1), ag[i][3] = lds32_at(p1 + 32);  // pairs g, g + 8
+            ag[i][0] = lds32_at(p0), ag[i][1] = lds32_at(p0 + 4), ag[i][2] = lds32_at(p1), ag[i][3] = lds32_at(p1 + 4);  // pairs 2g, 2g + 1
 #pragma unroll
             for (int j = 0; j < 4; ++j) pin(ag[i][j]);
         }
@@ -394,44 +407,65 @@ __device__ __forceinline__ void conv2(unsigned src, unsigned short *feat, unsign
         for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int e = 0; e < 8; ++e) pin(acc[q][h][e]);
-    // acc[q][h][4i + e]: map 4 (2h + i) + t, pixel 2 pair + e of conv row 4 band + q; pair g (e < 2) or g + 8.
+    // acc[q][h][4i + e]: map 4 (2h + i) + t, pixel 2 pair + e of conv row 4 band + q, pair 2g (e < 2) or 2g + 1
+    // (e - 2): the 4 x 4 pool of pooled column g is all this thread's (4 conv rows x 4 pixels), no shuffle.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int m = 4 * (2 * h + i) + t;
-            float hv[2];
+            float x = max_nan(max_nan(acc[0][h][4 * i], acc[0][h][4 * i + 1]), max_nan(acc[0][h][4 * i + 2], acc[0][h][4 * i + 3]));
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                float x = max_nan(acc[0][h][4 * i + 2 * half], acc[0][h][4 * i + 2 * half + 1]);
-#pragma unroll
-                for (int q = 1; q < Q; ++q)
-                    x = max_nan(x, max_nan(acc[q][h][4 * i + 2 * half], acc[q][h][4 * i + 2 * half + 1]));
-                hv[half] = max_nan(x, __shfl_xor_sync(0xffffffffu, x, 4));  // lanes g ^ 1: the other pixel pair
-            }
-            // lanes g, g ^ 1 agree: even g stores pooled column g / 2 (pairs g, g ^ 1), odd g column g / 2 + 4.
-            const int pc = g / 2 + 4 * (g & 1);
-            if (band >= HP2 || pc >= WP2) continue;
-            const float s = (g & 1 ? hv[1] : hv[0]) + __ldg(bias + m);
-            feat[(m * HP2 + band) * WP2 + pc] = to_half(max_nan(s, 0.f));  // NaN stays NaN
+            for (int q = 1; q < Q; ++q)
+                x = max_nan(x, max_nan(max_nan(acc[q][h][4 * i], acc[q][h][4 * i + 1]),
+                                       max_nan(acc[q][h][4 * i + 2], acc[q][h][4 * i + 3])));
+            if (band >= HP2 || g >= WP2) continue;
+            feat[(m * HP2 + band) * WP2 + g] = to_half(max_nan(x + __ldg(bias + m), 0.f));  // NaN stays NaN
         }
     }
 }
 
 }  // namespace
 
-// fc1's weights as the dense phase's A fragments (fused_dense.cuh: fc1_fragment), fp16, into the workspace:
-// one thread per 16-byte entry. The launch before network_forward: the weights may change between runs.
+// The weights as network_forward reads them, written once when the runner binds the weights (registry
+// `prepare`), not per forward: fc1's as the dense phase's fp16 A fragments (fused_dense.cuh: fc1_fragment),
+// 16 bytes per (k-step, m-tile, lane), then conv1's and conv2's B tiles in the byte layout of shared memory
+// above, which the forward's prologue fetches with one bulk copy. A thread per 16-byte entry; y and x are
+// null here (the runner binds weights before any input exists).
 extern "C" __global__ void __launch_bounds__(256)
-fc1_fragments(CONV_ARGS, WORKSPACE_ARG, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), FUSED_WEIGHTS(fc2)) {
-    (void)y, (void)x, (void)k, (void)bias, (void)B, (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS;
-    (void)conv2_w, (void)conv2_b, (void)fc1_b, (void)fc2_w, (void)fc2_b;
+prepare_weights(CONV_ARGS, PREPARED_ARG, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), FUSED_WEIGHTS(fc2)) {
+    (void)y, (void)x, (void)bias, (void)B, (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS;
+    (void)conv2_b, (void)fc1_b, (void)fc2_w, (void)fc2_b;
     const int e = blockIdx.x * blockDim.x + threadIdx.x;
-    if (e < 4 * FEAT) reinterpret_cast<uint4 *>(workspace)[e] = fc1_fragment<FEAT>(fc1_w, e);
+    if (e < 4 * FEAT) {
+        reinterpret_cast<uint4 *>(prepared)[e] = fc1_fragment<FEAT>(fc1_w, e);
+        return;
+    }
+    const int r = e - 4 * FEAT;  // a core-matrix row (8 k's of one n: 16 bytes) of the B tiles
+    if (r >= TILE_BYTES / 16) return;
+    const int blk = r / 64, n = (r / 2) % 32, kh = r % 2;  // block, column, k half (k = 8 kh + k')
+    float wv[8];  // 0 where a kernel row or column falls outside 0..6
+    if (blk < F1) {  // conv1: [f][n = 8 dr + 2 m + s][k = 8 pp + k'] = w1[m][2 f + pp - dr][k' - s]
+        const int ky = 2 * blk + kh - n / 8, m = (n % 8) / 2, s = n % 2;
+#pragma unroll
+        for (int kp = 0; kp < 8; ++kp) {
+            const int kx = kp - s;
+            wv[kp] = ky >= 0 && ky < kK && kx >= 0 && kx < kK ? __ldg(k + (m * kK + ky) * kK + kx) : 0.f;
+        }
+    } else {  // conv2: [cp][6 - d][n = 2 m + s][k = 8 cc + k'] = w2[m][2 cp + cc][d][k' - s]
+        const int b2 = blk - F1, cp = b2 / K2, d = K2 - 1 - b2 % K2, c = 2 * cp + kh, m = n / 2, s = n % 2;
+#pragma unroll
+        for (int kp = 0; kp < 8; ++kp) {
+            const int kx = kp - s;
+            wv[kp] = kx >= 0 && kx < K2 ? __ldg(conv2_w + ((m * M1 + c) * K2 + d) * K2 + kx) : 0.f;
+        }
+    }
+    *reinterpret_cast<uint4 *>(static_cast<unsigned char *>(prepared) + FC1_BYTES + blk * 1024 + b_offset(8 * kh, n)) =
+        make_uint4(pack_half2(wv[0], wv[1]), pack_half2(wv[2], wv[3]), pack_half2(wv[4], wv[5]), pack_half2(wv[6], wv[7]));
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
-network_forward(CONV_ARGS, WORKSPACE_ARG, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), FUSED_WEIGHTS(fc2)) {
+network_forward(CONV_ARGS, PREPARED_ARG, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED_WEIGHTS(fc1), FUSED_WEIGHTS(fc2)) {
     (void)C, (void)M, (void)H, (void)W, (void)K, (void)S, (void)P, (void)PS, (void)fc1_w;
     unsigned dynamic_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
@@ -445,58 +479,37 @@ network_forward(CONV_ARGS, WORKSPACE_ARG, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED
     unsigned short *x2 = reinterpret_cast<unsigned short *>(smem + OFF_X2);
     unsigned short *feat = reinterpret_cast<unsigned short *>(smem + OFF_FEAT);
     float *part = reinterpret_cast<float *>(x1);  // the dense phase's sums: x1 is idle until the next image
-    const uint4 *fc1f = reinterpret_cast<const uint4 *>(workspace);  // fc1_fragments wrote it
+    const uint4 *fc1f = reinterpret_cast<const uint4 *>(prepared);  // prepare_weights wrote it
     const unsigned bar = smem_u32(&arrived);
 
     const int count = (B - 1 - blockIdx.x) / gridDim.x + 1;  // images blockIdx.x, + gridDim.x, ... below B
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, v = warp >> 2, w = warp & 3;
     const int g = lane >> 2, t = lane & 3;
-    if (threadIdx.x == 0) {  // the first image, by the bulk-copy engine, while the block builds its tables
+    if (threadIdx.x == 0) {  // the B tiles and the first image, by the bulk-copy engine, on one mbarrier phase
         mbar_init(bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        mbar_expect_tx(bar, RAW_BYTES);
+        mbar_expect_tx(bar, TILE_BYTES + RAW_BYTES);
+        bulk_load(smem_u32(smem), static_cast<const unsigned char *>(prepared) + FC1_BYTES, TILE_BYTES, bar);
         bulk_load(smem_u32(raw), x + image_offset(blockIdx.x, 1, kH, kW), RAW_BYTES, bar);
     }
 
-    // The B tiles (the layout above), a core-matrix row (8 k's of one n: 16 bytes) per thread and step;
-    // 0 where a kernel row or column falls outside 0..6.
-    for (int e = threadIdx.x; e < (F1 + CPAIRS * K2) * 64; e += THREADS) {
-        const int blk = e / 64, n = (e / 2) % 32, kh = e % 2;  // block, column, k half (k = 8 kh + k')
-        float wv[8];
-        if (blk < F1) {  // conv1: [f][n = 8 dr + 2 m + s][k = 8 pp + k'] = w1[m][2 f + pp - dr][k' - s]
-            const int ky = 2 * blk + kh - n / 8, m = (n % 8) / 2, s = n % 2;
-#pragma unroll
-            for (int kp = 0; kp < 8; ++kp) {
-                const int kx = kp - s;
-                wv[kp] = ky >= 0 && ky < kK && kx >= 0 && kx < kK ? __ldg(k + (m * kK + ky) * kK + kx) : 0.f;
-            }
-        } else {  // conv2: [cp][6 - d][n = 2 m + s][k = 8 cc + k'] = w2[m][2 cp + cc][d][k' - s]
-            const int b2 = blk - F1, cp = b2 / K2, d = K2 - 1 - b2 % K2, c = 2 * cp + kh, m = n / 2, s = n % 2;
-#pragma unroll
-            for (int kp = 0; kp < 8; ++kp) {
-                const int kx = kp - s;
-                wv[kp] = kx >= 0 && kx < K2 ? __ldg(conv2_w + ((m * M1 + c) * K2 + d) * K2 + kx) : 0.f;
-            }
-        }
-        *reinterpret_cast<uint4 *>(smem + blk * 1024 + b_offset(8 * kh, n)) =  // B1 then B2: 1 KB blocks
-            make_uint4(pack_half2(wv[0], wv[1]), pack_half2(wv[2], wv[3]), pack_half2(wv[4], wv[5]), pack_half2(wv[6], wv[7]));
-    }
     // x2 zeroed once: columns and rows conv1 never writes read 0 (a zero weight times them must be 0);
-    // x1's rows past kH likewise (stage never writes them).
+    // x1's rows past kH likewise (stage never writes them). The B tiles arrive with image 0 (mbarrier phase 0,
+    // waited on before conv1 reads them; written and read by the async proxy alone, so no proxy fence).
     for (int e = threadIdx.x; e < X2_BYTES / 4; e += THREADS) reinterpret_cast<unsigned *>(x2)[e] = 0u;
     for (int e = kH * PW1 / 2 + threadIdx.x; e < HR1 * PW1 / 2; e += THREADS) reinterpret_cast<unsigned *>(x1)[e] = 0u;
-    // The B tiles were written by ordinary stores and are read by the tensor cores (the async proxy): each
-    // writing thread fences before the barrier that orders them.
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 
     // Kept across images: the strips' addresses and steps, the descriptors (no address arithmetic left in the
-    // loops), the lane offsets. Slot j = 8 v + 2 w + (0: lo, 1: hi) is strip j % SPC of block column j / SPC,
-    // rowgroups STEPS1 (j % SPC) ..; slots past UPR SPC are idle: they recompute unit 0's rowgroups and store
-    // into x2's rows 2 SPC STEPS1, + 1, past every strip's, which no stored conv2 output reads.
+    // loops), the lane offsets. Slot j = 8 v + 2 w + (0: lo, 1: hi): UNEVEN (above), j < 8 strip j % 2 of block
+    // column j / 2 (rowgroups STEPS1 (j % 2) ..), j < 12 strip 2 of column j - 8 (rowgroups 2 STEPS1 ..), else
+    // strip j - 12 of column 4 (rowgroups (STEPS1 - 1) (j - 12) ..); otherwise strip j % SPC of block column
+    // j / SPC, rowgroups STEPS1 (j % SPC) .., and slots past UPR SPC are idle: they recompute unit 0's
+    // rowgroups and store into x2's rows 2 SPC STEPS1, + 1, past every strip's, which no stored conv2 output reads.
     Conv1Ctx c1;
     auto slot = [&](int j, unsigned &ld, unsigned &st, unsigned &step) {
-        const int blk = j / SPC, rg0 = j % SPC * STEPS1;
-        const bool used = j < UPR * SPC;
+        const int blk = UNEVEN ? (j < 8 ? j / 2 : j < 12 ? j - 8 : 4) : j / SPC;
+        const int rg0 = UNEVEN ? (j < 8 ? j % 2 * STEPS1 : j < 12 ? 2 * STEPS1 : (j - 12) * (STEPS1 - 1)) : j % SPC * STEPS1;
+        const bool used = UNEVEN || j < UPR * SPC;
         ld = smem_u32(x1) + 4 * (g + t) + (used ? 2 * (4 * rg0 * PW1 + 16 * blk) : 0);
         st = smem_u32(x2) + 2 * (t * CH2 + g) + 2 * (used ? 2 * rg0 * PW2 + 8 * blk : 2 * SPC * STEPS1 * PW2);
         step = used ? 2 * 2 * PW2 : 0;
@@ -507,8 +520,8 @@ network_forward(CONV_ARGS, WORKSPACE_ARG, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED
     c1.d1 = held(desc_lo(smem_u32(b1s)));
     const unsigned d2 = held(desc_lo(smem_u32(b2s)));  // conv2's block j: d2 + 64 j
     const int band = 4 * v + w;
-    const unsigned src2 = smem_u32(x2) + 4 * (g + t) + 8 * band * PW2;
-    __syncthreads();  // the barrier's init, the tiles, the zeros
+    const unsigned src2 = smem_u32(x2) + 4 * (2 * g + t) + 8 * band * PW2;
+    __syncthreads();  // the barrier's init, the zeros
 
     for (int n = 0; n < count; ++n) {
         mbar_wait(bar, n & 1);  // raw holds image n (phase n of the barrier)
@@ -518,7 +531,8 @@ network_forward(CONV_ARGS, WORKSPACE_ARG, POOL_ARGS, FUSED_WEIGHTS(conv2), FUSED
             mbar_expect_tx(bar, RAW_BYTES);
             bulk_load(smem_u32(raw), x + image_offset(blockIdx.x + (n + 1) * gridDim.x, 1, kH, kW), RAW_BYTES, bar);
         }
-        conv1(c1);
+        if (v == 0) conv1<STEPS1>(c1);  // warpgroup-uniform: each instance is straight code
+        else conv1<STEPS_V1>(c1);
         __syncthreads();  // x2 written; conv1 is done with x1
         conv2(src2, feat + n % GROUP * FEAT_STRIDE, d2, conv2_b, band, lane);
         if (n % GROUP == GROUP - 1 || n == count - 1) {

@@ -67,3 +67,58 @@ def test_opening_the_gpu_where_there_is_none_is_a_machine_error():
 
     with pytest.raises(MachineError, match=r"^no NVIDIA GPU or driver on this machine \(.+\)$"):
         Gpu()
+
+
+class RecordingGpu:
+    """What ConvOp asks of a GPU, recorded: buffers are addresses, launches (kernel, grid, args) a list."""
+
+    name, compute_capability, arch = "Recording GPU", 9.0, "sm_90a"
+
+    def __init__(self):
+        self.allocations, self.launches = [], []
+
+    def module(self, build, private=False):
+        return build
+
+    def kernel(self, module, name):
+        return name
+
+    def alloc(self, shape, dtype):
+        from convsweep.gpu import DeviceArray
+        import numpy as np
+
+        self.allocations.append(shape)
+        return DeviceArray(0x10000 * len(self.allocations), tuple(shape), np.dtype(dtype))
+
+    def launch(self, stream, kernel, grid, block, shared_bytes, *args):
+        self.launches.append((kernel, grid, [int(a) for a in args]))
+
+
+def test_prepared_weights_are_written_once_per_binding_and_passed_to_every_launch():
+    """Registry `prepare` (wgmma_fused_network: fc1's fragments and the B tiles): bind_weights allocates the
+    buffer and runs prepare_weights with y, x null and B 1 (nothing of an input can reach it); each forward
+    launch gets the buffer as PREPARED_ARG right after CONV_ARGS; binding again rewrites the same buffer."""
+    import numpy as np
+    from test_wgmma_fused import LENET, fused_shape
+
+    from convsweep.gpu import DeviceArray
+
+    variant, gpu = get_variant("wgmma_fused_network"), RecordingGpu()
+    op = ConvOp(gpu, variant, variant.defaults(), fused_shape(LENET, 1), "sm_90a")
+    weights = [DeviceArray(0x1000 * (i + 1), (1,), np.dtype(np.float32)) for i in range(8)]
+    k, bias, tail = weights[0], weights[1], tuple(weights[2:])
+    op.bind_weights(k, bias, "stream", tail)
+    nbytes = variant.prepared_bytes(fused_shape(LENET, 1), variant.defaults())
+    assert gpu.allocations == [(nbytes,)] and op.prepared.nbytes == nbytes
+    (kernel, grid, args), = gpu.launches
+    assert kernel == "prepare_weights" and grid == (21, 1, 1)
+    assert args[:4] == [0, 0, k.ptr, bias.ptr] and args[4] == 1  # y, x null; B 1
+    assert args[11] == op.prepared.ptr and args[12:14] == [2, 2] and args[14:] == [w.ptr for w in tail]
+    y, x = DeviceArray(0xA0000, (10000, 10), np.dtype(np.float32)), DeviceArray(0xB0000, (10000, 1, 86, 86), np.dtype(np.float32))
+    op.enqueue("stream", y, x, fused_shape(LENET, 10000))
+    kernel, grid, args = gpu.launches[-1]
+    assert kernel == "network_forward" and grid == (264, 1, 1) and len(gpu.launches) == 2  # no per-forward prepare
+    assert args[:5] == [y.ptr, x.ptr, k.ptr, bias.ptr, 10000] and args[11] == op.prepared.ptr
+    op.bind_weights(k, bias, "stream", tail)  # new weights: prepared again, into the buffer it has
+    assert [l[0] for l in gpu.launches] == ["prepare_weights", "network_forward", "prepare_weights"]
+    assert len(gpu.allocations) == 1 and gpu.launches[-1][2][11] == op.prepared.ptr

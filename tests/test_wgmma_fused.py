@@ -1,13 +1,14 @@
-"""wgmma_fused_network without a GPU: its two kernels (fc1_fragments, network_forward) build for sm_90a
+"""wgmma_fused_network without a GPU: its two kernels (prepare_weights, network_forward) build for sm_90a
 through the project's NVRTC path (every setting, no spills, 2 blocks per SM, no serialized wgmma: on an older
 NVRTC only the registry default must be free of them, the others are xfailed naming the NVRTC), it asks for
 wgmma at N 32 only, the fences and the bulk copy in its PTX (HGMMA in its SASS where a disassembler is
 installed) with the B descriptors built before the image loop and 16 mma.sync in the dense phase, is refused
-in one line for sm_80 and plain sm_90, its registry launches (fc1_fragments, then network_forward),
-workspace and shared_bytes are the kernel's layout, and its layout math (kernels/wgmma_fused_network.cu's
-comment: pixel pairs as A rows, (conv row, map, pixel) as N, B blocks in decreasing kernel row, conv1's
-slots as vertical strips over padded maps, fc1's weights as mma fragments), replayed in numpy, computes
-LeNet-86's logits."""
+in one line for sm_80 and plain sm_90, its registry prepare (prepare_weights, once per binding of the
+weights: fc1's fragments, then the B tiles) and launch (network_forward) are the kernel's layout, and its
+layout math (kernels/wgmma_fused_network.cu's comment: the prepared buffer, pixel pairs as A rows, (conv row,
+map, pixel) as N, B blocks in decreasing kernel row, conv1's slots as vertical strips over padded maps, fc1's
+weights as mma fragments, the dense tail's partial sums and shuffles), replayed in numpy, computes LeNet-86's
+logits."""
 import math
 import re
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ def test_every_setting_builds_for_sm_90a_at_two_blocks_per_sm_without_spills_or_
     build = compile_variant(variant, params, "sm_90a", fused_shape(LENET))
     assert build.arch == "sm_90a" and build.cubin[:4] == b"\x7fELF"
     kernels = {k.name: k for k in build.kernels}  # NVRTC's order is not the launch order
-    assert sorted(kernels) == ["fc1_fragments", "network_forward"], params
+    assert sorted(kernels) == ["network_forward", "prepare_weights"], params
     kernel = kernels["network_forward"]
     # No spills; a small stack frame (local_bytes) may depend on the NVRTC release.
     assert kernel.spill_store_bytes == 0 and kernel.spill_load_bytes == 0, (params, build.log)
@@ -89,10 +90,13 @@ def test_its_ptx_asks_for_wgmma_with_the_fences_hopper_needs(variant):
     assert "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16" in ptx  # conv1 and conv2
     assert "m64n16k16" not in ptx  # conv1's strips are N 32 only (round three's C1N 16 is gone)
     for instruction in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
-                        "fence.proxy.async.shared::cta", "mbarrier.try_wait.parity.shared::cta.b64",
-                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"):
+                        "mbarrier.try_wait.parity.shared::cta.b64"):
         assert instruction in ptx, instruction
-    assert "cp.async.cg" not in ptx  # the image is one bulk copy, not 16-byte chunks
+    # Bulk copies: the B tiles and the first image in the prologue, the next image in the loop; the image is
+    # one copy, not 16-byte chunks. The tiles are written and read by the async proxy alone (the copy, wgmma):
+    # no proxy fence is left (round four's tiles were ordinary stores, fenced).
+    assert ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") == 3
+    assert "cp.async.cg" not in ptx and "fence.proxy.async" not in ptx
     # The B descriptors are built once, before the image loop: every wgmma's descriptor register is
     # defined before the first wgmma (no address arithmetic rebuilds one inside the loops).
     first_wgmma = ptx.index("wgmma.mma_async")
@@ -144,21 +148,32 @@ class Layout:
         d(self, "SPC", min(16 // self.UPR, self.RG))
         d(self, "STEPS1", (self.RG + self.SPC - 1) // self.SPC)
         d(self, "PW1", max(self.W, 16 * self.UPR + 6))
-        d(self, "HR1", max(self.H, 4 * (self.RG + self.SPC) + 2))
+        d(self, "UNEVEN", self.UPR == 5 and 3 * self.STEPS1 - 1 >= self.RG and 4 * (self.STEPS1 - 1) >= self.RG)
+        d(self, "HR1", max(self.H, 4 * (self.RG + 2 * self.SPC) + 6))
         d(self, "PW2", max(38, 8 * self.UPR))
-        d(self, "HR2", max(38, 2 * (self.RG + self.SPC)))
+        d(self, "HR2", max(38, 2 * (self.RG + 2 * self.SPC)))
         d(self, "CH2", (self.HR2 * self.PW2 + 63) // 64 * 64 + 16)
 
     def shared_bytes(self) -> int:
         x1 = (2 * self.HR1 * self.PW1 + 15) // 16 * 16
         return 5 * 1024 + 2 * 7 * 1024 + 4 * self.H * self.W + x1 + 2 * 4 * self.CH2 + 2 * 8 * (self.FEAT + 8)
 
+    def steps(self, v: int) -> int:
+        """conv1's steps in warpgroup v: one fewer in warpgroup 1 where the strips are UNEVEN."""
+        return self.STEPS1 - 1 if self.UNEVEN and v == 1 else self.STEPS1
+
     def slot(self, j: int) -> tuple[int, int, int]:
         """conv1's slot j (= 8 v + 2 w + hi): its strip's (ld, st, step) in halves from x1's and x2's starts,
-        lane offsets left out (the kernel's `slot` is in bytes, the same x 2). Strip j % SPC of block column
-        blk = j // SPC, rowgroups rg0 = STEPS1 (j % SPC) .. + STEPS1 - 1, one a step; slots j >= UPR SPC are
-        idle: they read from x1's origin and store into x2 rows 2 SPC STEPS1, + 1 (past every strip's) at every step."""
-        blk, rg0, used = j // self.SPC, j % self.SPC * self.STEPS1, j < self.UPR * self.SPC
+        lane offsets left out (the kernel's `slot` is in bytes, the same x 2), one rowgroup a step from rg0.
+        UNEVEN: j < 8 strip j % 2 of block column j // 2 (rg0 STEPS1 (j % 2)), j < 12 strip 2 of column j - 8
+        (rg0 2 STEPS1), else strip j - 12 of column 4 (rg0 (STEPS1 - 1) (j - 12)). Otherwise strip j % SPC of
+        block column blk = j // SPC, rg0 = STEPS1 (j % SPC), and slots j >= UPR SPC are idle: they read from
+        x1's origin and store into x2 rows 2 SPC STEPS1, + 1 (past every strip's) at every step."""
+        if self.UNEVEN:
+            blk = j // 2 if j < 8 else j - 8 if j < 12 else 4
+            rg0, used = (j % 2 * self.STEPS1 if j < 8 else 2 * self.STEPS1 if j < 12 else (j - 12) * (self.STEPS1 - 1)), True
+        else:
+            blk, rg0, used = j // self.SPC, j % self.SPC * self.STEPS1, j < self.UPR * self.SPC
         ld = 4 * rg0 * self.PW1 + 16 * blk if used else 0
         st = 2 * rg0 * self.PW2 + 8 * blk if used else 2 * self.SPC * self.STEPS1 * self.PW2
         return ld, st, 2 * self.PW2 if used else 0
@@ -179,22 +194,42 @@ def d_place(i):
     return G + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * T + i % 2
 
 
-def replay_image(x, w1, b1, w2, b2, lay: Layout, c2r: int = 1) -> np.ndarray:
-    """One image x [H, W] through conv1 and conv2 as the kernel indexes them; its fp16 features [16 * HP2 * WP2]."""
+TILE_BYTES = (5 + 2 * 7) * 1024  # conv1's 5 blocks (row pairs), conv2's 2 x 7 (channel pair, kernel row)
+
+
+def b_tiles(w1, w2) -> np.ndarray:
+    """The B tiles as prepare_weights writes them after fc1's fragments (and the prologue's bulk copy puts
+    them at shared memory's start): a thread per core-matrix row r (block r // 64, column (r // 2) % 32,
+    k half r % 2), 8 halves at block * 1024 + b_offset(8 kh, n); [TILE_BYTES / 2] halves."""
+    tiles, written = np.full(TILE_BYTES // 2, np.nan, np.float16), np.zeros(TILE_BYTES // 2, int)
+    for r in range(TILE_BYTES // 16):
+        blk, n, kh = r // 64, (r // 2) % 32, r % 2
+        for kp in range(8):
+            if blk < 5:  # conv1: [f][n = 8 dr + 2 m + s][k = 8 pp + k'] = w1[m][2 f + pp - dr][k' - s]
+                ky, kx, m = 2 * blk + kh - n // 8, kp - n % 2, (n % 8) // 2
+                value = w1[m, 0, ky, kx] if 0 <= ky < 7 and 0 <= kx < 7 else 0.0
+            else:  # conv2: [cp][6 - d][n = 2 m + s][k = 8 cc + k'] = w2[m][2 cp + cc][d][k' - s]
+                cp, d = (blk - 5) // 7, 6 - (blk - 5) % 7
+                kx, m = kp - n % 2, n // 2
+                value = w2[m, 2 * cp + kh, d, kx] if 0 <= kx < 7 else 0.0
+            at = (blk * 1024 + b_offset(8 * kh + kp, n)) // 2
+            tiles[at] = np.float32(value).astype(np.float16)
+            written[at] += 1
+    assert (written == 1).all(), "every half of the tiles written once"
+    return tiles
+
+
+def prepared_buffer(wt) -> np.ndarray:
+    """The registry prepare's buffer, as halves: fc1's fragments (64 FEAT bytes), then the B tiles."""
+    return np.concatenate([fc1_fragments(wt["fc1.weight"]).ravel(), b_tiles(wt["conv1.weight"], wt["conv2.weight"])])
+
+
+def replay_image(x, tiles, b1, b2, lay: Layout, c2r: int = 1) -> np.ndarray:
+    """One image x [H, W] through conv1 and conv2 as the kernel indexes them, its B tiles `tiles` (b_tiles);
+    its fp16 features [16 * HP2 * WP2]."""
     H, W = lay.H, lay.W
     f16 = lambda a: np.asarray(a, np.float32).astype(np.float16)
-    # The B tiles, as the kernel's setup loops write them.
-    b1s = np.zeros(5 * 1024 // 2, np.float16)
-    for e in range(5 * 512):
-        f, n, kk = e // 512, (e // 16) % 32, e % 16
-        ky, kx, m = 2 * f + kk // 8 - n // 8, kk % 8 - n % 2, (n % 8) // 2
-        b1s[(f * 1024 + b_offset(kk, n)) // 2] = f16(w1[m, 0, ky, kx] if 0 <= ky < 7 and 0 <= kx < 7 else 0.0)
-    b2s = np.zeros(2 * 7 * 1024 // 2, np.float16)
-    for e in range(2 * 7 * 512):
-        blk, n, kk = e // 512, (e // 16) % 32, e % 16
-        cp, d = blk // 7, 6 - blk % 7
-        c, kx, m = 2 * cp + kk // 8, kk % 8 - n % 2, n // 2
-        b2s[(blk * 1024 + b_offset(kk, n)) // 2] = f16(w2[m, c, d, kx] if 0 <= kx < 7 else 0.0)
+    b1s, b2s = tiles[:5 * 512], tiles[5 * 512:]  # B1 at shared byte 0, B2 at OFF_B2 = 5 KB
     # stage_input: x1 [HR1][PW1], zero past W and below H (zeroed once); x2 zeroed once.
     x1 = np.zeros((lay.HR1, lay.PW1), np.float16)
     x1[:H, :W] = f16(x)
@@ -202,15 +237,16 @@ def replay_image(x, w1, b1, w2, b2, lay: Layout, c2r: int = 1) -> np.ndarray:
     x2 = np.zeros(4 * lay.CH2, np.float16)
     written = np.zeros(4 * lay.CH2, int)
     writer = np.full(4 * lay.CH2, -1)  # the warp (4 v + w) that stored an element: no two warps store into one
-    # stores stay in their map: the strips' last steps' rows, the idle slots' rows 2 SPC STEPS1, + 1, every block's columns
-    assert 2 * lay.SPC * lay.STEPS1 + 2 <= lay.HR2 and lay.PW2 >= 8 * lay.UPR
+    # stores stay in their map (checked at each store below): every block's columns
+    assert lay.PW2 >= 8 * lay.UPR
     assert lay.HR2 * lay.PW2 <= lay.CH2
 
     # conv1: warpgroup v steps its 8 slots down their strips (warp w: rows g slot 8 v + 2 w, rows g + 8 slot
-    # 8 v + 2 w + 1), STEPS1 steps of 5 wgmma (row pairs f) on the strips' row pairs 2 i + f, each pair loaded
+    # 8 v + 2 w + 1), lay.steps(v) steps of 5 wgmma (row pairs f) on the strips' row pairs 2 i + f, each pair loaded
     # once into the kernel's P[p]: pairs 0..4 before step 0, 2 i + 5 and 2 i + 6 after step i's wait.
-    NP = 2 * lay.STEPS1 + 3  # the kernel's P[2 STEPS1 + 3][4]
     for v in range(2):
+        steps = lay.steps(v)
+        NP = 2 * steps + 3  # the kernel's P[2 STEPS + 3][4]
         slots = [[lay.slot(8 * v + 2 * w + hi) for hi in range(2)] for w in range(4)]  # [w][lo, hi]: (ld, st, step)
         P = np.full((NP, 4, 4, 32, 2), np.nan)  # [p][warp][register][lane][half of the f16x2]
 
@@ -226,7 +262,7 @@ def replay_image(x, w1, b1, w2, b2, lay: Layout, c2r: int = 1) -> np.ndarray:
 
         for p in range(5):
             load(p)
-        for i in range(lay.STEPS1):
+        for i in range(steps):
             D = np.zeros((64, 32))  # [warp x 16 + row][column]
             for f in range(5):
                 A = np.zeros((4, 16, 16))  # [warp][row][k]
@@ -235,7 +271,7 @@ def replay_image(x, w1, b1, w2, b2, lay: Layout, c2r: int = 1) -> np.ndarray:
                         A[:, G + row_off, 2 * T + k_off + e] = P[2 * i + f, :, reg, :, e]
                 assert not np.isnan(A).any(), f"step {i} reads row pair {2 * i + f} before it is loaded"
                 D += A.reshape(64, 16) @ b_read(b1s, f * 1024, 32)
-            if i + 1 < lay.STEPS1:  # the next step's two new row pairs
+            if i + 1 < steps:  # the next step's two new row pairs
                 load(2 * i + 5), load(2 * i + 6)
             for w in range(4):
                 acc = np.zeros((2, 8, 32))  # acc[h][i] per lane: register 8h + i of m64n32
@@ -272,8 +308,8 @@ def replay_image(x, w1, b1, w2, b2, lay: Layout, c2r: int = 1) -> np.ndarray:
                 for w in range(4):
                     band = 4 * v + w
                     row = 4 * band + r  # no clamp: x2 has HR2 >= 38 rows
-                    p0 = 2 * (G + T) + 2 * cp * lay.CH2 + row * lay.PW2
-                    for (addr, row_off, k_off) in [(p0, 0, 0), (p0 + 16, 8, 0), (p0 + lay.CH2, 0, 8), (p0 + lay.CH2 + 16, 8, 8)]:
+                    p0 = 2 * (2 * G + T) + 2 * cp * lay.CH2 + row * lay.PW2  # A row g: pixel pair 2g; row g + 8: 2g + 1
+                    for (addr, row_off, k_off) in [(p0, 0, 0), (p0 + 2, 8, 0), (p0 + lay.CH2, 0, 8), (p0 + lay.CH2 + 2, 8, 8)]:
                         assert (addr % 2 == 0).all() and (addr % lay.CH2).max() + 1 < lay.PW2 * lay.HR2
                         A[w, G + row_off, 2 * T + k_off] = x2[addr]
                         A[w, G + row_off, 2 * T + k_off + 1] = x2[addr + 1]
@@ -292,24 +328,21 @@ def replay_image(x, w1, b1, w2, b2, lay: Layout, c2r: int = 1) -> np.ndarray:
             for h in range(2):
                 for i in range(2):
                     m = 4 * (2 * h + i) + T
-                    hv = []
-                    for half in range(2):
-                        xm = np.max([np.maximum(acc[q, h, 4 * i + 2 * half], acc[q, h, 4 * i + 2 * half + 1]) for q in range(4)], axis=0)
-                        hv.append(np.maximum(xm, xm[LANES ^ 4]))  # __shfl_xor_sync(..., 4)
-                    pc = G // 2 + 4 * (G & 1)
+                    # registers 4i .. 4i + 3: pixels 4g .. 4g + 3 (pairs 2g, 2g + 1) of the 4 conv rows: the pool
+                    # of pooled column g, in the thread
+                    xm = np.max([acc[q, h, 4 * i + e] for q in range(4) for e in range(4)], axis=0)
                     for lane in LANES:
-                        if band >= lay.HP2 or pc[lane] >= lay.WP2:
+                        if band >= lay.HP2 or G[lane] >= lay.WP2:
                             continue
-                        s = hv[G[lane] & 1][lane] + b2[m[lane]]
-                        at = (m[lane] * lay.HP2 + band) * lay.WP2 + pc[lane]
+                        at = (m[lane] * lay.HP2 + band) * lay.WP2 + G[lane]
                         assert np.isnan(feat[at]), "written twice"
-                        feat[at] = f16(max(s, 0.0))
+                        feat[at] = f16(max(xm[lane] + b2[m[lane]], 0.0))
     assert np.isfinite(feat).all(), "unwritten features"
     return feat
 
 
 def fc1_fragments(w1) -> np.ndarray:
-    """The workspace fc1_fragments writes (fused_dense.cuh: fc1_fragment): [4 FEAT][8] halves, entry e =
+    """The prepared buffer's first part (fused_dense.cuh: fc1_fragment): [4 FEAT][8] halves, entry e =
     (s * 2 + mt) * 32 + lane a uint4 of 4 f16x2 words, the lower half first (pack_half2(lo, hi))."""
     n1, feat = w1.shape
     e = np.arange(4 * feat)
@@ -323,8 +356,8 @@ def fc1_fragments(w1) -> np.ndarray:
 def replay_fc1(feats, frags, warps: int = 8) -> np.ndarray:
     """fc1 (no bias) of a group's n <= 8 images as dense_fragments computes it: warp `warp` takes k-steps
     warp * STEPS .. + STEPS - 1 (STEPS = FEAT / warps / 16), its A tiles rebuilt from the fragments as
-    mma.m16n8k16's A layout says, B from the features' rows (FEAT + 8 halves apart), the warps' tiles summed
-    (dense_tail's part); [n][32]."""
+    mma.m16n8k16's A layout says, B from the features' rows (FEAT + 8 halves apart): each warp's tile, not yet
+    summed (dense_tail's part) [warp][output][image]."""
     n, feat = feats.shape
     stride, steps = feat + 8, feat // warps // 16
     rows = np.full((8, stride), np.nan)  # images past n: stale or unset shared memory, only their columns see it
@@ -351,7 +384,36 @@ def replay_fc1(feats, frags, warps: int = 8) -> np.ndarray:
                         A[G + row_off, 2 * T + k_off + e] = words[:, 2 * reg + e]
                 part[warp, 16 * mt:16 * mt + 16] += A @ B
     assert (used == 1).all(), "each fragment read once"
-    return part.sum(axis=0).T[:n]
+    return part
+
+
+def replay_dense_tail(part, wt, n: int) -> np.ndarray:
+    """fused_dense.cuh's dense_tail on the warps' partial sums part [warp][output][image]: each warp stores its
+    mma D through rows PITCH = 36 words apart ([warp][image][output]), warp `img` lane o sums output o over
+    the warps, + bias, ReLU, then each logit is lane products summed by a butterfly of shuffles (xor 16 .. 1,
+    every lane ends with the sum) and lane m keeps logit m; the first n images' logits [n][N2]."""
+    warps, pitch, n2 = part.shape[0], 36, wt["fc2.weight"].shape[0]
+    shared = np.full(warps * 8 * pitch, np.nan)
+    for warp in range(warps):
+        for mt in range(2):  # d0, d1: (output mt*16 + g, images 2t, 2t+1); d2, d3: output + 8
+            base = (warp * 8 + 2 * T) * pitch + mt * 16 + G
+            for reg, (off, out, img) in enumerate([(0, 0, 0), (pitch, 0, 1), (8, 8, 0), (pitch + 8, 8, 1)]):
+                at = base + off
+                assert len(set(at % 32)) == 32, "a store of part hits 32 distinct banks"
+                assert np.isnan(shared[at]).all(), "part written twice"
+                shared[at] = part[warp, mt * 16 + G + out, 2 * T + img]
+    logits = np.full((n, n2), np.nan)
+    for img in range(n):  # warp img; lanes are fc1's outputs
+        at = [(wi * 8 + img) * pitch + LANES for wi in range(warps)]
+        assert all(len(set(a % 32)) == 32 for a in at), "the loads hit 32 distinct banks"
+        h = np.maximum(wt["fc1.bias"].astype(np.float64) + sum(shared[a] for a in at), 0)
+        for m in range(n2):
+            v = h * wt["fc2.weight"][m].astype(np.float64)
+            for d in (16, 8, 4, 2, 1):
+                v = v + v[LANES ^ d]
+            assert np.allclose(v, v[0]), "every lane holds the sum"
+            logits[img, m] = v[m] + wt["fc2.bias"][m]
+    return logits
 
 
 def reference_logits(x, wt):
@@ -380,13 +442,16 @@ def test_the_layout_math_computes_the_network(tmp_path, size, c2r):
     wt = load_weights(LENET) if size == 86 else random_weights(rng, size)
     x = rng.uniform(0.0, 1.0, (2, 1, size, size)).astype(np.float32)
     lay = Layout(size, size)
-    feats = np.stack([replay_image(x[i, 0], wt["conv1.weight"], wt["conv1.bias"], wt["conv2.weight"], wt["conv2.bias"],
-                                   lay, c2r) for i in range(len(x))]).astype(np.float64)
-    fc1 = replay_fc1(feats, fc1_fragments(wt["fc1.weight"]))
+    prepared = prepared_buffer(wt)
+    assert 2 * len(prepared) == var.prepared_bytes(fused_shape(network, 2), var.defaults())
+    frags, tiles = prepared[:32 * lay.FEAT].reshape(4 * lay.FEAT, 8), prepared[32 * lay.FEAT:]
+    feats = np.stack([replay_image(x[i, 0], tiles, wt["conv1.bias"], wt["conv2.bias"], lay, c2r)
+                      for i in range(len(x))]).astype(np.float64)
+    part = replay_fc1(feats, frags)
     w1 = wt["fc1.weight"].astype(np.float16).astype(np.float64)  # the fragments are fc1's weights in half
+    fc1 = part.sum(axis=0).T[:len(x)]
     assert np.allclose(fc1, feats @ w1.T, rtol=1e-12, atol=1e-12)  # the same products, summed in another order
-    hidden = np.maximum(fc1 + wt["fc1.bias"], 0)
-    logits = hidden @ wt["fc2.weight"].T.astype(np.float64) + wt["fc2.bias"]
+    logits = replay_dense_tail(part, wt, len(x))
     assert normwise_error(logits, reference_logits(x, wt)) <= var.tolerance
 
 
@@ -394,18 +459,20 @@ def test_the_layout_math_computes_the_network(tmp_path, size, c2r):
 def test_the_registry_shared_bytes_is_the_kernels_layout_and_two_blocks_fit_an_sm(tmp_path, variant, size):
     network = LENET if size == 86 else network_of_size(tmp_path, size)
     shape, lay = fused_shape(network, 10000), Layout(size, size)
-    fragments, launch = variant.launch_plan(shape, variant.defaults())
-    # fc1_fragments first: it writes the workspace network_forward's dense phase reads, a thread per 16 bytes
-    assert fragments.kernel == "fc1_fragments" and launch.kernel == "network_forward"
-    assert fragments.grid == ((4 * lay.FEAT + 255) // 256, 1, 1) and fragments.block == (256, 1, 1)
-    assert fragments.shared_bytes == 0
-    assert variant.workspace_bytes(shape, variant.defaults()) == 64 * lay.FEAT  # 4 FEAT fragment entries of 16 bytes
+    (launch,) = variant.launch_plan(shape, variant.defaults())
+    # prepare_weights, once when the weights are bound: fc1's 4 FEAT fragment entries, then the tiles' core-matrix
+    # rows, a thread per 16 bytes; no workspace (nothing per forward but the image)
+    (prepare,) = variant.prepare_plan(shape, variant.defaults())
+    assert prepare.kernel == "prepare_weights" and launch.kernel == "network_forward"
+    assert prepare.grid == ((4 * lay.FEAT + TILE_BYTES // 16 + 255) // 256, 1, 1) and prepare.block == (256, 1, 1)
+    assert prepare.shared_bytes == 0 and variant.workspace is None
+    assert variant.prepared_bytes(shape, variant.defaults()) == 64 * lay.FEAT + TILE_BYTES
     assert launch.shared_bytes == lay.shared_bytes()
     assert launch.grid == (264, 1, 1) and launch.block == (256, 1, 1)
     assert 2 * (launch.shared_bytes + 1024) <= 233472  # an H100 SM's 228 KB, 1 KB reserved per block
     if size == 86:
-        assert fragments.grid == (16, 1, 1) and variant.workspace_bytes(shape, variant.defaults()) == 65536
-        assert launch.shared_bytes == 96704
+        assert prepare.grid == (21, 1, 1) and variant.prepared_bytes(shape, variant.defaults()) == 65536 + 19456
+        assert launch.shared_bytes == 101504
 
 
 def test_the_padded_path_builds_too(tmp_path, variant):

@@ -1,8 +1,8 @@
 """wgmma_fused_network on a Hopper GPU (skipped with the reason elsewhere): the whole network's logits
-(its two launches: fc1_fragments, then network_forward) against float64 on fresh random images (new ones
+(prepare_weights when the weights are bound, then network_forward) against float64 on fresh random images (new ones
 every call) with NaN-poisoned logits, at batch 1, 7 and 10001, every registered setting (batch 300; 1 and 7
 on both conv2 schedules, C2R 1 and 2), LeNet-86's trained weights and random ones, and an 84 x 84 input (the
-padded staging and strips, odd pooled sizes); then jobs as fp16_fused_network's tests run them: any batch
+padded staging and strips, odd pooled sizes), weights bound anew to an op that ran; then jobs as fp16_fused_network's tests run them: any batch
 and chunking, and the accuracy at batch 10000 on mnist5k (cycled) equal to 0.9932."""
 import numpy as np
 import pytest
@@ -72,6 +72,33 @@ def test_the_network_matches_float64_at_batch_10001(gpu, params):
 def test_random_weights_too(gpu, batch):
     rng = np.random.default_rng()
     assert check(gpu, LENET, random_weights(rng, 86), VARIANT.defaults(), batch) <= VARIANT.tolerance
+
+
+def test_binding_new_weights_prepares_them_again(gpu):
+    """The prepared buffer (registry prepare: fc1's fragments, the B tiles) follows the weights: one op bound
+    to LeNet-86's trained weights, run, then bound to random ones, computes the random ones' logits."""
+    from convsweep.runner import ConvPlan, GpuNetwork
+
+    rng = np.random.default_rng()
+    images = rng.uniform(0.0, 1.0, (300, *LENET.input_shape)).astype(np.float32)
+    plan = ConvPlan({"conv1": VARIANT}, {"conv1": VARIANT.defaults()})
+    fresh = random_weights(rng, 86)
+    with gpu.scope():
+        stream = gpu.stream()
+        net = GpuNetwork(gpu, LENET, load_weights(LENET), plan, 1, len(images))
+        x_dev = gpu.to_device(images, stream)
+        logits_dev = gpu.alloc((len(images), 10), np.float32)
+        logits = np.empty(logits_dev.shape, np.float32)
+        for weights in (load_weights(LENET), fresh):
+            if weights is fresh:
+                dev = {name: gpu.to_device(array, stream) for name, array in fresh.items()}
+                tail = tuple(dev[f"{layer}.{part}"] for layer in ("conv2", "fc1", "fc2") for part in ("weight", "bias"))
+                net.convs["conv1"].bind_weights(dev["conv1.weight"], dev["conv1.bias"], stream, tail)
+            gpu.fill(logits_dev, 0xFF, stream)
+            net.enqueue(stream, net.lanes[0], x_dev, logits_dev, len(images))
+            gpu.download(logits_dev, logits, stream)
+            stream.sync()
+            assert normwise_error(logits, reference_forward_parallel(LENET, weights, images)) <= VARIANT.tolerance
 
 
 @pytest.mark.parametrize("c2r", [1, 2])
