@@ -43,7 +43,10 @@
 //   conv1  wgmma as above; the epilogue pools, adds the bias, applies ReLU, writes fp16 x2 [4][HR2][PW2];
 //   conv2  wgmma as above; the epilogue writes the image's flattened fp16 features [16][8][8];
 //   dense  after every GROUP (8) images: fc1 as mma.sync over the 8 images (1% of the work) on fp16 weight
-//          fragments that a first launch (fc1_fragments) writes into the workspace, + ReLU + fc2 in fp32.
+//          fragments, + ReLU + fc2 in fp32 (fused_dense.cuh: a warp per image, fc2 by shuffles).
+// Before any image (round five): prepare_weights, run once when the runner binds the weights (registry
+// prepare), writes fc1's fragments and both convs' B tiles into the prepared buffer; a block's prologue
+// fetches the tiles with one bulk copy, on the first image's mbarrier phase.
 //
 // Layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix ..."; g = lane / 4, t = lane % 4, w = warp of the
 // warpgroup; tests/test_wgmma_fused.py replays them in numpy):
@@ -58,27 +61,28 @@
 //     pairs 8 blk..8 blk+7), rg < RG, blk < UPR. A warp's rows g are a unit of its lo slot (pair 8 blk + g),
 //     rows g + 8 one of its hi slot; the 16 slots, j = 8 v + 2 w + (0 lo, 1 hi), are vertical strips (round
 //     four): strip j % SPC of block column j / SPC, rowgroups STEPS1 (j % SPC) .. + STEPS1 - 1, one per
-//     step (SPC = min(16 / UPR, RG), STEPS1 = ceil(RG / SPC): 3 strips of 7 for LeNet-86). k = 8 pp + k'
+//     step (SPC = min(16 / UPR, RG), STEPS1 = ceil(RG / SPC): 3 strips of 7 for LeNet-86); UNEVEN (round
+//     five, LeNet-86): warpgroup 1's strips are a step shorter (the table at `slot` below). k = 8 pp + k'
 //     reads input row 4 rg + 2 f + pp, column 2 pair + k'. n = 8 dr + 2 m + s: B1[f][k][n] =
 //     w1[m][2 f + pp - dr][k' - s]. Thread (g, t) then holds map t, conv rows dr = j, pixels 2 pair + e:
 //     pooled row 2 rg + j / 2. Step i of a strip reads its row pairs 2 i .. 2 i + 4 (from the strip's
 //     origin, row 4 rg0): pairs 2 i .. 2 i + 2 are step i - 1's, so a step loads 2 pairs (8 LDS), from two
 //     base pointers + immediates; its 4 stores are base + i * (two pooled rows) + immediates. No clamp, no
-//     predicate: x1 has HR1 = max(H, 4 (RG + SPC) + 2) rows (past the strips' last reads, 4 SPC STEPS1 + 5),
-//     x2 rows of PW2 = max(38, 8 UPR) halves (every block's columns) and HR2 = max(38, 2 (RG + SPC)) rows;
+//     predicate: x1 has HR1 = max(H, 4 (RG + 2 SPC) + 6) rows (past the strips' last reads, 4 LAST_RG + 9),
+//     x2 rows of PW2 = max(38, 8 UPR) halves (every block's columns) and HR2 = max(38, 2 (RG + 2 SPC)) rows;
 //     the strips' steps past RG - 1 compute conv rows past the maps and store into x2's padding rows, and
 //     slots j >= UPR SPC (idle: LeNet-86 has one) step over unit 0's rows storing into rows 2 SPC STEPS1,
 //     + 1 each time: below the strips' last rows, so no two warps ever store into the same element.
 //     What conv1 writes past the maps (rows >= HP1, columns >= WP1) is finite and read by conv2 only for
 //     outputs it does not store: a stored band reads rows <= 4 HP2 + 5 <= HP1 - 1, a stored pooled column
 //     columns <= 4 WP2 + 5 <= WP1 - 1.
-//   conv2: warp w of warpgroup v is band (pooled row) 4 v + w; row g <-> pixel pair g (pixels 2g, 2g+1),
-//     row g + 8 <-> pair g + 8; k = 8 cc + k' reads x2[2 cp + cc][4 band + r][2 pair + k']; in the block of
-//     kernel row d, n = 2 m + s: B2[cp][6 - d][k][n] = w2[m][2 cp + cc][d][k' - s]; input row r feeds conv
-//     row q (accumulators acc[q], N 32) through the block of d = r - q. Thread (g, t) holds
-//     maps 4j + t of pixels 2g, 2g+1 (row g) and 2g+16, 2g+17 (row g+8): the 4x4 pool is the 4 q
-//     accumulators, the pixel pair, and lanes g ^ 1 (one shuffle). Its reads, rows 4 band + r <= 37 and
-//     columns <= 37, stay inside x2 (HR2, PW2 >= 38): no clamp.
+//   conv2: warp w of warpgroup v is band (pooled row) 4 v + w; row g <-> pixel pair 2g (pixels 4g, 4g+1),
+//     row g + 8 <-> pair 2g + 1 (round five; pairs g and g + 8 before); k = 8 cc + k' reads
+//     x2[2 cp + cc][4 band + r][2 pair + k']; in the block of kernel row d, n = 2 m + s: B2[cp][6 - d][k][n]
+//     = w2[m][2 cp + cc][d][k' - s]; input row r feeds conv row q (accumulators acc[q], N 32) through the
+//     block of d = r - q. Thread (g, t) holds maps 4j + t of pixels 4g .. 4g + 3: the 4x4 pool of pooled
+//     column g is the 4 q accumulators and those 4 pixels, in the thread (no shuffle). Its reads, rows
+//     4 band + r <= 37 and columns <= 37, stay inside x2 (HR2, PW2 >= 38): no clamp.
 // Shapes: LeNet-86's (the static_asserts and registry constraints say which sizes may vary). absorbs_input
 // is not supported (fp16_fused_network's u8-source upsample): this variant reads the fp32 input.
 // Tunables (registry): BLOCKS (the grid; 264 = 2 per SM of an H100) and C2R (conv2's schedule only). Rounds one
@@ -187,6 +191,24 @@
 // (SourceCounters, on the same kernel with x2 as channel pairs, as fast) short scoreboard 30% (conv2's A loads
 // and register moves, the staging's loads), barrier 14% (the wgmma waits of conv1's steps, the block barriers),
 // wait 14%. At 0.20 ms the pipe would be at ~65%: not reached; docs/performance.md says what next.
+//
+// Round five (issue 36). Ablations of round four (.scratch/r5 on the lent H100, forward alone, batch 10000,
+// rounds of 20 interleaved): the fc1_fragments launch 0.004 ms (1.8%), each block's B-tile build 1.8%, fc2's
+// 32-step chains 2.6%, the dense phase 7.5% (its fragment loads 3.6%), staging 5.9%. ncu's source view put
+// 46% of the warps' samples in conv2 (half of them short-scoreboard waits on its A loads) and 12% in the
+// staging: L1/TEX (shared memory) at 79-81% is the busiest unit. Kept, each measured beside the last:
+//   prepare: fc1's fragments and the B tiles written once at bind time (above): -2.3% on the forward alone,
+//     -4% with round four's extra launch; the dense tail a warp per image, fc2 by shuffles (within it).
+//   UNEVEN strips: -0.3 to -0.5%. conv2's rows as pairs 2g, 2g + 1, its pool in-thread: -1.5% (the shuffles
+//     competed with the shared loads; 8 per warp and image).
+// Measured and not kept: conv1 reading the fp32 image (LDS.64 + cvt, no x1): +5%; the image straight from
+// global memory into registers after conv1 (no raw buffer, an L2 prefetch ahead): +6-7% (its latency bare;
+// held across conv1 it spills); conv1's stores paired by a shuffle (STS.32): +3.4%; blocks skewed or their
+// dense phases staggered per SM: 0; 16-image dense groups: -0.2%, 128 registers; fc2's weights loaded
+// before fc1's mma: 0.
+// Bench (lent H100, median of 20): 0.197 ms (fp16_fused_network 0.379 beside it). ncu: 119 registers,
+// 101.5 KB shared, 2 blocks per SM, SM throughput 61%, L1/TEX 79%, issue slots 35.6%, 3,290 shared
+// wavefronts and 6,669 warp-instructions per image (3,662, 7,104 in round four).
 #include "common.cuh"
 #include "mma_f16.cuh"
 #include "wgmma.cuh"
