@@ -1,9 +1,10 @@
 """wgmma_fused_network on a Hopper GPU (skipped with the reason elsewhere): the whole network's logits
-(prepare_weights when the weights are bound, then network_forward) against float64 on fresh random images (new ones
-every call) with NaN-poisoned logits, at batch 1, 7 and 10001, every registered setting (batch 300; 1 and 7
-on both conv2 schedules, C2R 1 and 2), LeNet-86's trained weights and random ones, and an 84 x 84 input (the
-padded staging and strips, odd pooled sizes), weights bound anew to an op that ran; then jobs as fp16_fused_network's tests run them: any batch
-and chunking, and the accuracy at batch 10000 on mnist5k (cycled) equal to 0.9932."""
+(prepare_weights when the weights are bound, then network_forward) against float64 on fresh random images
+(new ones every call) with NaN-poisoned logits, at batch 1, 7 and 10001, every registered setting (batch
+300; 1 and 7 on both conv2 schedules, C2R 1 and 2), LeNet-86's trained weights and random ones, an 84 x 84
+input (the padded staging and strips, odd pooled sizes), and weights bound anew to an op that ran; then
+jobs as fp16_fused_network's tests run them: any batch and chunking, and the accuracy at batch 10000 on
+mnist5k (cycled) equal to 0.9932."""
 import numpy as np
 import pytest
 
