@@ -224,6 +224,12 @@ def profile_command(ncu: str, report_base: Path, kernel_names: list[str], child:
             "--metrics", metrics, "--force-overwrite", "--export", str(report_base), *child]
 
 
+def profiled_kernels(variant_names) -> list[str]:
+    """The kernels a pass launches, by the variants' registry `launches`: not their `prepare` launches, which
+    run once when the weights are bound, outside every conv layer's NVTX range (read_report would drop them)."""
+    return list(dict.fromkeys(launch["kernel"] for v in dict.fromkeys(variant_names) for launch in get_variant(v).launches))
+
+
 def once_each(spec: JobSpec) -> JobSpec:
     """The job's settings run once each: no warm-up, one pass, timed by events (ncu owns the GPU)."""
     return dataclasses.replace(spec, repeats=1, warmup=0, profiler="events", stopping=None)
@@ -260,7 +266,7 @@ def _profile_job(spec: JobSpec, out_path: Path, log, required: bool) -> dict:
         result["reason"] = (f"a {spec.search['strategy']} search's settings are known only once it ran: not "
                             "profiled (profile its winner with a grid job)")
         return _write_profile(out_path, result, started)
-    kernels = [name for v in dict.fromkeys(spec.variants.values()) for name in get_variant(v).kernel_names]
+    kernels = profiled_kernels(spec.variants.values())
     report_base = out_path.with_suffix("")
     with writing(report_base.parent):
         report_base.parent.mkdir(parents=True, exist_ok=True)  # ncu writes there, before the profile file

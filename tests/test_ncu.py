@@ -11,9 +11,10 @@ import pytest
 from convsweep import ncu as ncu_mod
 from convsweep.config import JobSpec
 from convsweep.errors import MachineError
-from convsweep.ncu import LaunchProfile, launch_metrics, profile_command, read_report, run_profile_job
+from convsweep.ncu import LaunchProfile, launch_metrics, profile_command, profiled_kernels, read_report, run_profile_job
 from convsweep.query import run_query
 from convsweep.store import ingest_files, ingest_result, open_store
+from convsweep.variants import get_variant
 
 from store_fixtures import as_reader, row_counts
 
@@ -169,6 +170,13 @@ def test_the_ncu_command_profiles_the_conv_kernels_only_with_nvtx(tmp_path):
     metrics = command[command.index("--metrics") + 1].split(",")  # what no section collects, the DRAM bytes
     assert {"dram__bytes_read.sum", "dram__bytes_write.sum", "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"} <= set(metrics)
     assert command[command.index("--export") + 1] == str(tmp_path / "job")
+
+
+def test_ncu_profiles_what_a_pass_launches_not_the_weights_preparation():
+    """wgmma_fused_network's prepare_weights runs once at bind time, outside the conv layers' NVTX ranges:
+    profiling it would cost a replay and give a profile no layer owns."""
+    assert profiled_kernels(["wgmma_fused_network", "naive", "wgmma_fused_network"]) == ["network_forward", "conv_forward"]
+    assert "prepare_weights" in get_variant("wgmma_fused_network").kernel_names  # loaded, just not profiled
 
 
 def test_without_ncu_the_profile_job_fails_as_the_machines_and_writes_nothing(monkeypatch, tmp_path):
