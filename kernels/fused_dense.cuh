@@ -58,7 +58,7 @@ __device__ __forceinline__ void dense(const unsigned short *feat, float *part, c
     constexpr int K_SLICE = kFeat / kWarps;  // fc1 inputs per warp
     static_assert(kN1 == 32 && kGroup == 8 && kN2 <= kN1, "fc1's two m16 tiles, the group as the mma's n8");
     static_assert(K_SLICE * kWarps == kFeat && K_SLICE % 16 == 0, "whole k16 steps per warp");
-    static_assert(32 * kWarps == kN1 * kGroup, "a thread per (fc1 output, image)");
+    static_assert(32 * kWarps == kN1 * kGroup, "dense_tail: a warp per image, a lane per fc1 output");
     const int g = lane >> 2, t = lane & 3;
     float acc[2][4] = {};
 #pragma unroll 2
@@ -99,7 +99,7 @@ __device__ __forceinline__ void dense_fragments(const unsigned short *feat, floa
     constexpr int K_SLICE = kFeat / kWarps, STEPS = K_SLICE / 16;  // fc1 inputs per warp, its k16 steps
     static_assert(kN1 == 32 && kGroup == 8 && kN2 <= kN1, "fc1's two m16 tiles, the group as the mma's n8");
     static_assert(K_SLICE * kWarps == kFeat && K_SLICE % 16 == 0, "whole k16 steps per warp");
-    static_assert(32 * kWarps == kN1 * kGroup, "a thread per (fc1 output, image)");
+    static_assert(32 * kWarps == kN1 * kGroup, "dense_tail: a warp per image, a lane per fc1 output");
     const int g = lane >> 2, t = lane & 3;
     uint4 wf[STEPS][2];
 #pragma unroll
