@@ -37,7 +37,7 @@
 //
 // Phases (a block: 2 warpgroups = 8 warps; one wave of min(B, BLOCKS) blocks, block i taking the images
 // i, i + gridDim.x, ... counted from the batch's end: a pass uploads x just before the forward, and the
-// upload's last ~50 MB are still in L2; the other way round they were evicted, dirty, by the first reads):
+// upload's last bytes are the likeliest still in L2; a small gain, round six below):
 //   load   the next image's fp32 rows arrive by one bulk copy (cp.async.bulk, issued by thread 0, completing
 //          on an mbarrier that every thread waits on) while this one computes;
 //   stage  rows -> fp16 x1 [HR1][PW1] (rows past H: zeros, written once);
@@ -212,7 +212,8 @@
 // wavefronts and 6,669 warp-instructions per image (3,662, 7,104 in round four).
 // Round six: the images taken from the batch's end (scripts/forward_after_copy.py, 3 interleaved rounds on
 // the lent H100, each forward gated so no event pair holds its launch): after a pageable upload 0.2115 ms
-// against 0.2147 from the start, back to back 0.2049 against 0.2062; the bench is unchanged (0.198).
+// against 0.2147 from the start, back to back 0.2049 against 0.2062; the bench is unchanged (0.198). What
+// is left of a job's after-upload cost (+0.007 ms, both fused kernels alike) is not L2: docs/performance.md.
 #include "common.cuh"
 #include "mma_f16.cuh"
 #include "wgmma.cuh"
