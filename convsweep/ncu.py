@@ -227,7 +227,7 @@ def profile_command(ncu: str, report_base: Path, kernel_names: list[str], child:
 def profiled_kernels(variant_names) -> list[str]:
     """The kernels a pass launches, by the variants' registry `launches`: not their `prepare` launches, which
     run once when the weights are bound, outside every conv layer's NVTX range (read_report would drop them)."""
-    return list(dict.fromkeys(launch["kernel"] for v in dict.fromkeys(variant_names) for launch in get_variant(v).launches))
+    return list(dict.fromkeys(name for v in dict.fromkeys(variant_names) for name in get_variant(v).pass_kernel_names))
 
 
 def once_each(spec: JobSpec) -> JobSpec:

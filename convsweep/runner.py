@@ -74,7 +74,8 @@ class ConvOp:
             self.gpu.copy(symbol, k, stream)
         if self.variant.prepare:
             nbytes = self.variant.prepared_bytes(self.layer_shape, self.params)
-            self.prepared = self.prepared or self.gpu.alloc((nbytes,), np.uint8)
+            if self.prepared is None:  # bound again (new weights): the same shape, the same buffer
+                self.prepared = self.gpu.alloc((nbytes,), np.uint8)
             args = self._args(np.uintp(0), np.uintp(0), self.layer_shape)
             for launch in self.variant.prepare_plan(self.layer_shape, self.params):
                 self.gpu.launch(stream, self.kernels[launch.kernel], launch.grid, launch.block, launch.shared_bytes, *args)

@@ -240,9 +240,15 @@ class Variant:
         return TOLERANCE[self.precision]
 
     @property
+    def pass_kernel_names(self) -> tuple[str, ...]:
+        """The kernels a forward pass launches (registry `launches`), not the `prepare` ones."""
+        return tuple(dict.fromkeys(launch["kernel"] for launch in self.launches))
+
+    @property
     def kernel_names(self) -> tuple[str, ...]:
+        """Every kernel the runner loads: the `prepare` launches' and a pass's."""
         prepare = self.prepare["launches"] if self.prepare else ()
-        return tuple(dict.fromkeys(launch["kernel"] for launch in (*prepare, *self.launches)))
+        return tuple(dict.fromkeys((*(launch["kernel"] for launch in prepare), *self.pass_kernel_names)))
 
     def prepared_bytes(self, shape: ConvShape, params: dict) -> int:
         if not self.prepare:

@@ -27,6 +27,7 @@ import numpy as np
 
 from convsweep.bench.config import load_bench_config
 from convsweep.checks import check_logits
+from convsweep.errors import ConvsweepError, failure_message
 from convsweep.gpu import Gpu
 from convsweep.inputs import load_batch
 from convsweep.runner import ConvPlan, GpuNetwork
@@ -99,6 +100,7 @@ def table(batch: int, device: str, times: dict, statuses: dict) -> str:
 
 
 def main(names: list[str]) -> None:
+    variants = {name: get_variant(name) for name in names}  # a wrong name says so before the GPU opens
     config = load_bench_config()
     network, batch = config.network, config.batch
     inputs = load_batch(network, config.dataset, batch)
@@ -108,8 +110,7 @@ def main(names: list[str]) -> None:
         x = gpu.to_device(pageable, stream)
         logits = gpu.alloc((batch, *network.layers[-1].out_shape), network.dtype)
         nets = {}
-        for name in names:
-            variant = get_variant(name)
+        for name, variant in variants.items():
             params = next((c.resolved for c in config.networks if c.variant == name), variant.defaults())  # the bench's
             nets[name] = GpuNetwork(gpu, network, inputs.weights, ConvPlan({"conv1": variant}, {"conv1": params}), 1, batch)
         forwards = {name: (lambda s, net=net: net.enqueue(s, net.lanes[0], x, logits, batch)) for name, net in nets.items()}
@@ -121,9 +122,12 @@ def main(names: list[str]) -> None:
             out = np.empty(logits.shape, logits.dtype)
             gpu.download(logits, out, stream)
             stream.sync()
-            statuses[name] = check_logits(out, inputs.reference, inputs.dataset.labels, inputs.idx, [get_variant(name)]).status
+            statuses[name] = check_logits(out, inputs.reference, inputs.dataset.labels, inputs.idx, [variants[name]]).status
         print(table(batch, gpu.name, times, statuses))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["wgmma_fused_network"])
+    try:
+        main(sys.argv[1:] or ["wgmma_fused_network"])
+    except ConvsweepError as e:  # an unknown variant, no GPU, a kernel that does not build: one line
+        sys.exit(f"forward_after_copy: {failure_message(e)}")
