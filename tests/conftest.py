@@ -1,6 +1,8 @@
 import os
+from pathlib import Path
 
 import pytest
+from gpu_turns import TURNS_ENV, gpu_turn
 
 # The two-backend `db_url` fixture (SQLite file, throwaway PostgreSQL database) for every module.
 pytest_plugins = ["store_fixtures"]
@@ -30,6 +32,10 @@ def pytest_configure(config):
         cache = config._tmp_path_factory.mktemp("convsweep-cache") if hasattr(config, "_tmp_path_factory") else None
         if cache is not None:
             os.environ["CONVSWEEP_CACHE"] = str(cache)
+    # The directory of the GPU turns (gpu_turns.py), one per session: made by the controller (or the
+    # one process) before its workers start, so they inherit the variable; never an outer session's.
+    if not hasattr(config, "workerinput") and hasattr(config, "_tmp_path_factory"):
+        os.environ[TURNS_ENV] = str(config._tmp_path_factory.mktemp("gpu-turns"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -44,3 +50,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _gpu_turn(request):
+    # A `gpu` test shares the GPU with the other workers' GPU tests; an `alone` test waits for it to itself.
+    directory = os.environ.get(TURNS_ENV)
+    if "gpu" not in request.keywords or directory is None:
+        yield
+        return
+    with gpu_turn(Path(directory), alone="alone" in request.keywords):
+        yield

@@ -19,6 +19,7 @@ def job(variant: str, values: dict) -> JobSpec:
                    energy_window_s=0, sweep=SWEEP)
 
 
+@pytest.mark.alone  # its verdict rests on a time: no other GPU test beside it
 def test_the_fastest_settings_of_a_cell_are_measured_again_interleaved(tmp_path):
     jobs = [job("fused_conv_relu_pool", {"BLOCK": [64, 128, 256]}), job("tf32_sliding_window", {"WARPS": [4, 8]})]
     files = []
@@ -45,6 +46,7 @@ def test_the_fastest_settings_of_a_cell_are_measured_again_interleaved(tmp_path)
 
 
 @pytest.mark.skipif(find_nsys() is None, reason="nsys is not installed")
+@pytest.mark.alone  # its verdict rests on a time: no other GPU test beside it
 def test_a_held_stream_times_a_small_batch_kernel_as_nsys_does(tmp_path):
     """At batch 100 a conv kernel runs for microseconds, less than the host takes to launch it: events around it
     without the hold measured the launches (47 us for a kernel nsys timed at 5 us, on the lent H100)."""

@@ -400,6 +400,7 @@ def test_streams_with_pinned_memory_give_the_same_logits():
 
 
 @pytest.mark.skipif(find_nsys() is None, reason="nsys is not installed")
+@pytest.mark.alone  # its verdict rests on a time: no other GPU test beside it
 def test_streams_overlap_copies_with_kernels_under_nsys(tmp_path):
     # Chunks of 1000 images: each takes the GPU longer than Python takes to enqueue it, so the pass is
     # GPU-bound. (4 streams x 250-image chunks measured host-bound once: 19.5 ms > h2d + compute + d2h.)
@@ -419,6 +420,7 @@ def test_a_job_records_the_gpu_it_ran_on_and_its_clocks(tmp_path):
     assert set(result.sources) == {"kernels/naive.cu", "kernels/layers.cu"}
 
 
+@pytest.mark.alone  # its verdict rests on a time: no other GPU test beside it
 def test_two_timed_jobs_on_one_gpu_take_turns(tmp_path):
     """Two `convsweep run-job` processes at once, as two Snakemake invocations would start them:
     the second waits for the first's GPU lock and its log says so."""

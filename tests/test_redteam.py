@@ -33,6 +33,10 @@ from convsweep.config import RunSpec
 from convsweep.paths import ROOT
 from convsweep.variants import VARIANTS_ENV, ConvShape, load_registry
 
+# Every verdict here rests on timed passes (the caching test and the probe most of all): the GPU tests
+# run alone, no other worker's kernels beside them (gpu_turns.py); the CPU ones are not held.
+pytestmark = pytest.mark.alone
+
 REDTEAM_DIR = ROOT / "tests" / "redteam"
 REDTEAM_REGISTRY = REDTEAM_DIR / "variants.yaml"
 # Each red-team kernel and the layer it runs on. conv2 where the cheat keys on the input's address

@@ -1,0 +1,44 @@
+"""Turns on the one GPU for the test workers: `gpu` tests share it, `alone` tests have it to themselves.
+
+A bare `pytest` runs over every core (conftest.py), so on a GPU machine a dozen workers launch
+kernels at once. Most GPU tests only check values and do not mind. A test whose verdict rests on a
+time (the red team's caching test, a side stream still running, two timings compared) can read the
+other workers' kernels as its own, so it is marked `alone` and waits until no other GPU test runs.
+
+Two `flock`s on files every worker of the session can name (the controller picks the directory;
+workers inherit it through the environment): `gpu` holds `gpu.lock` shared, `alone` holds it
+exclusive. A test first passes through `turnstile.lock`, and an `alone` test keeps the turnstile while
+it waits, so new shared holders queue behind it instead of starving it.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+TURNS_ENV = "CONVSWEEP_TEST_GPU_TURNS"
+
+
+@contextmanager
+def _flock(path: Path, operation: int) -> Iterator[None]:
+    # A descriptor of its own per hold: flock conflicts between open files, even in one process.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, operation)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor of the open file releases its lock
+
+
+@contextmanager
+def gpu_turn(directory: Path, alone: bool) -> Iterator[None]:
+    """Hold the GPU shared (alone=False) or exclusive (alone=True) for the body."""
+    with ExitStack() as held:
+        turnstile = held.enter_context(ExitStack())
+        turnstile.enter_context(_flock(directory / "turnstile.lock", fcntl.LOCK_EX))
+        held.enter_context(_flock(directory / "gpu.lock", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
+        if not alone:
+            turnstile.close()  # a sharer lets the next one in at once
+        yield
