@@ -7,8 +7,8 @@ other workers' kernels as its own, so it is marked `alone` and waits until no ot
 
 Two `flock`s on files every worker of the session can name (the controller picks the directory;
 workers inherit it through the environment): `gpu` holds `gpu.lock` shared, `alone` holds it
-exclusive. A test first passes through `turnstile.lock`, and an `alone` test keeps the turnstile while
-it waits, so new shared holders queue behind it instead of starving it.
+exclusive. A test takes its hold while holding `turnstile.lock`, so an `alone` test waiting for the
+sharers to leave keeps new ones out (flock itself would let them in ahead of it, and keep it waiting).
 """
 from __future__ import annotations
 
@@ -36,9 +36,7 @@ def _flock(path: Path, operation: int) -> Iterator[None]:
 def gpu_turn(directory: Path, alone: bool) -> Iterator[None]:
     """Hold the GPU shared (alone=False) or exclusive (alone=True) for the body."""
     with ExitStack() as held:
-        turnstile = held.enter_context(ExitStack())
-        turnstile.enter_context(_flock(directory / "turnstile.lock", fcntl.LOCK_EX))
-        held.enter_context(_flock(directory / "gpu.lock", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
-        if not alone:
-            turnstile.close()  # a sharer lets the next one in at once
+        # One at a time through the turnstile: whoever waits for gpu.lock there keeps the others out.
+        with _flock(directory / "turnstile.lock", fcntl.LOCK_EX):
+            held.enter_context(_flock(directory / "gpu.lock", fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
         yield

@@ -2,6 +2,8 @@
 and is not starved by sharers that keep arriving."""
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 import time
 
@@ -17,6 +19,21 @@ def hold(directory, alone, log, name, seconds, started=None):
         log.append(("out", name, time.monotonic()))
 
 
+def wait_until_held(path, timeout=10.0):
+    """Until another open file holds an exclusive flock on `path`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        finally:
+            os.close(fd)
+        time.sleep(0.01)
+    raise AssertionError(f"nobody took {path}")
+
+
 def spans(log):
     ins = {name: t for what, name, t in log if what == "in"}
     outs = {name: t for what, name, t in log if what == "out"}
@@ -24,14 +41,20 @@ def spans(log):
 
 
 def test_sharers_overlap(tmp_path):
-    log = []
-    threads = [threading.Thread(target=hold, args=(tmp_path, False, log, n, 0.3)) for n in "ab"]
+    both_in = threading.Barrier(2, timeout=10)  # broken unless both hold their turn at once
+    met = []
+
+    def share():
+        with gpu_turn(tmp_path, alone=False):
+            both_in.wait()
+            met.append(True)
+
+    threads = [threading.Thread(target=share) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    (a0, a1), (b0, b1) = spans(log)["a"], spans(log)["b"]
-    assert a0 < b1 and b0 < a1  # both held it at once
+    assert met == [True, True]
 
 
 def test_an_alone_test_waits_for_the_sharers_and_the_next_sharer_waits_for_it(tmp_path):
@@ -42,7 +65,7 @@ def test_an_alone_test_waits_for_the_sharers_and_the_next_sharer_waits_for_it(tm
     first_in.wait()
     alone = threading.Thread(target=hold, args=(tmp_path, True, log, "alone", 0.3))
     alone.start()
-    time.sleep(0.1)  # the alone test now waits for the first sharer, holding the turnstile
+    wait_until_held(tmp_path / "turnstile.lock")  # the alone test waits for the sharer, holding the turnstile
     late = threading.Thread(target=hold, args=(tmp_path, False, log, "late", 0.1))
     late.start()
     for t in (sharer, alone, late):
