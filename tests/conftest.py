@@ -56,8 +56,8 @@ def pytest_collection_modifyitems(config, items):
 def _gpu_turn(request):
     # A `gpu` test shares the GPU with the other workers' GPU tests; an `alone` test waits for it to itself.
     directory = os.environ.get(TURNS_ENV)
-    if "gpu" not in request.keywords or directory is None:
+    if request.node.get_closest_marker("gpu") is None or directory is None:
         yield
         return
-    with gpu_turn(Path(directory), alone="alone" in request.keywords):
+    with gpu_turn(Path(directory), alone=request.node.get_closest_marker("alone") is not None):
         yield
