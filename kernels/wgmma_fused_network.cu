@@ -213,7 +213,8 @@
 // Round six: the images taken from the batch's end (scripts/forward_after_copy.py, 3 interleaved rounds on
 // the lent H100, each forward gated so no event pair holds its launch): after a pageable upload 0.2115 ms
 // against 0.2147 from the start, back to back 0.2049 against 0.2062; the bench is unchanged (0.198). What
-// is left of a job's after-upload cost (+0.007 ms, both fused kernels alike) is not L2: docs/performance.md.
+// is left of a job's after-upload cost (+0.007 ms, both fused kernels alike) is neither L2 nor the GPU's idle
+// before the forward (an idle 40 ms: -0.2%): docs/performance.md.
 #include "common.cuh"
 #include "mma_f16.cuh"
 #include "wgmma.cuh"

@@ -28,7 +28,7 @@ import numpy as np
 from convsweep.bench.config import load_bench_config
 from convsweep.checks import check_logits
 from convsweep.errors import ConvsweepError, failure_message
-from convsweep.gpu import Gpu
+from convsweep.gpu import Gpu, _check
 from convsweep.inputs import load_batch
 from convsweep.runner import ConvPlan, GpuNetwork
 from convsweep.variants import get_variant
@@ -48,9 +48,8 @@ class Gate:
     def close(self, stream) -> None:
         from cuda.bindings import driver
 
-        err, = driver.cuStreamWaitValue32(int(stream.handle), self.flag.ctypes.data, int(self.flag[0]) + 1,
-                                          driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
-        assert err == driver.CUresult.CUDA_SUCCESS, f"cuStreamWaitValue32: {err}"
+        _check(driver.cuStreamWaitValue32(int(stream.handle), self.flag.ctypes.data, int(self.flag[0]) + 1,
+                                          driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32")
 
     def open(self) -> None:
         self.flag[0] += 1
