@@ -64,31 +64,77 @@ def check_output(y: np.ndarray, ref: np.ndarray, tolerance: float, all_written: 
     return Check("incorrect" if error else "ok", error, finite(err))
 
 
-def check_logits(logits: np.ndarray, ref: np.ndarray, labels: np.ndarray | None, idx: np.ndarray,
-                 variants) -> Check:
-    """One run's logits: finite and within the loosest tolerance of the `variants` that made them
-    (anything with .precision and .tolerance), and with labels classifying like the reference: the
-    same prediction on 99.9% of images, or for fp16-class runs an accuracy within 0.5 points."""
+@dataclass(frozen=True)
+class RowStats:
+    """An output against its float64 reference, image by image: the largest |y - ref| over y's finite
+    elements, the largest |ref|, the first index of each one's largest value (a classifier's prediction)
+    and how many of y's elements are NaN or infinite. The device computes them (kernels/truth.cu,
+    compare_*) as `of` does on the host; the verdict reads these alone."""
+
+    diff: np.ndarray
+    scale: np.ndarray
+    predicted: np.ndarray
+    expected: np.ndarray
+    bad: np.ndarray
+
+    @classmethod
+    def of(cls, y: np.ndarray, ref: np.ndarray) -> "RowStats":
+        import numpy as np
+
+        y = np.asarray(y).reshape(len(y), -1).astype(np.float64)
+        ref = np.asarray(ref, np.float64).reshape(len(ref), -1)
+        finite_y = np.isfinite(y)
+        with np.errstate(invalid="ignore"):
+            diff = np.where(finite_y, np.abs(y - ref), 0.0)
+        if not y.shape[1]:
+            empty = np.zeros(len(y))
+            return cls(empty, empty, empty.astype(np.int64), empty.astype(np.int64), empty)
+        return cls(diff.max(axis=1), np.abs(ref).max(axis=1), np.argmax(np.where(finite_y, y, -np.inf), axis=1),
+                   np.argmax(ref, axis=1), (~finite_y).sum(axis=1).astype(np.float64))
+
+    @property
+    def error(self) -> float:
+        """max |y - ref| / max |ref| over the whole output (the absolute error where ref is all zero);
+        NaN where any element of y is not finite."""
+        import numpy as np
+
+        if not len(self.diff):
+            return 0.0
+        if self.bad.any():
+            return math.nan
+        return float(np.max(self.diff)) / (float(np.max(self.scale)) or 1.0)
+
+
+def verdict(stats: RowStats, labels: np.ndarray | None, variants) -> Check:
+    """One run's output: finite and within the loosest tolerance of the `variants` that made it
+    (anything with .precision and .tolerance), and with `labels` (those of its images, or None)
+    classifying like the reference: the same prediction on 99.9% of images, or for fp16-class runs an
+    accuracy within 0.5 points of the reference's."""
     import numpy as np
 
     variants = list(variants)
     precisions = [v.precision for v in variants]
-    err = normwise_error(logits, ref)
+    err = stats.error
     accuracy = agreement = None
     if labels is not None:
-        predicted, expected = np.argmax(logits, axis=1), np.argmax(ref, axis=1)
-        accuracy = float(np.mean(predicted == labels[idx]))
-        agreement = float(np.mean(predicted == expected))
+        accuracy = float(np.mean(stats.predicted == labels))
+        agreement = float(np.mean(stats.predicted == stats.expected))
     error = _error_verdict(err, max(v.tolerance for v in variants))
     if error is None and labels is not None:
         slack = max(ACCURACY_SLACK.get(p, -1.0) for p in precisions)
-        ref_accuracy = float(np.mean(np.argmax(ref, axis=1) == labels[idx]))
+        ref_accuracy = float(np.mean(stats.expected == labels))
         if slack >= 0 and abs(accuracy - ref_accuracy) > slack:
             error = (f"accuracy {accuracy:.4f} is more than {slack * 100:g} points from the reference's "
                      f"{ref_accuracy:.4f}")
         elif slack < 0 and agreement < MIN_AGREEMENT:
             error = f"predictions match the reference on {agreement:.2%} of images (needs {MIN_AGREEMENT:.1%})"
     return Check("incorrect" if error else "ok", error, finite(err), accuracy, agreement)
+
+
+def check_logits(logits: np.ndarray, ref: np.ndarray, labels: np.ndarray | None, idx: np.ndarray,
+                 variants) -> Check:
+    """`verdict` on logits and their reference on the host; `labels[idx]` are the images' labels."""
+    return verdict(RowStats.of(logits, ref), None if labels is None else labels[idx], variants)
 
 
 def check_indices(batch: int, n: int) -> np.ndarray:

@@ -1,31 +1,35 @@
-"""Numbers that cannot be gamed: every timed pass is a checked pass, its inputs are new to the
-kernel, the device starts clean, and no time beats physics.
+"""Numbers that cannot be gamed: every timed pass is a checked pass on inputs no kernel has seen, the
+device starts clean, and no time beats physics.
 
-convsweep ranks kernels (in a course, or to pick a winner), so a number must be the time of the
-work it names. Known ways to fake one, and what closes each here:
+convsweep ranks kernels (in a course, or to pick a winner), so a number must be the time of the work it
+names. A kernel is untrusted device code that wants a smaller time: assume it knows the harness, the
+dataset, the weights and every fixed input, and keeps state anywhere on the device between launches.
+What it cannot know is what it has not been shown. So, for every timed pass:
 
-- a kernel that computes once and then returns (its buffer keeps the first pass's answer): every
-  output is poisoned before each timed pass, outside its timing (logits NaN; the outputs of conv
-  layers run on their own, +huge, which a ReLU or a max-pool cannot hide), and every timed pass's
-  logits are checked against float64, a sample of each such layer's output too;
-- a kernel that memoizes (by pointer, or by the values of its input): the timed passes run on
-  rounds of inputs not seen earlier in the run (convsweep.inputs: later cycles of the dataset
-  shifted by a pixel, each with its float64 reference), and the caching test, after MLPerf's
-  TEST04, runs each of a few rounds never seen twice in a row (N1 N1 N2 N2 N3 N3: a drifting
-  clock cannot favour either kind, and a cache of even one entry hits): second passes faster
-  than first ones in every pair, by more than the run's own noise (at least 5%), make the run
-  `suspect`;
-- a persisting-L2 window left set by a kernel's library: the set-aside and every stream's window
-  are read and reset before timing (the run says what it found) and read again after it;
-- work on a stream the timer does not wait for: after each pass the device is asked to finish,
-  and work still running makes the run `suspect` (under nsys, its kernel records of each pass are
-  held against the events too: job.py);
-- a time below the physical floor (convsweep.peaks): `suspect`.
+- its inputs are a round made for it (convsweep.rounds: the dataset's images perturbed from a seed drawn
+  when the job started), checked to be visibly new against every earlier sighting of each image in the
+  setting; a round that is not is not counted, and the pass is timed again on another. A memo (by
+  address, by value, by part of the input, waiting for a third sighting, keyed on a fixed batch) has
+  nothing to hit, and a kept answer is wrong;
+- its outputs are poisoned before it, outside its timing (logits NaN; the conv layers' own outputs
+  +huge, which a ReLU or a max-pool cannot hide; every workspace NaN), and after it the logits the host
+  received are compared with the float64 truth of exactly what was shipped, computed on the GPU after
+  the pass (convsweep.truth), with a sample of each conv layer's own output: a kernel that computes
+  once, writes part of its output, or reads what it left in its workspace, is wrong;
+- the device is asked to finish: work still running on a stream the timer does not wait for, after
+  most timed passes, makes the run `suspect` (under nsys, its kernel records are held to the events too:
+  job.py);
+- the persisting-L2 set-aside and every stream's access-policy window are read and reset before timing
+  (the run says what it found) and read again after it;
+- a time below the physical floor (convsweep.peaks) is `suspect`.
 
-`IntegrityObserver` is an observer of convsweep.timing's loop (its hooks poison before a pass
-and check after it); `settle` turns what it found into the measurement's status. The switch
-`checks: fast` (experiments.yaml) drops the expensive parts, fresh rounds and the caching test, and
-every table says so beside a number measured that way.
+With `checks: full` the caching test, after MLPerf's TEST04, then shows a memo of any depth: each of a
+few fresh rounds is timed SIGHTINGS times in a row, and later sightings faster than first ones, in every
+round, by more than the run's own noise, make the run `suspect`. `checks: fast` drops it, and only it:
+its passes are the only ones not needed for a number (they cost SIGHTINGS * CACHING_ROUNDS passes).
+
+`IntegrityObserver` is an observer of convsweep.timing's loop (its hooks make and check the rounds
+around each pass); `settle` turns what it found into the measurement's status.
 """
 from __future__ import annotations
 
@@ -37,25 +41,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .checks import Check, check_logits, check_output
-from .network import reference_layer
+from .checks import Check, check_output, verdict
+from .errors import ConvsweepError
 from .numbers import median
 from .record import Integrity, Measurement
+from .rounds import (FRESH_SHARE, FRESH_THRESHOLD, PERTURBATION, SOURCE_PERTURBATION, Ledger, RoundMaker,
+                     draw_seed, fresh_share)
 from .timing import Observer, Reading
 
 if TYPE_CHECKING:
     from .inputs import Batch
     from .runner import PipelineBuffers
+    from .truth import Truth
 
 CHECKS = ("full", "fast")  # experiments.yaml `checks`
-CACHING_PASSES = 3  # fresh rounds the caching test runs twice each
-CACHING_MIN_EFFECT = 0.05  # repeats must be faster by more than this (or the run's noise) to be suspect
+CACHING_ROUNDS = 3  # fresh rounds the caching test times SIGHTINGS times each
+SIGHTINGS = 3  # a memo that fills on the second sighting serves the third
+CACHING_MIN_EFFECT = 0.05  # later sightings must be faster by more than this (or the run's noise) to be suspect
 CACHING_MIN_MS = 0.01  # and by more than this: a pass of tens of microseconds is mostly its launch's noise
-MAX_FRESH_ROUNDS = 32
-# The float64 reference of fresh rounds is computed on the host (once, then cached on disk): at most
-# this many FLOPs of it per job, about 20,000 LeNet-86 images (batch 10000 gets two fresh rounds, both
-# for the caching test).
-REFERENCE_BUDGET_FLOPS = 2e11
+MAX_STALE_ROUNDS = 4  # rounds of a setting that may fail to be visibly new before the setting fails
 # Work after a pass's end: past both of these, the pass left work running; the run is suspect where
 # most timed passes did (IntegrityObserver._judge_idle). A synchronize right after a pass
 # costs up to some 40 us more than a second one even when no work is left (the lent H200, bench and
@@ -68,64 +72,139 @@ NSYS_SLACK = 0.05  # nsys's kernels of a pass may outlast its events by this sha
 # Bytes that fill an output the kernel must overwrite: a large positive finite value in each dtype,
 # which a ReLU passes and a max-pool picks, so an unwritten element spoils the logits downstream.
 POISON_BYTE = {"float16": 0x7B, "float32": 0x7F, "float64": 0x7F}
+WORKSPACE_POISON = 0xFF  # NaN in every float type: a workspace read before it is written spoils the output
 FLOOR_REASON = "below the physical floor"
 
 
-def fresh_rounds(batch_size: int, passes: int, checks: str, available: int, flops_per_image: float
-                 ) -> tuple[int, int]:
-    """(for the timed passes, for the caching test): how many rounds of fresh inputs a job gets, within
-    what the dataset's shifted cycles can fill and the reference budget allows. The caching test comes
-    first, two at least (one pair alone is too few to tell a cache from noise) and up to
-    CACHING_PASSES; the timed passes get one each from what is left (none: they run on round 0, and
-    the caching test is what guards them). `checks: fast`: none at all."""
-    if checks == "fast":
-        return 0, 0
-    affordable = int(REFERENCE_BUDGET_FLOPS // max(batch_size * flops_per_image, 1.0))
-    total = max(1, min(available, affordable, passes + CACHING_PASSES, MAX_FRESH_ROUNDS))
-    caching = min(CACHING_PASSES, total, max(2, total - passes, total // 4))
-    return min(passes, total - caching), caching
+@dataclass
+class Slot:
+    """Where one round lives: made on the device (`made`), shipped from the host (`shipped`, in the
+    pipeline's kind of host memory); `round` and `sources` say which round and images it holds."""
+
+    made: Any
+    shipped: np.ndarray
+    round: int | None = None
+    sources: np.ndarray | None = None
 
 
 class Rounds:
-    """The job's inputs by round on the host, in the pipeline's kind of host memory, their float64
-    references, and which round the next pass uploads (`current`). Made once per job (the fresh
-    rounds' references computed, or read from the cache, then), shared by its settings."""
+    """A job's inputs pass by pass, and their truth: round 0 (the seeds' batch, public, never timed) and a
+    fresh round for each timed pass (`fresh`), made on the device into one of two slots while the last
+    one's truth is worked out (`make_next`). Shared by the job's settings; each round is made once."""
 
-    def __init__(self, gpu, batch: Batch, buffers: PipelineBuffers, fresh: tuple[int, int], host_memory: str):
-        self.batch, self.base, self.current = batch, buffers, 0
-        self.fresh, self.caching = fresh  # rounds 1..fresh for the timed passes, the next `caching` for the test
-        self.inputs = [buffers.x_host]
-        self.references = [batch.reference]
-        self.indices = [batch.idx]
-        for r in range(1, self.fresh + self.caching + 1):
-            self.inputs.append(batch.round_images(r, gpu.host_array(buffers.x_host.shape, buffers.x_host.dtype,
-                                                                    host_memory)))
-            self.references.append(batch.round_reference(r))
-            self.indices.append(batch.round_index(r))
-        self._layers: dict[tuple[int, int], dict[str, np.ndarray]] = {}
-        self._weights64: dict[str, np.ndarray] | None = None  # cast once for every sampled image
+    def __init__(self, gpu, truth: Truth, maker: RoundMaker, batch: Batch, buffers: PipelineBuffers, host_memory: str,
+                 stream, ledger: Ledger):
+        self.gpu, self.truth, self.maker, self.batch, self.base, self.ledger = gpu, truth, maker, batch, buffers, ledger
+        self.stream, self.side = stream, gpu.stream()  # the truth's stream, and the next round's
+        size, shape = batch.size, truth.out_shape
+        self.labels = batch.dataset.labels
+        self.round0 = Slot(gpu.to_device(batch.images, stream), buffers.x_host, 0, np.asarray(batch.idx))
+        self.slots = [Slot(gpu.alloc(buffers.x_host.shape, buffers.x_host.dtype),
+                           gpu.host_array(buffers.x_host.shape, buffers.x_host.dtype, host_memory)) for _ in range(2)]
+        self.reference0 = gpu.alloc((size, *shape), np.float64)
+        truth.forward(self.round0.made, size, self.reference0, stream)
+        self.reference = gpu.alloc((size, *shape), np.float64)  # the current fresh round's truth
+        self.received = gpu.alloc((size, *shape), buffers.logits_host.dtype)  # the logits the host received
+        self.current, self.next_round, self._ready, self._truth_of = self.round0, 1, None, None
+        self.truth_accuracy: float | None = None  # the truth's own, on the round last judged
 
-    def of_pass(self, i: int) -> int:
-        """Timed pass i's round: fresh rounds in turn, round 0 where there are none."""
-        return 1 + i % self.fresh if self.fresh else 0
+    # -- which round a pass runs on ---------------------------------------------------------------------------
+    def use_round0(self) -> None:
+        self.current = self.round0
+
+    def fresh(self) -> Slot:
+        """The next round, made and shipped to its host buffer (or the one `make_next` made), now current."""
+        slot = self._ready or self._make(self.slots[0] if self.current is not self.slots[0] else self.slots[1])
+        self.side.sync()
+        self._ready, self.current = None, slot
+        return slot
+
+    def make_next(self) -> None:
+        """Start making the round after this one in the other slot, on the side stream (outside any timing)."""
+        if self._ready is None:
+            self._ready = self._make(self.slots[1] if self.current is self.slots[0] else self.slots[0])
+
+    def _make(self, slot: Slot) -> Slot:
+        r, self.next_round = self.next_round, self.next_round + 1
+        slot.round, slot.sources = r, self.maker.make(r, slot.made, self.side)
+        self.gpu.download(slot.made, slot.shipped, self.side)
+        return slot
+
+    def key(self) -> int:
+        """Which host buffer the current round ships from (a graph is captured once per buffer)."""
+        return 0 if self.current is self.round0 else 1 + self.slots.index(self.current)
 
     def buffers(self) -> PipelineBuffers:
-        """The pipeline's buffers with the current round's images as its input."""
-        return replace(self.base, x_host=self.inputs[self.current])
+        return replace(self.base, x_host=self.current.shipped)
 
-    def layer_outputs(self, r: int, position: int) -> dict[str, np.ndarray]:
-        """Every layer's float64 output for one image of round r (computed once for all settings)."""
-        key = (r, position)
-        if key not in self._layers:
-            if self._weights64 is None:
-                self._weights64 = {k: v.astype(np.float64) for k, v in self.batch.weights.items()}
-            x = self.inputs[r][position : position + 1].astype(np.float64)
-            outputs = {}
-            for layer in self.batch.network.layers:
-                x = reference_layer(layer, self._weights64, x)
-                outputs[layer.name] = x[0]
-            self._layers[key] = outputs
-        return self._layers[key]
+    # -- what a pass on it computed ---------------------------------------------------------------------------------
+    def reference_now(self):
+        """The current round's truth on the device, worked out once per round (after its first pass)."""
+        if self.current is self.round0:
+            return self.reference0
+        if self._truth_of != self.current.round:
+            self.truth.forward(self.current.made, self.batch.size, self.reference, self.stream)
+            self._truth_of = self.current.round
+        return self.reference
+
+    def judge(self, variants) -> Check:
+        """The logits the host received from the last pass against the current round's truth, on the device."""
+        self.gpu.upload(self.base.logits_host, self.received, self.stream)
+        stats = self.truth.compare(self.received, self.reference_now(), self.batch.size, self.stream)
+        labels = None if self.labels is None else self.labels[self.current.sources]
+        self.truth_accuracy = None if labels is None else float(np.mean(stats.expected == labels))
+        return verdict(stats, labels, variants)
+
+    def truth_of_images(self, positions: tuple[int, ...], layers: list[str]) -> dict[str, np.ndarray]:
+        """Every named layer's float64 output for images `positions` of the current round: [len, ...] each."""
+        made, n = self.current.made, len(positions)
+        picked = self.gpu.alloc((n, *made.shape[1:]), made.dtype)
+        for i, position in enumerate(positions):
+            self.gpu.copy(picked.rows(i, i + 1), made.rows(position, position + 1), self.stream)
+        network = self.batch.network
+        keep = {name: self.gpu.alloc((n, *network.layer(name).out_shape), np.float64) for name in layers}
+        out = self.gpu.alloc((n, *self.truth.out_shape), np.float64)
+        self.truth.forward(picked, n, out, self.stream, keep)
+        found = {}
+        for name, array in keep.items():
+            found[name] = np.empty(array.shape, np.float64)
+            self.gpu.download(array, found[name], self.stream)
+        self.stream.sync()
+        return found
+
+    def sight(self, judge: bool = True) -> float | None:
+        """The current round's truth into the setting's ledger; with `judge`, the share of its images visibly new."""
+        nearest = self.ledger.sight(self.reference_now(), self.current.sources, self.stream, judge)
+        return None if nearest is None else fresh_share(nearest)
+
+    def new_scope(self) -> None:
+        """A setting starts: its ledger holds round 0's sightings alone."""
+        self.ledger.reset()
+        self.ledger.sight(self.reference0, self.round0.sources, self.stream, judge=False)
+
+
+def open_rounds(gpu, arch: str, batch: Batch, buffers: PipelineBuffers, host_memory: str, stream) -> Rounds:
+    """A job's rounds on its open GPU: the truth's kernels (built for `arch`) and weights, the seed drawn now, round
+    0's truth, held to the host's float64 reference on its first and last images (convsweep.truth: a wrong truth
+    would make every check a lie)."""
+    from .network import reference_forward
+    from .truth import Truth, TruthKernels, check_against_host, host_sample
+    from .variants import layer_flops
+
+    kernels = TruthKernels(gpu, arch)
+    truth = Truth(kernels, batch.network, batch.weights, stream)
+    maker = RoundMaker(kernels, batch.shipped, batch.size, draw_seed(), stream,
+                       SOURCE_PERTURBATION if batch.input_format.source else PERTURBATION)
+    rounds = Rounds(gpu, truth, maker, batch, buffers, host_memory, stream,
+                    Ledger(kernels, len(batch.shipped), truth.out_shape))
+    sample = host_sample(batch.size, sum(layer_flops(layer) for layer in batch.network.layers))
+    device = np.empty((len(sample), *truth.out_shape), np.float64)
+    for i, position in enumerate(sample):
+        gpu.download(rounds.reference0.rows(int(position), int(position) + 1), device[i : i + 1], stream)
+    stream.sync()
+    host = reference_forward(batch.network, batch.weights, batch.images[sample], dtype=np.float64, quiet=True)
+    check_against_host(device, host)
+    return rounds
 
 
 @dataclass(frozen=True)
@@ -167,6 +246,11 @@ def layer_samples(net, chunks: list[tuple[int, int]], lanes: int, tolerances: di
     return samples
 
 
+def workspaces(net) -> list:
+    """Every conv workspace of the network's lanes (the variants' scratch, poisoned before each pass)."""
+    return [w for lane in getattr(net, "lanes", ()) for w in getattr(lane, "workspaces", {}).values() if w is not None]
+
+
 class IntegrityObserver(Observer):
     """Checks each timed pass and watches the device around them (the module's docstring says
     what and why). `gpu` (convsweep.gpu.Gpu or a stand-in) poisons, reads back and probes; `net`
@@ -177,13 +261,16 @@ class IntegrityObserver(Observer):
                  checks: str, timed_pass: Callable[[], Reading], pass_ms: Callable[[Reading], float]):
         self.gpu, self.net, self.streams, self.rounds, self.variants = gpu, net, streams, rounds, variants
         self.timed_pass, self.pass_ms = timed_pass, pass_ms
-        self.found = Integrity(checks=checks)
+        self.found = Integrity(checks=checks, rounds=[], freshness={"threshold": FRESH_THRESHOLD, "share": None,
+                                                                      "stale_rounds": 0})
         self.samples = layer_samples(net, chunks, len(streams), {k: v.tolerance for k, v in variants.items()})
+        self.workspaces = workspaces(net)
         self.poison_byte = POISON_BYTE.get(np.dtype(rounds.base.logits_host.dtype).name, 0x7F)
         self.seed: Check | None = None
         self.seed_logits: np.ndarray | None = None
         self.failure: str | None = None
         self.all_ms: list[float] = []
+        self.accuracy: list[tuple[float, float]] = []  # (the kernel's, the truth's) on each timed round
         self.busy_after: list[tuple[int, float]] = []  # (timed pass, ms the device still worked after it)
 
     # -- the device's state ------------------------------------------------------------------
@@ -213,106 +300,140 @@ class IntegrityObserver(Observer):
 
     # -- one pass ----------------------------------------------------------------------------
     def _poison(self) -> None:
-        """Outside any timing: NaN logits on the host and the device, +huge in each checked conv output."""
+        """Outside any timing: NaN logits on the host and the device, +huge in each checked conv output, NaN
+        in every workspace."""
         stream, buffers = self.streams[0], self.rounds.base
         buffers.logits_host[...] = np.nan
         self.gpu.fill(buffers.logits_dev, 0xFF, stream)
         for sample in self.samples:
             self.gpu.fill(sample.buffer, self.poison_byte, stream)
+        for workspace in self.workspaces:
+            self.gpu.fill(workspace, WORKSPACE_POISON, stream)
+        stream.sync()
 
-    def _check(self, r: int) -> Check:
-        """The pass just finished (round r): its logits, then each sampled conv output."""
-        rounds = self.rounds
-        check = check_logits(rounds.base.logits_host, rounds.references[r], rounds.batch.dataset.labels,
-                             rounds.indices[r], self.variants.values())
-        if check.status != "ok":
+    def _check(self) -> Check:
+        """The pass just finished: its logits against the round's truth, then each sampled conv output."""
+        check = self.rounds.judge(self.variants.values())
+        if check.status != "ok" or not self.samples:
             return check
         stream = self.streams[0]
+        truth = self.rounds.truth_of_images(tuple(dict.fromkeys(p for s in self.samples for p in s.positions)),
+                                            list(dict.fromkeys(s.last for s in self.samples)))
+        order = list(dict.fromkeys(p for s in self.samples for p in s.positions))
         for sample in self.samples:
             rows = [np.empty(sample.buffer.shape[1:], sample.buffer.dtype) for _ in sample.rows]
             for row, host in zip(sample.rows, rows):
                 self.gpu.download(sample.buffer.rows(row, row + 1), host[None], stream)
             stream.sync()
-            ref = np.stack([self.rounds.layer_outputs(r, p)[sample.last].reshape(-1) for p in sample.positions])
+            ref = np.stack([truth[sample.last][order.index(p)].reshape(-1) for p in sample.positions])
             layer = check_output(np.stack(rows).reshape(len(rows), -1), ref, sample.tolerance)
             if layer.status != "ok":
                 return Check("incorrect", f"{sample.layer}'s output: {layer.error}", layer.max_rel_err)
         return check
 
-    def _checked(self, what: str, r: int, failing_pass: int | None = None) -> None:
-        check = self._check(r)
+    def _checked(self, what: str, failing_pass: int | None = None) -> Check:
+        check = self._check()
         self.found.checked_passes += failing_pass is not None
         if check.status != "ok" and self.failure is None:
             self.failure = f"{what}: {check.error}"
             self.found.failed_pass = failing_pass
+        return check
 
-    def seed_pass(self, run_pass: Callable[[], object]) -> None:
+    def seed_pass(self, run_pass: Callable[[], object]) -> Check:
         """An untimed pass over round 0, the seeds' batch, checked: the run's accuracy is this pass's."""
-        self.rounds.current = 0
+        self.rounds.use_round0()
+        self.rounds.new_scope()
         self._poison()
         run_pass()
         self.seed_logits = np.array(self.rounds.base.logits_host, copy=True)
+        self.seed = self.rounds.judge(self.variants.values())
+        return self.seed
 
     # -- the observer's hooks --------------------------------------------------------------------
     def before_pass(self, i: int) -> None:
         # Nothing left of what came before (a setting's set-up, stream-ordered frees, the last check's
-        # copies): the probe after the pass then sees only what the pass itself left running.
+        # copies, the next round in the making): the probe after the pass then sees only what the pass left.
+        self.rounds.fresh()
         self.gpu.idle_wait_ms()
-        self.rounds.current = self.rounds.of_pass(i)
         self._poison()
 
-    def after_pass(self, i: int, reading: Reading) -> None:
+    def after_pass(self, i: int, reading: Reading) -> bool:
         idle = self.gpu.idle_wait_ms()
         self.found.idle_wait_ms = max(self.found.idle_wait_ms or 0.0, idle)
         least = IDLE_MIN_MS_PROFILED if os.environ.get("CUDA_INJECTION64_PATH") else IDLE_MIN_MS
         if idle > max(least, IDLE_SHARE * reading.ms):
             self.busy_after.append((i, idle))
-        self._checked(f"timed pass {i}", self.rounds.current, failing_pass=i)
+        self.rounds.reference_now()  # the truth first: then the next round is made beside the check
+        self.rounds.make_next()
+        check = self._checked(f"timed pass {i}", failing_pass=i)
+        share = self.rounds.sight()
+        freshness = self.found.freshness
+        freshness["share"] = share if freshness["share"] is None else min(freshness["share"], share)
+        if share < FRESH_SHARE:  # not a round no kernel has seen: its time does not count
+            freshness["stale_rounds"] += 1
+            if freshness["stale_rounds"] > MAX_STALE_ROUNDS:
+                raise ConvsweepError(f"{freshness['stale_rounds']} rounds were not visibly new (the last: {share:.1%} of "
+                                     f"its images more than {FRESH_THRESHOLD:g} from every earlier sighting): the "
+                                     "perturbation (convsweep.rounds) is too weak for this network")
+            return False
+        self.found.rounds.append(self.rounds.current.round)
+        if check.accuracy is not None:
+            self.accuracy.append((check.accuracy, self.rounds.truth_accuracy))
         self.all_ms.append(self.pass_ms(reading))
-        self.found.fresh_passes += i < self.rounds.fresh
+        self.found.fresh_passes += 1
+        return True
 
     def finish(self, timed_s: float, again: Callable[[], None]) -> None:
         self._state_after()
         self._judge_idle()
-        if not self.rounds.caching or not self.all_ms:
+        if self.accuracy:
+            self.found.fresh_accuracy = float(np.mean([a for a, _ in self.accuracy]))
+            self.found.fresh_truth_accuracy = float(np.mean([a for _, a in self.accuracy]))
+        if self.found.checks == "fast" or not self.all_ms:
             return
-        times: dict[bool, list[float]] = {True: [], False: []}  # repeated? -> pass times
         # First one pass, untimed, over a round the timed passes saw: the GPU idled while they were judged, and
-        # the first pair's fresh pass would pay its clocks' climb back (batch 1 on the lent H100, fp16_ and
+        # the first round's first sighting would pay its clocks' climb back (batch 1 on the lent H100, fp16_ and
         # wgmma_fused_network alike: the first pair 0.71-0.79x, the later ones 0.90-1.19x).
-        self.rounds.current = self.rounds.of_pass(0)
         self._poison()
         self.timed_pass()
-        self._checked("the caching test's warm-up pass", self.rounds.current)
-        for k in range(self.rounds.caching):
-            r = self.rounds.fresh + 1 + k  # a round no pass has seen yet
-            for again in (False, True):
-                self.rounds.current = r
-                self._warm_transfer(r)
+        self._checked("the caching test's warm-up pass")
+        times: list[list[float]] = [[] for _ in range(SIGHTINGS)]  # [sighting][round]
+        for k in range(CACHING_ROUNDS):
+            self.rounds.fresh()
+            for sighting in range(SIGHTINGS):
+                self._warm_transfer()
                 self._poison()
-                times[again].append(self.pass_ms(self.timed_pass()))
-                self._checked(f"caching-test pass {2 * k + again} ({'again' if again else 'fresh inputs'})", r)
-        fresh, repeated = median(times[False]), median(times[True])
-        threshold = max(CACHING_MIN_EFFECT, self._noise())
-        ratio = repeated / fresh if fresh else None
-        pairs = [b / a if a else None for a, b in zip(times[False], times[True])]
-        self.found.caching = {"fresh_ms": fresh, "repeated_ms": repeated, "ratio": ratio, "threshold": threshold,
-                              "passes": [len(times[False]), len(times[True])], "pair_ratios": pairs}
-        # Every pair must say so: a cache makes each second pass fast, where noise (a slow host launch
-        # behind a small kernel's events) makes one pair look like it now and then.
-        if ratio is not None and fresh - repeated > CACHING_MIN_MS and all(p is not None and p < 1 - threshold
-                                                                          for p in pairs):
-            self.found.reasons.append(
-                f"caching test: passes over inputs seen before took {ratio:.2f}x those over fresh inputs "
-                f"({repeated:.3f} against {fresh:.3f} ms, more than the {threshold:.0%} noise allows)")
+                times[sighting].append(self.pass_ms(self.timed_pass()))
+                self._checked(f"caching-test round {k} sighting {sighting + 1}")
+                if sighting == 0:
+                    self.rounds.sight()
+        self._judge_caching(times)
 
-    def _warm_transfer(self, r: int) -> None:
-        """Round r's images copied to the device, untimed, before each pass of its pair, alike: the first copy out of
-        a host buffer is slower than the next (batch 10001 on 4 streams, pinned, on the lent H100: repeats 0.89x
-        fresh, every pair), and the again pass had that for free. (Before the fresh pass alone, it slowed the
-        fresh pass instead: 0.68-0.72x at batch 10000 on one pageable stream.) No kernel runs on them here, so
-        nothing a kernel could have kept of them exists before the fresh pass."""
-        self.gpu.upload(self.rounds.inputs[r], self.rounds.base.x_dev, self.streams[0])
+    def _judge_caching(self, times: list[list[float]]) -> None:
+        """Later sightings of a round against its first: a memo that serves from sighting d is faster there in
+        every round. Suspect where, for some d, every round's ratio is below 1 - threshold."""
+        threshold = max(CACHING_MIN_EFFECT, self._noise())
+        first = median(times[0])
+        later = [[b / a if a else None for a, b in zip(times[0], times[d])] for d in range(1, len(times))]
+        worst = min((median(times[d]) / first if first else 1.0) for d in range(1, len(times)))
+        self.found.caching = {"sightings": len(times), "rounds": len(times[0]), "times_ms": times,
+                              "ratios": later, "ratio": worst, "threshold": threshold}
+        for d, ratios in enumerate(later, start=2):
+            faster = first - median(times[d - 1])
+            if faster > CACHING_MIN_MS and all(r is not None and r < 1 - threshold for r in ratios):
+                self.found.reasons.append(
+                    f"caching test: sighting {d} of a round took {median(times[d - 1]) / first:.2f}x its first "
+                    f"({median(times[d - 1]):.3f} against {first:.3f} ms, in each of {len(ratios)} rounds, more than "
+                    f"the {threshold:.0%} noise allows)")
+                break
+
+    def _warm_transfer(self) -> None:
+        """The current round's images copied to the device, untimed, before each sighting alike: the first copy out
+        of a host buffer is slower than the next (batch 10001 on 4 streams, pinned, on the lent H100: repeats 0.89x
+        fresh, every pair), and a repeat had that for free. (Before the fresh pass alone, it slowed the fresh pass
+        instead: 0.68-0.72x at batch 10000 on one pageable stream.) No kernel runs on them here, so nothing a
+        kernel could have kept of them exists before the first sighting."""
+        self.gpu.upload(self.rounds.current.shipped, self.rounds.base.x_dev, self.streams[0])
         self.streams[0].sync()
 
     def _judge_idle(self) -> None:
@@ -327,14 +448,11 @@ class IntegrityObserver(Observer):
                 f"ms, from pass {first} on): a stream the timer does not wait for")
 
     def _noise(self) -> float:
-        """The run's own noise, for the caching test: the largest deviation from their median of the
-        timed passes of one kind (those over rounds seen before where there are three, else all of
-        them: fresh, or all on round 0), so that a cache's effect on the timed passes is not taken
-        for noise. The largest, not a typical one: the test compares medians of two or three."""
-        again = self.all_ms[self.rounds.fresh:]
-        steady = again if len(again) >= 3 else self.all_ms
-        centre = median(steady)
-        return max(abs(t / centre - 1) for t in steady) if centre else 0.0
+        """The run's own noise, for the caching test: the largest deviation of a timed pass from their
+        median, so that a cache's effect is not taken for noise. The largest, not a typical one: the test
+        compares medians of a few."""
+        centre = median(self.all_ms)
+        return max(abs(t / centre - 1) for t in self.all_ms) if centre else 0.0
 
     def apply(self, record: Measurement) -> None:
         """Into a checked measurement: what was found, and a wrong pass as its verdict."""

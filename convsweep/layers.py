@@ -2,9 +2,10 @@
 the GPU, kernels/layers.cu) only.
 
 Each `LayerKind` says everything convsweep does with its type: the keys a network file gives it
-and the shape it infers, its weights, its float64 reference, the bytes and FLOPs one launch
-moves, how the GPU runner enqueues it, and its PyTorch form (for the cuDNN comparison). The GPU
-and PyTorch entries receive the runner or torch as arguments, so this module imports neither.
+and the shape it infers, its weights, its float64 reference on the host and on the GPU (the truth
+every timed pass is checked against: kernels/truth.cu), the bytes and FLOPs one launch moves, how the
+GPU runner enqueues it, and its PyTorch form (for the cuDNN comparison). The GPU and PyTorch entries
+receive the runner, the truth or torch as arguments, so this module imports none of them.
 """
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ class LayerKind:
     traffic: Callable[[Any, Any, int, int], tuple[int, int]]  # (network, step, batch, itemsize) -> (bytes, flops)
     enqueue: Callable[..., Any]  # (runner, stream, step, x, out, lane) -> the step's output; x holds the chunk's images
     torch: Callable[[Any, Layer, dict, Any], Any]  # (torch, layer, weights by key, h) -> h
+    # (truth, stream, layer, x, y) -> the output in float64 (y, or x where it works in place): convsweep.truth
+    truth: Callable[..., Any]
     kernels: tuple[str, ...] = ()  # the kernels/layers.cu functions its enqueue launches
     owns_output: bool = True  # needs an output buffer per lane (relu works in place, flatten is a view)
     fuse_name: str | None = None  # what a conv variant's `fuses` calls this layer when it computes it
@@ -68,6 +71,12 @@ class LayerKind:
 
     @property
     def absorbable(self) -> bool:
+        return self.absorbed_args is not None
+
+    @property
+    def makes_input(self) -> bool:
+        """Whether it makes the network's input from what was shipped (convert, upsample): the float64
+        truth then starts with it, on the shipped elements, where it otherwise casts the input first."""
         return self.absorbed_args is not None
 
 
@@ -104,6 +113,16 @@ def _conv_enqueue(runner, stream, step, x, out, lane):
     return out
 
 
+def _conv_truth(truth, stream, layer, x, y):
+    """conv2d_f64 with the widest group of output channels a thread can keep that divides M (8, 4 or 1)."""
+    n, (c, h, w), m = x.shape[0], layer.in_shape, layer.out_channels
+    group = next(g for g in (8, 4, 1) if m % g == 0)
+    truth.launch(stream, f"conv2d_f64_{group}", n * (m // group) * _size(layer.out_shape[1:]), y.arg, x.arg,
+                 truth.weight(f"{layer.name}.weight").arg, truth.weight(f"{layer.name}.bias").arg,
+                 *(np.int32(v) for v in (n, c, m, h, w, layer.kernel, layer.stride)))
+    return y
+
+
 CONV2D = LayerKind(
     required=frozenset({"out_channels", "kernel"}), optional=frozenset({"stride"}), infer=_conv_infer,
     weights=lambda layer: {"weight": (layer.out_channels, layer.in_shape[0], layer.kernel, layer.kernel),
@@ -112,7 +131,8 @@ CONV2D = LayerKind(
                                                          weights[f"{layer.name}.bias"], layer.stride),
     traffic=_conv_traffic, enqueue=_conv_enqueue,
     torch=lambda torch, layer, weights, h: torch.nn.functional.conv2d(
-        h, weights[f"{layer.name}.weight"], weights[f"{layer.name}.bias"], stride=layer.stride))
+        h, weights[f"{layer.name}.weight"], weights[f"{layer.name}.bias"], stride=layer.stride),
+    truth=_conv_truth)
 
 
 # -- relu -----------------------------------------------------------------------------------------
@@ -123,12 +143,18 @@ def _relu_enqueue(runner, stream, step, x, out, lane):
     return x
 
 
+def _relu_truth(truth, stream, layer, x, y):
+    count = _size(x.shape)
+    truth.launch(stream, "relu_f64", count, x.arg, np.int64(count))
+    return x
+
+
 RELU = LayerKind(
     required=frozenset(), optional=frozenset(),
     infer=lambda name, kind, in_shape, values, where: Layer(name, kind, in_shape, in_shape),
     weights=lambda layer: {}, reference=lambda layer, weights, x: np.maximum(x, x.dtype.type(0)),
     traffic=lambda network, step, batch, e: (2 * e * batch * _size(step.layer.in_shape), 0),
-    enqueue=_relu_enqueue, torch=lambda torch, layer, weights, h: torch.nn.functional.relu(h),
+    enqueue=_relu_enqueue, torch=lambda torch, layer, weights, h: torch.nn.functional.relu(h), truth=_relu_truth,
     kernels=("relu_inplace",), owns_output=False, fuse_name="relu")
 
 
@@ -151,13 +177,20 @@ def _pool_enqueue(runner, stream, step, x, out, lane):
     return out
 
 
+def _pool_truth(truth, stream, layer, x, y):
+    c, h, w = layer.in_shape
+    truth.launch(stream, "maxpool_f64", _size(y.shape), y.arg, x.arg, np.int64(x.shape[0] * c), np.int32(h),
+                 np.int32(w), np.int32(layer.size), np.int32(layer.stride))
+    return y
+
+
 MAXPOOL2D = LayerKind(
     required=frozenset({"size"}), optional=frozenset({"stride"}), infer=_pool_infer, weights=lambda layer: {},
     reference=lambda layer, weights, x: maxpool2d_reference(x, layer.size, layer.stride),
     traffic=lambda network, step, batch, e: (e * batch * (_size(step.layer.in_shape) + _size(step.layer.out_shape)), 0),
     enqueue=_pool_enqueue,
     torch=lambda torch, layer, weights, h: torch.nn.functional.max_pool2d(h, layer.size, layer.stride),
-    kernels=("maxpool2d",), fuse_name="maxpool")
+    truth=_pool_truth, kernels=("maxpool2d",), fuse_name="maxpool")
 
 
 # -- flatten --------------------------------------------------------------------------------------
@@ -167,7 +200,8 @@ FLATTEN = LayerKind(
     weights=lambda layer: {}, reference=lambda layer, weights, x: x.reshape(len(x), _size(x.shape[1:])),
     traffic=lambda network, step, batch, e: (0, 0),
     enqueue=lambda runner, stream, step, x, out, lane: x.reshaped((x.shape[0], _size(x.shape[1:]))),
-    torch=lambda torch, layer, weights, h: torch.flatten(h, 1), owns_output=False)
+    torch=lambda torch, layer, weights, h: torch.flatten(h, 1), owns_output=False,
+    truth=lambda truth, stream, layer, x, y: x.reshaped((x.shape[0], _size(x.shape[1:]))))
 
 
 # -- dense ----------------------------------------------------------------------------------------
@@ -200,13 +234,20 @@ def _dense_enqueue(runner, stream, step, x, out, lane):
     return out
 
 
+def _dense_truth(truth, stream, layer, x, y):
+    n, in_features, out_features = x.shape[0], layer.in_shape[0], layer.out_features
+    truth.launch(stream, "dense_f64", n * out_features, y.arg, x.arg, truth.weight(f"{layer.name}.weight").arg,
+                 truth.weight(f"{layer.name}.bias").arg, np.int32(n), np.int32(in_features), np.int32(out_features))
+    return y
+
+
 DENSE = LayerKind(
     required=frozenset({"out_features"}), optional=frozenset(), infer=_dense_infer,
     weights=lambda layer: {"weight": (layer.out_features, layer.in_shape[0]), "bias": (layer.out_features,)},
     reference=_dense_reference, traffic=_dense_traffic, enqueue=_dense_enqueue,
     torch=lambda torch, layer, weights, h: torch.nn.functional.linear(
         h, weights[f"{layer.name}.weight"], weights[f"{layer.name}.bias"]),
-    kernels=("dense",), absorbs_relu=True)
+    truth=_dense_truth, kernels=("dense",), absorbs_relu=True)
 
 
 # -- convert and upsample: the input's first step where it crossed the bus in another format ---------
@@ -242,11 +283,18 @@ def _input_traffic(network, step, batch, e):  # the shipped element is network.s
     return batch * (shipped * _size(step.layer.in_shape) + e * _size(step.layer.out_shape)), 0
 
 
+def _convert_truth(truth, stream, layer, x, y):
+    count = _size(x.shape)
+    suffix = _INPUT_KERNEL.get(x.dtype.name, "f64" if x.dtype.name == "float64" else x.dtype.name)
+    truth.launch(stream, f"convert_{suffix}_f64", count, y.arg, x.arg, np.int64(count), np.float64(layer.divisor))
+    return y
+
+
 CONVERT = LayerKind(
     required=frozenset(), optional=frozenset({"divisor"}), infer=_convert_infer, weights=lambda layer: {},
     reference=lambda layer, weights, x: x / x.dtype.type(layer.divisor),
     traffic=_input_traffic, enqueue=_convert_enqueue,
-    torch=lambda torch, layer, weights, h: h.float() / layer.divisor,
+    torch=lambda torch, layer, weights, h: h.float() / layer.divisor, truth=_convert_truth,
     kernels=("convert_u8", "convert_f16", "convert_f32"), absorbed_args=lambda layer: (np.float32(layer.divisor),))
 
 
@@ -294,12 +342,19 @@ def _upsample_enqueue(runner, stream, step, x, out, lane):
     return out
 
 
+def _upsample_truth(truth, stream, layer, x, y):
+    (c, h, w), size = layer.in_shape, layer.size
+    truth.launch(stream, "upsample_u8_f64", _size(y.shape), y.arg, x.arg, np.int64(x.shape[0] * c), np.int32(h),
+                 np.int32(w), np.int32(size), np.int32(size), np.float64(layer.divisor))
+    return y
+
+
 UPSAMPLE = LayerKind(
     required=frozenset({"size"}), optional=frozenset({"divisor"}), infer=_upsample_infer, weights=lambda layer: {},
     reference=_upsample_reference, traffic=_input_traffic, enqueue=_upsample_enqueue,
     torch=lambda torch, layer, weights, h: torch.nn.functional.interpolate(
         h.float() / layer.divisor, size=(layer.size, layer.size), mode="bilinear", align_corners=False).clamp(0, 1),
-    kernels=("upsample_u8",), absorbed_args=_upsample_args)
+    truth=_upsample_truth, kernels=("upsample_u8",), absorbed_args=_upsample_args)
 
 
 LAYER_KINDS: dict[str, LayerKind] = {"conv2d": CONV2D, "relu": RELU, "maxpool2d": MAXPOOL2D, "flatten": FLATTEN,

@@ -23,14 +23,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .checks import check_logits
+from .checks import Check, check_logits
 from .compile import LAYERS_SOURCE, BuildRequest
 from .config import JobSpec, RunSpec, tunables_text
 from .context import JobContext, timed_variants
 from .errors import CompileError, ConvsweepError, MachineError, failure_message
 from .gpulock import bind_free_gpu, gpu_lock, holds_lock_of
 from .inputs import load_batch
-from .integrity import IntegrityObserver, Rounds, fresh_rounds, judge_floors, settle
+from .integrity import IntegrityObserver, judge_floors, open_rounds, settle
 from .network import load_network, reference_layer
 from .numbers import finite, median
 from .paths import resolve_network_path
@@ -41,7 +41,7 @@ from .runner import Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks,
 from .search import Search, UpFront, objective, proposals
 from .stats import StoppingRule
 from .timing import FLUSH, EnergyObserver, HostClock, L2FlushObserver, Reading, pipeline_timer, sample
-from .variants import Variant, get_variant, layer_flops
+from .variants import Variant, get_variant
 
 
 def _timings_from_samples(samples: list[Sample], conv_names: list[str], compile_ms: float | None = None) -> Timings:
@@ -65,10 +65,12 @@ def _floor_shape(network, name: str, variant: Variant, batch: int):
     return network.conv_shape(network.layer(name), batch, fused, network.absorbed_input(name, variant.absorbs_input))
 
 
-def _complete(record: Measurement, logits: np.ndarray, ctx: JobContext) -> None:
-    """Check a measured setting's logits against float64: its verdict, tolerance, images and floors."""
+def _complete(record: Measurement, logits: np.ndarray, ctx: JobContext, check: Check | None = None) -> None:
+    """A measured setting's verdict on round 0 (`check`: the GPU's, against its float64 truth; else the host's
+    reference here), its tolerance, images and floors."""
     batch, run = ctx.batch, ctx.runs[record.grid.index]
-    check = check_logits(logits, batch.reference, batch.dataset.labels, batch.idx, ctx.variants.values())
+    if check is None:
+        check = check_logits(logits, batch.reference, batch.dataset.labels, batch.idx, ctx.variants.values())
     record.status, record.error, record.max_rel_err = check.status, check.error, check.max_rel_err
     record.accuracy, record.prediction_agreement = check.accuracy, check.prediction_agreement
     record.tolerance = max(v.tolerance for v in ctx.variants.values())
@@ -161,11 +163,11 @@ def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backen
         ctx.batch = load_batch(ctx.network, ctx.spec.dataset, ctx.spec.batch, ctx.spec.input_format)
         _ = ctx.batch.images
         shared["load"] = time.perf_counter() - t
-        t = time.perf_counter()
-        _ = ctx.batch.reference  # from the disk cache, or computed once for every setting
-        shared["reference"] = time.perf_counter() - t
         cpu = {v.is_cpu for v in ctx.variants.values()}
         if cpu == {True}:
+            t = time.perf_counter()
+            _ = ctx.batch.reference  # from the disk cache, or computed once for every setting
+            shared["reference"] = time.perf_counter() - t
             _measure_cpu_settings(ctx, asked, finish)
         elif cpu == {False}:
             _measure_gpu_settings(ctx, asked, backend, shared, finish)
@@ -280,12 +282,10 @@ def _measure_gpu_settings(ctx: JobContext, asked: Search | UpFront, backend: Bac
                 raise
             return
         t = clock()
-        passes = StoppingRule.of(spec.repeats, spec.stopping).max_samples_taken
-        per_image = sum(layer_flops(layer) for layer in ctx.batch.network.layers)
-        fresh = fresh_rounds(spec.batch, passes, spec.checks, ctx.batch.fresh_rounds_available, per_image)
-        # The fresh rounds' references are computed here (or read from the disk cache).
-        rounds = Rounds(session.gpu, ctx.batch, session.buffers, fresh, spec.host_memory)
-        shared["fresh_inputs"] = clock() - t
+        # The truth's module and weights, round 0's truth (held to the host's on a sample), the job's seed.
+        rounds = open_rounds(session.gpu, session.arch, ctx.batch, session.buffers, spec.host_memory,
+                             session.streams[0])
+        shared["reference"] = clock() - t
         session = replace(session, rounds=rounds, peaks=_peaks(backend, session.gpu, session.monitor))
         bar = progress(total=asked.budget, desc=f"job {spec.job_id}", unit="setting", enabled=asked.budget > 1)
         measured = 0
@@ -315,8 +315,9 @@ def _measure_one(session: GpuSession, ctx: JobContext, i: int, finish) -> Measur
         with nvtx_range(f"setting {i}"), session.gpu.scope():
             logits, guard = _measure_gpu_setting(session, ctx, record)
         t = clock()
-        _complete(record, logits, ctx)
+        _complete(record, logits, ctx, guard.seed)
         guard.apply(record)  # a wrong timed pass, and what else the checks found
+        record.integrity.inputs = session.rounds.maker.record()
         record.integrity.peaks = session.peaks
         judge_floors(record, ctx.batch.network)
         settle(record)
@@ -363,9 +364,9 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measureme
         marks.update(h2d=[(start, h2d_end)], compute=[(h2d_end, d2h_start)], d2h=[(d2h_start, end)])
         return start, end
 
-    # timer (convsweep.axes): each pass's own events, or one replay of each round's pass captured once, timed whole.
+    # timer (convsweep.axes): each pass's own events, or one replay of each host buffer's pass captured once, timed whole.
     events = run.timer == "events"
-    timer = pipeline_timer(gpu, streams[0], graph=not events, key=lambda: rounds.current)
+    timer = pipeline_timer(gpu, streams[0], graph=not events, key=rounds.key)
 
     def timed_pass() -> Reading:  # one more pass, for the caching test: not a repeat to nsys
         with nvtx_range("caching test"):

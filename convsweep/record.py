@@ -162,16 +162,22 @@ class Stopping(Part):
 @dataclass
 class Integrity(Part):
     """What the integrity checks (convsweep.integrity) found: which `checks` ran (full, or fast: no
-    fresh inputs, no caching test), how many timed passes were checked and the first that failed,
-    how many saw inputs not seen earlier in the run, the caching test, the device state found before
-    timing, work still running after a pass had ended, and the floors the times were held to.
+    caching test), how many timed passes were checked and the first that failed, how many ran on
+    rounds no kernel had seen (which rounds, made from which seed: `inputs`, so the run can be replayed),
+    how new they were, the accuracy on them, the caching test, the device state found before timing,
+    work still running after a pass had ended, and the floors the times were held to.
     `reasons`: each thing that makes the measurement `suspect`, one line each."""
 
     checks: str  # full | fast
     checked_passes: int = 0
     failed_pass: int | None = None  # the first timed pass (repeat number) whose output was wrong
     fresh_passes: int = 0
-    caching: dict[str, Any] | None = None  # {fresh_ms, repeated_ms, ratio, threshold, passes}; None: not run
+    inputs: dict[str, Any] | None = None  # {seed (hex), perturbation}: what made the rounds (convsweep.rounds)
+    rounds: list[int] | None = None  # the round each counted timed pass ran on, in order
+    freshness: dict[str, Any] | None = None  # {threshold, share (the least of any round), stale_rounds}
+    fresh_accuracy: float | None = None  # the kernel's accuracy over the timed rounds (round 0's is the run's)
+    fresh_truth_accuracy: float | None = None  # the float64 truth's over the same rounds
+    caching: dict[str, Any] | None = None  # {sightings, rounds, times_ms, ratios, ratio, threshold}; None: not run
     device_state: dict[str, Any] | None = None  # {persisting_l2_bytes, windows, reset, problem}
     idle_wait_ms: float | None = None  # the longest the device still worked after a pass's end
     floor_ms: dict[str, float | None] | None = None  # conv layer (and "forward") -> the physical floor

@@ -195,8 +195,9 @@ class Observer:
     def before_pass(self, i: int) -> None:
         """Before timed pass `i` is enqueued."""
 
-    def after_pass(self, i: int, reading: Reading) -> None:
-        """Once timed pass `i` is done (its reading waited for)."""
+    def after_pass(self, i: int, reading: Reading) -> bool | None:
+        """Once timed pass `i` is done (its reading waited for). False: the pass does not count (its inputs
+        were not what a timed pass needs); the observers after this one do not see it, and it runs again."""
 
     def finish(self, timed_s: float, again: Callable[[], None]) -> None:
         """After the last timed pass, `timed_s` of the host clock after start; `again` runs one more
@@ -384,7 +385,8 @@ def sample(timer: Timer, one_pass: Pass, rule: StoppingRule, observers: Sequence
     `label("warmup <w>")`, `label("repeat <i>")` or, for finish's, `label("untimed <k>")`: NVTX ranges
     (runner.nvtx_range) by which nsys.py tells the timed passes' GPU work. A timer without `sync_each`
     under a fixed rule has every pass enqueued before the first is read, and its observers see
-    `after_pass` only then; under an auto rule each pass is read as it ends: the rule needs its time."""
+    `after_pass` only then; under an auto rule each pass is read as it ends: the rule needs its time. A pass
+    an observer refuses (after_pass returns False) is not counted, and another is timed in its place."""
     t = clock()
     for w in range(warmup):
         with label(f"warmup {w}"):
@@ -405,10 +407,10 @@ def sample(timer: Timer, one_pass: Pass, rule: StoppingRule, observers: Sequence
     stop = None
     while stop is None:
         i = len(readings)
-        reading = ahead[i] if i < len(ahead) else enqueue(i)
+        reading = ahead.pop(0) if ahead else enqueue(i)
         ms = reading.ms
-        for o in observers:
-            o.after_pass(i, reading)
+        if any(o.after_pass(i, reading) is False for o in observers):
+            continue  # not counted (any() stops at the observer that said so): pass i runs again
         readings.append(reading)
         stop = rule.reason(ms, clock() - t)
     timed_s = clock() - t

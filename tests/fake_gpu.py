@@ -1,10 +1,15 @@
-"""A GPU made of numpy, for the CPU tests of jobs and the bench: device memory is numpy arrays,
-events tick a fake clock, and the fake network computes with the float64-checked CPU reference."""
+"""A GPU made of numpy, for the CPU tests of jobs and the bench: device memory is numpy arrays (at their
+real addresses), events tick a fake clock, the fake network computes with the float64-checked CPU
+reference, and the harness's own kernels (kernels/truth.cu: the float64 truth, the rounds, the
+comparisons) run as the host build tests/host_kernels.py makes of them."""
 import contextlib
 
 import numpy as np
+import pytest
 
 from convsweep.gpu import DeviceArray
+from convsweep.paths import ROOT
+from host_kernels import compiler, host_library
 from convsweep.network import reference_forward
 from convsweep.reference import conv2d_reference, maxpool2d_reference
 from convsweep.runner import Backend
@@ -80,9 +85,22 @@ class FakeGpu:
     def alloc(self, shape, dtype=np.float32):
         dtype = np.dtype(dtype)
         nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
-        base, self.next = self.next, self.next + nbytes + 256
-        self.blocks[base] = np.zeros(nbytes, np.uint8)
-        return DeviceArray(base, tuple(shape), dtype)
+        block = np.zeros(nbytes + 64, np.uint8)
+        start = -block.ctypes.data % 64  # aligned as a device allocation is, for any element type
+        self.blocks[block.ctypes.data + start] = block[start : start + nbytes]
+        return DeviceArray(block.ctypes.data + start, tuple(shape), dtype)
+
+    # The harness's kernels (kernels/truth.cu) as a host build: grid-stride loops, so one thread covers all.
+    def module(self, build, private=False):
+        if compiler() is None:
+            pytest.skip("no C++ compiler (g++) to build kernels/truth.cu for the host")
+        return host_library(ROOT / build.source)
+
+    def kernel(self, module, name):
+        return module[name]
+
+    def launch(self, stream, kernel, grid, block, shared_bytes, *args):
+        kernel.launch(1, 1, *args)
 
     def mem(self, dev: DeviceArray) -> np.ndarray:
         for base, block in self.blocks.items():
