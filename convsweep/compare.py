@@ -261,7 +261,7 @@ def _suspect(run_a: dict, run_b: dict) -> str | None:
 
 def _note(row: dict) -> str:
     """The table's note on a row: why it is SUSPECT (cut to REASON_CHARS), and which side was measured with
-    fast checks (no fresh inputs, no caching test)."""
+    fast checks (no caching test)."""
     fast = [side for side in ("a", "b") if row.get(f"checks_{side}") == "fast"]
     notes = [f"fast checks: {' and '.join(side.upper() for side in fast)}"] if fast else []
     if row.get("suspect"):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import io
 import json
 import os
 import re
@@ -21,6 +20,7 @@ from typing import Any
 
 from .fileio import canonical_hash, write_atomic
 from .errors import CompileError
+from .findings import scan_ptx
 from .paths import KERNELS_DIR, cache_dir, relative_to_root
 from .variants import ConvShape, Variant, load_registry
 
@@ -30,6 +30,7 @@ _ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 LAYERS_SOURCE = KERNELS_DIR / "layers.cu"  # relu, max-pool and dense: every GPU job runs them
+CACHE_FORMAT = "findings-1"  # what a cached build's metadata holds: builds cached before findings are made again
 _QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"(?P<name>[^"]+)"', re.M)
 
 
@@ -58,6 +59,8 @@ class CompiledModule:
     cache_hit: bool
     log: str
     kernels: tuple[KernelResources, ...]
+    # kernel -> what its PTX does that a convolution has no need to (convsweep.findings); {} for none
+    findings: dict[str, list[str]] = field(default_factory=dict)
 
     def record(self) -> dict:
         """The JSON-able part, as the result file stores it."""
@@ -141,8 +144,6 @@ def build_arch(source: Path, name: str, arch: str) -> str:
 def compile_source(source: Path, name: str, params: dict, arch: str) -> CompiledModule:
     """Compile one .cu file for `arch` (e.g. sm_90a; one its registered variant allows: build_arch) with
     `params` as macros; cached on disk."""
-    from cuda.core import Program
-
     source = Path(source)
     prebuilt = _PREBUILT.get()
     if prebuilt is not None and (found := prebuilt.get(BuildRequest.of(source, name, params).key(arch))) is not None:
@@ -156,27 +157,51 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Compiled
                      "ptxas": ["-v"], "cuda_headers": bool(include_dirs)}
     options_hash = canonical_hash(option_record)
     sources_hash = source_hash(source)
-    key = canonical_hash([sources_hash, options_hash, nvrtc_version()])
+    key = canonical_hash([sources_hash, options_hash, nvrtc_version(), CACHE_FORMAT])
     cached = _load_cached(key)
     if cached:
         meta, cubin = cached
         return CompiledModule(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
-                     meta["compile_ms"], True, meta["log"], tuple(KernelResources(**k) for k in meta["kernels"]))
+                              meta["compile_ms"], True, meta["log"], tuple(KernelResources(**k) for k in meta["kernels"]),
+                              meta["findings"])
 
-    log = io.StringIO()
     start = time.perf_counter()
-    try:
-        obj = Program(source.read_text(), "c++", _options(source, arch, defines, include_dirs)).compile("cubin", logs=log)
-    except Exception as e:  # NVRTCError carries the compiler's log in its message
-        text = str(e)
-        raise CompileError(_first_error(text, relative_to_root(source), name), log=text) from None
+    cubin, ptx, text = _nvrtc(source, name, _options(source, arch, defines, include_dirs), cubin=True)
     compile_ms = (time.perf_counter() - start) * 1e3
-    text = log.getvalue().replace("\x00", "").strip()
-    cubin = bytes(obj.code)
-    kernels = parse_ptxas_log(text)
-    _store_cached(key, cubin, {"compile_ms": compile_ms, "log": text, "kernels": [asdict(k) for k in kernels]})
+    kernels, findings = parse_ptxas_log(text), scan_ptx(ptx)
+    _store_cached(key, cubin, {"compile_ms": compile_ms, "log": text, "kernels": [asdict(k) for k in kernels],
+                               "findings": findings})
     return CompiledModule(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
-                 compile_ms, False, text, kernels)
+                          compile_ms, False, text, kernels, findings)
+
+
+def _nvrtc(source: Path, name: str, options, cubin: bool) -> tuple[bytes | None, str, str]:
+    """One NVRTC compilation of `source` with `options` (ProgramOptions): (the cubin where asked, the PTX,
+    the compiler's log). Through cuda.bindings' NVRTC, which needs no driver; a real target (sm_XX) gives
+    both the PTX and the machine code of one compilation. A failure is a CompileError with the first line."""
+    from cuda.bindings import nvrtc
+
+    flags = [flag for flag in options.as_bytes("nvrtc") if cubin or not flag.startswith(b"--ptxas-options")]
+    _, program = nvrtc.nvrtcCreateProgram(source.read_bytes(), relative_to_root(source).encode(), 0, [], [])
+    try:
+        (result,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
+        _, size = nvrtc.nvrtcGetProgramLogSize(program)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(program, log)
+        text = log.rstrip(b"\0").decode(errors="replace").replace("\x00", "").strip()
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(_first_error(text, relative_to_root(source), name), log=text)
+        _, size = nvrtc.nvrtcGetPTXSize(program)
+        ptx = b" " * size
+        nvrtc.nvrtcGetPTX(program, ptx)
+        code = None
+        if cubin:
+            _, size = nvrtc.nvrtcGetCUBINSize(program)
+            code = b" " * size
+            nvrtc.nvrtcGetCUBIN(program, code)
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+    return code, ptx.rstrip(b"\0").decode(), text
 
 
 def _options(source: Path, arch: str, defines: list, include_dirs: tuple[str, ...]):
@@ -195,29 +220,11 @@ def _options(source: Path, arch: str, defines: list, include_dirs: tuple[str, ..
 
 def compile_ptx(source: Path, name: str, params: dict, arch: str) -> str:
     """The PTX NVRTC makes of what compile_source builds (same target and options), uncached: for
-    reading which instructions a kernel asks for (wgmma, mma.sync). Through cuda.bindings' NVRTC, which
-    needs no driver: cuda.core's PTX output asks the driver whether it could load it."""
-    from cuda.bindings import nvrtc
-
+    reading which instructions a kernel asks for (wgmma, mma.sync)."""
     source = Path(source)
     defines = [(k, str(v)) for k, v in sorted(params.items())]
     options = _options(source, build_arch(source, name, arch), defines, _cuda_include_dirs())
-    flags = [flag for flag in options.as_bytes("nvrtc") if not flag.startswith(b"--ptxas-options")]
-    _, program = nvrtc.nvrtcCreateProgram(source.read_bytes(), relative_to_root(source).encode(), 0, [], [])
-    try:
-        (result,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
-        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            _, size = nvrtc.nvrtcGetProgramLogSize(program)
-            log = b" " * size
-            nvrtc.nvrtcGetProgramLog(program, log)
-            text = log.decode(errors="replace")
-            raise CompileError(_first_error(text, relative_to_root(source), name), log=text)
-        _, size = nvrtc.nvrtcGetPTXSize(program)
-        ptx = b" " * size
-        nvrtc.nvrtcGetPTX(program, ptx)
-    finally:
-        nvrtc.nvrtcDestroyProgram(program)
-    return ptx.rstrip(b"\0").decode()
+    return _nvrtc(source, name, options, cubin=False)[1]
 
 
 # The builds of the job being measured, by cache key (compile_all fills it): a CompiledModule, or

@@ -48,7 +48,7 @@ def _cell_fields() -> list[tuple]:
             ("stopping", dict | None, field(default=None)),
             # untimed passes after a timed part too short for NVML's energy counter
             ("energy_window_s", float, field(default=0.5)),
-            # full, or fast: no fresh inputs and no caching test (convsweep.integrity)
+            # full, or fast: no caching test (convsweep.integrity)
             ("checks", str, field(default="full"))]
 
 

@@ -1,7 +1,9 @@
 """Winners confirmed: once the jobs of a cell have measured their settings (the jobs of an experiment that
 differ only in variant and tunables), the `top` fastest settings of each conv layer are measured again in
-one process, interleaved, A B C A B C ... (a drift of the clocks moves them all alike), and each layer's
-winner is named with the settings it cannot be told apart from (convsweep.stats.paired_difference).
+one process, interleaved, A B C A B C ... (a drift of the clocks moves them all alike), every round on
+inputs no kernel has seen and every pass checked against the float64 truth (convsweep.measure,
+measure_interleaved), and each layer's winner is named with the settings it cannot be told apart from
+(convsweep.stats.paired_difference).
 
 A confirm job reads its cell's result files and writes one file (format `confirm-1`,
 workflow/schemas/confirm.schema.yaml); ingest stores its verdicts as `confirmation` rows, which
@@ -146,7 +148,8 @@ def run_confirm_job(spec: ConfirmSpec, out_path: Path, backend=None) -> dict[str
         with no_result_on_machine_error(out_path):
             measured = measure_interleaved(cell, [c.run for c in candidates], spec.rounds, backend or Backend())
         written = {**head, "status": "ok", "reason": None, "environment": measured.environment,
-                   "clocks": measured.clocks, "clocks_after": measured.clocks_after,
+                   "clocks": measured.clocks, "clocks_after": measured.clocks_after, "inputs": measured.inputs,
+                   "freshness": measured.freshness,
                    "candidates": [{"measurement_id": c.measurement_id, "job_id": c.job_id, "run_key": c.run.run_key,
                                    "variant": variant_label(c.run.variants), "variants": c.run.variants,
                                    "params": c.run.params,

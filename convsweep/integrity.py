@@ -112,22 +112,24 @@ class Rounds:
     def use_round0(self) -> None:
         self.current = self.round0
 
-    def fresh(self) -> Slot:
-        """The next round, made and shipped to its host buffer (or the one `make_next` made), now current."""
-        slot = self._ready or self._make(self.slots[0] if self.current is not self.slots[0] else self.slots[1])
+    def fresh(self, ship: bool = True) -> Slot:
+        """The next round, made (and with `ship`, copied to its host buffer, which the pass uploads) or the one
+        `make_next` made, now current."""
+        slot = self._ready or self._make(self.slots[0] if self.current is not self.slots[0] else self.slots[1], ship)
         self.side.sync()
         self._ready, self.current = None, slot
         return slot
 
-    def make_next(self) -> None:
+    def make_next(self, ship: bool = True) -> None:
         """Start making the round after this one in the other slot, on the side stream (outside any timing)."""
         if self._ready is None:
-            self._ready = self._make(self.slots[1] if self.current is self.slots[0] else self.slots[0])
+            self._ready = self._make(self.slots[1] if self.current is self.slots[0] else self.slots[0], ship)
 
-    def _make(self, slot: Slot) -> Slot:
+    def _make(self, slot: Slot, ship: bool) -> Slot:
         r, self.next_round = self.next_round, self.next_round + 1
         slot.round, slot.sources = r, self.maker.make(r, slot.made, self.side)
-        self.gpu.download(slot.made, slot.shipped, self.side)
+        if ship:
+            self.gpu.download(slot.made, slot.shipped, self.side)
         return slot
 
     def key(self) -> int:
@@ -147,10 +149,13 @@ class Rounds:
             self._truth_of = self.current.round
         return self.reference
 
-    def judge(self, variants) -> Check:
-        """The logits the host received from the last pass against the current round's truth, on the device."""
-        self.gpu.upload(self.base.logits_host, self.received, self.stream)
-        stats = self.truth.compare(self.received, self.reference_now(), self.batch.size, self.stream)
+    def judge(self, variants, logits=None) -> Check:
+        """The logits the host received from the last pass (or `logits`, on the device) against the current
+        round's truth, on the device."""
+        if logits is None:
+            self.gpu.upload(self.base.logits_host, self.received, self.stream)
+        stats = self.truth.compare(self.received if logits is None else logits, self.reference_now(), self.batch.size,
+                                   self.stream)
         labels = None if self.labels is None else self.labels[self.current.sources]
         self.truth_accuracy = None if labels is None else float(np.mean(stats.expected == labels))
         return verdict(stats, labels, variants)

@@ -285,7 +285,8 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
     if sqlite_path is not None:
         conv_names = list(ctx.variants)
         activities = nsys_mod.read_activities(sqlite_path, {layer.name for layer in ctx.network.layers})
-        summaries = nsys_mod.summarize_settings(activities, conv_names)
+        discarded = {i: m.stopping.discarded for i, m in measured.items() if m.stopping and m.stopping.discarded}
+        summaries = nsys_mod.summarize_settings(activities, conv_names, discarded)
     read_s = time.perf_counter() - t
     files = {"nsys_report": str(child.report_base.with_suffix(".nsys-rep")), "nsys_sqlite": str(sqlite_path)} \
         if sqlite_path is not None else {}

@@ -15,7 +15,7 @@ import sqlite3
 import subprocess
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import ConvsweepError
@@ -219,17 +219,23 @@ def _max_concurrency(intervals: list[tuple[int, int, int]]) -> int:
     return best
 
 
-def summarize_settings(activities: list[Activity], conv_layers: list[str]) -> dict[int, dict]:
-    """summarize() of each setting's activities, by setting index (None: outside any setting)."""
+def summarize_settings(activities: list[Activity], conv_layers: list[str],
+                       discarded: dict[int, list[int]] | None = None) -> dict[int, dict]:
+    """summarize() of each setting's activities, by setting index (None: outside any setting); `discarded`:
+    by setting, the repeats that did not count."""
     by_setting: dict[int | None, list[Activity]] = defaultdict(list)
     for a in activities:
         by_setting[a.setting].append(a)
-    return {setting: summarize(acts, conv_layers) for setting, acts in by_setting.items()}
+    return {setting: summarize(acts, conv_layers, (discarded or {}).get(setting, ()))
+            for setting, acts in by_setting.items()}
 
 
-def summarize(activities: list[Activity], conv_layers: list[str]) -> dict:
-    """Per-repeat samples and their medians, plus per-kernel and per-direction totals."""
-    timed = [a for a in activities if a.repeat is not None]
+def summarize(activities: list[Activity], conv_layers: list[str], discarded=()) -> dict:
+    """Per-repeat samples and their medians, plus per-kernel and per-direction totals. `discarded`: repeat
+    labels of passes that did not count (record.Stopping); the rest are numbered again in order."""
+    counted = sorted({a.repeat for a in activities if a.repeat is not None} - set(discarded))
+    number = {label: n for n, label in enumerate(counted)}
+    timed = [replace(a, repeat=number[a.repeat]) for a in activities if a.repeat in number]
     repeats = sorted({a.repeat for a in timed})
     samples = []
     per_metric: dict[tuple, list[float]] = defaultdict(list)

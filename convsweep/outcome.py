@@ -74,7 +74,7 @@ class Outcome:
     finished: int
     statuses: Counter = field(default_factory=Counter)
     problems: Counter = field(default_factory=Counter)
-    fast_checks: int = 0  # settings measured with `checks: fast` (no fresh inputs, no caching test)
+    fast_checks: int = 0  # settings measured with `checks: fast` (no caching test)
     where: list[Path] = field(default_factory=list)  # the logs of the jobs that did not finish, the files not stored
     report: Path | None = None  # the report, when it is up to date
     partial: bool = False  # the report is over the jobs that finished, written at the end of the sweep
@@ -212,7 +212,7 @@ def render(outcome: Outcome) -> str:
     """A few lines: the counts, then a table of the problems and where to read more (none when all is well)."""
     statuses = ", ".join(f"{outcome.statuses[s]} {s}" for s in STATUSES if s in NAMED_AT_ZERO or outcome.statuses[s])
     others = "".join(f", {n} {s}" for s, n in sorted(outcome.statuses.items()) if s not in STATUSES)
-    fast = (f" ({outcome.fast_checks} measured with fast checks: no fresh inputs, no caching test)"
+    fast = (f" ({outcome.fast_checks} measured with fast checks: no caching test)"
             if outcome.fast_checks else "")
     head = (f"{PREFIX}{outcome.experiment}: {outcome.finished} of {outcome.jobs} jobs finished; "
             f"settings stored: {statuses}{others}{fast}")

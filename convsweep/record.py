@@ -24,6 +24,7 @@ from .axes import spec_values
 from .config import variant_label
 from .errors import writing
 from .fileio import canonical_hash, write_json_atomic
+from .findings import describe
 from .stats import relative_spread
 
 # The result format written: the newest of workflow/schemas/result.schema.yaml (a store test ties
@@ -34,7 +35,8 @@ ONE_MEASUREMENT_FORMATS = (1, 2)  # a file that is its one measurement, at its t
 # What the store keeps of a measurement's parts, as the result file names them.
 ENVIRONMENT_KEYS = ("hostname", "gpu", "gpu_uuid", "compute_capability", "driver", "cuda_driver", "nvrtc", "nsys",
                     "python", "packages")
-BUILD_KEYS = ("variant", "params", "arch", "options_hash", "source_hash", "compile_ms", "cache_hit", "log", "kernels")
+BUILD_KEYS = ("variant", "params", "arch", "options_hash", "source_hash", "compile_ms", "cache_hit", "log", "kernels",
+              "findings")
 BUILD_IDENTITY = ("variant", "params", "arch", "options_hash", "source_hash")  # hashed into build_key
 KERNEL_KEYS = ("layer", "name", "launches", "total_ms", "median_ms", "grid", "block", "registers",
                "static_shared_bytes", "dynamic_shared_bytes", "local_bytes")
@@ -150,13 +152,17 @@ class GridPlace(Part):
 
 @dataclass
 class Stopping(Part):
-    """How the timed passes ended: the rule (fixed, auto), why, and the samples taken."""
+    """How the timed passes ended: the rule (fixed, auto), why, the samples taken, and the passes timed but
+    not counted (`discarded`: their NVTX repeat labels; a round that was not visibly new, convsweep.integrity)."""
+
+    OPTIONAL = frozenset({"discarded"})
 
     rule: str
     reason: str
     samples: int
     noise: float | None = None
     measured_s: float | None = None
+    discarded: list[int] | None = None
 
 
 @dataclass
@@ -322,7 +328,18 @@ class Measurement(Part):
                 "checked_passes": found.checked_passes if found else None,
                 "failed_pass": found.failed_pass if found else None,
                 "fresh_passes": found.fresh_passes if found else None,
-                "caching_ratio": caching.get("ratio"), "peak_floor_ms": floors.get("forward")}
+                "caching_ratio": caching.get("ratio"), "peak_floor_ms": floors.get("forward"),
+                "input_seed": (found.inputs or {}).get("seed") if found else None,
+                "fresh_accuracy": found.fresh_accuracy if found else None,
+                "findings": self.findings_line()}
+
+    def findings_line(self) -> str | None:
+        """What the kernels of its variants' builds do that a convolution needs not (convsweep.findings), one
+        line; '' where they were read and show nothing, None where no build says (the CPU, older files)."""
+        read = [b for b in self.builds or [] if b.get("variant") != "layers" and b.get("findings") is not None]
+        if not read:
+            return None
+        return "; ".join(line for b in read if (line := describe(b["findings"])))
 
     def sweep_columns(self) -> dict[str, Any]:
         """The `sweep` row's columns, but created_at."""

@@ -386,7 +386,8 @@ def sample(timer: Timer, one_pass: Pass, rule: StoppingRule, observers: Sequence
     (runner.nvtx_range) by which nsys.py tells the timed passes' GPU work. A timer without `sync_each`
     under a fixed rule has every pass enqueued before the first is read, and its observers see
     `after_pass` only then; under an auto rule each pass is read as it ends: the rule needs its time. A pass
-    an observer refuses (after_pass returns False) is not counted, and another is timed in its place."""
+    an observer refuses (after_pass returns False) is not counted, and another is timed in its place: the
+    NVTX labels count every pass timed, and the stopping record's `discarded` names those that did not count."""
     t = clock()
     for w in range(warmup):
         with label(f"warmup {w}"):
@@ -395,22 +396,26 @@ def sample(timer: Timer, one_pass: Pass, rule: StoppingRule, observers: Sequence
     for o in observers:
         o.start(rule)
 
+    attempts = itertools.count()  # each timed pass's NVTX label: `discarded` names those that did not count
+
     def enqueue(i: int) -> Reading:
         for o in observers:
             o.before_pass(i)
-        with label(f"repeat {i}"):
+        with label(f"repeat {next(attempts)}"):
             return timer.time(one_pass)
 
     t = clock()
     ahead = [enqueue(i) for i in range(rule.repeats)] if not timer.sync_each and rule.repeats is not None else []
     readings: list[Reading] = []
+    discarded: list[int] = []
     stop = None
     while stop is None:
         i = len(readings)
         reading = ahead.pop(0) if ahead else enqueue(i)
         ms = reading.ms
         if any(o.after_pass(i, reading) is False for o in observers):
-            continue  # not counted (any() stops at the observer that said so): pass i runs again
+            discarded.append(i + len(discarded))  # not counted (any() stops at the observer that said so)
+            continue
         readings.append(reading)
         stop = rule.reason(ms, clock() - t)
     timed_s = clock() - t
@@ -423,4 +428,5 @@ def sample(timer: Timer, one_pass: Pass, rule: StoppingRule, observers: Sequence
     for o in observers:
         o.finish(timed_s, again)
     observed = {key: value for o in observers for key, value in o.results().items()}
-    return Sampled([r.ms for r in readings], readings, stop, rule.record(stop), warmup_s, timed_s, observed)
+    stopping = {**rule.record(stop), **({"discarded": discarded} if discarded else {})}
+    return Sampled([r.ms for r in readings], readings, stop, stopping, warmup_s, timed_s, observed)

@@ -251,24 +251,19 @@ def test_every_build_asks_nvrtc_not_to_cache_so_its_ptxas_log_is_read(tmp_path, 
     """NVRTC 12.9+ keeps a cache of its own and hands a cached build back without ptxas' log (NVRTC 13.0 on
     the lent H100 did, from a kernel's second build on): each compile asks for none, so every build's record
     has the registers, shared memory and spills of each kernel."""
-    import cuda.core
+    from convsweep import compile as compile_module
 
     log = ("ptxas info    : Compiling entry function 'conv_forward' for 'sm_90'\n"
            "ptxas info    : Function properties for conv_forward\n"
            "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
            "ptxas info    : Used 40 registers, used 1 barriers, 256 bytes smem")
 
-    class CachingProgram:  # a log only where the cache is off, as NVRTC 13.0's
-        def __init__(self, code, code_type, options):
-            self.options = options
-
-        def compile(self, target, logs):
-            if self.options.no_cache:
-                logs.write(log)
-            return SimpleNamespace(code=b"\x7fELF cubin")
+    def caching_nvrtc(source, name, options, cubin):  # a log only where the cache is off, as NVRTC 13.0's
+        assert b"--no-cache" in options.as_bytes("nvrtc")
+        return b"\x7fELF cubin", "", log if options.no_cache else ""
 
     monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path))
-    monkeypatch.setattr(cuda.core, "Program", CachingProgram)
+    monkeypatch.setattr(compile_module, "_nvrtc", caching_nvrtc)
     build = compile_source(KERNELS_DIR / "naive.cu", "naive", {}, "sm_90")
     assert [(k.name, k.registers, k.shared_bytes, k.spill_store_bytes) for k in build.kernels] == \
         [("conv_forward", 40, 256, 4)]

@@ -167,6 +167,52 @@ def test_a_confirm_job_measures_the_top_settings_interleaved_and_writes_who_wins
     assert confirm.summary_lines(written)[0].endswith("(first ranking overturned)")
 
 
+class MemoByBlock(TimedByBlock):
+    """BLOCK 128 keeps its output by the input's bytes and serves a repeat in a tenth of its time: the confirmation
+    that timed one batch again and again crowned it. Every round is new now: it never hits."""
+
+    def enqueue(self, stream, lane, x, logits, n, events=None, flush=None):
+        kept = self.__dict__.setdefault("kept", {})
+        key = self.gpu.read(x.rows(0, n)).tobytes()
+        super().enqueue(stream, lane, x, logits, n, events, flush)
+        if self.block == 128 and key in kept and events is not None:
+            for pairs in events.values():
+                for begin, end in pairs:
+                    end.t = begin.t + (end.t - begin.t) / 10
+        kept[key] = True
+
+
+def test_every_confirmation_round_is_new_so_a_memo_gains_nothing(measured_cell, tmp_path, monkeypatch):
+    monkeypatch.setattr(TimedByBlock, "ms", {64: 1.0, 128: 1.5, 256: 3.0})  # 128 served from a memo: 0.15
+    written = run_confirm_job(confirm_spec(measured_cell, rounds=5), tmp_path / "w.json",
+                              backend=dataclasses.replace(FAKE, network=MemoByBlock))
+    assert written["freshness"]["counted"] == 5 and written["freshness"]["stale_rounds"] == 0
+    assert len(written["inputs"]["seed"]) == 16
+    for verdict in written["layers"]:
+        winner = next(e for e in verdict["entries"] if e["standing"] == "winner")
+        assert winner["median_ms"] == pytest.approx(1.0, rel=0.01) and not verdict["overturned"]
+
+
+class WrongOnFreshRounds(TimedByBlock):
+    """BLOCK 128 is right on the seeds' batch (round 0, where it was checked before the rounds) and off after."""
+
+    def enqueue(self, stream, lane, x, logits, n, events=None, flush=None):
+        super().enqueue(stream, lane, x, logits, n, events, flush)
+        self.passes = getattr(self, "passes", 0) + 1
+        if self.block == 128 and self.passes > 1:
+            self.gpu.read(logits.rows(0, n))[...] *= 1.01
+
+
+def test_a_setting_wrong_in_a_confirmation_round_is_incorrect_and_leaves_the_rounds(measured_cell, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.setattr(TimedByBlock, "ms", {64: 1.0, 128: 2.0, 256: 3.0})
+    written = run_confirm_job(confirm_spec(measured_cell, rounds=4), tmp_path / "w.json",
+                              backend=dataclasses.replace(FAKE, network=WrongOnFreshRounds))
+    statuses = {c["params"]["conv1"]["BLOCK"]: (c["status"], c["error"]) for c in written["candidates"]}
+    assert statuses[64] == ("ok", None)
+    assert statuses[128][0] == "incorrect" and statuses[128][1].startswith("round 1: max relative error")
+
+
 def test_a_cell_of_one_correct_setting_is_skipped_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(TimedByBlock, "ms", {64: 1.0})
     out = tmp_path / "runs" / "job.json"

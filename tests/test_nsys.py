@@ -103,6 +103,17 @@ def test_serial_passes_are_attributed_to_repeats_and_layers(tmp_path):
     assert len([x for x in s["samples"] if x["metric"] == "op_time_ms"]) == 6
 
 
+def test_a_discarded_pass_is_left_out_and_the_counted_ones_numbered_in_order(tmp_path):
+    ex = Export(tmp_path / "r.sqlite")
+    for r in range(4):  # repeat 1 ran on a round that was not visibly new: 9 ms that must not count
+        one_pass(ex, 100_000_000 * (r + 1), f"repeat {r}", 9_000_000 if r == 1 else 1_000_000, 2_000_000)
+    ex.close()
+    s = summarize(read_activities(tmp_path / "r.sqlite", {"conv1", "conv2"}), ["conv1", "conv2"], discarded=[1])
+    assert s["repeats_seen"] == 3 and s["op_time_ms"]["conv1"] == pytest.approx(1.0)
+    assert sorted({x["repeat"] for x in s["samples"]}) == [0, 1, 2]
+    assert all(k["launches"] == 3 for k in s["kernels"])
+
+
 def test_overlap_and_concurrent_streams(tmp_path):
     ex = Export(tmp_path / "o.sqlite")
     ex.nvtx(0, 1000, "repeat 0")

@@ -181,7 +181,7 @@ def test_suspect_settings_are_counted_and_each_reason_is_a_row(tmp_path, db_url)
     experiment = dataclasses.replace(experiment, name="lenet86-integrity")  # the fixtures' experiment
     lines = said(db_url, experiment).splitlines()
     assert lines[0] == ("convsweep: lenet86-integrity: 2 of 2 jobs finished; settings stored: 2 ok, 1 suspect, "
-                        "0 failed, 0 incorrect (1 measured with fast checks: no fresh inputs, no caching test)")
+                        "0 failed, 0 incorrect (1 measured with fast checks: no caching test)")
     count, unit, what, why = lines[3].split(None, 3)
     assert (count, unit, what) == ("1", "setting", "suspect")
     assert why.startswith("conv1 took 0.05 ms, below the physical floor") and len(why) == REASON_CHARS

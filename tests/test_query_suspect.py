@@ -73,6 +73,33 @@ def test_throughput_gives_each_time_over_its_floor_at_the_gpus_measured_rates(ju
     assert summary[7.3]["forward × floor"] is None
 
 
+def test_best_never_picks_a_run_whose_timed_passes_were_not_all_on_unseen_inputs(db_url):
+    """Stored before every pass was fresh (batch 10000 repeated round 0; fast checks had no fresh rounds): a
+    memo could have served its passes, so it is not a winner, however fast."""
+    files = integrity_results()
+    tiled = files[1]["measurements"][0]
+    tiled["integrity"]["fresh_passes"], tiled["integrity"]["rounds"] = 0, None
+    best = rows_of(stored(db_url, files), "best")
+    assert {(r["layer"], r["variant"]) for r in best if r["standing"] == "fastest"} == {("op time 1", "naive"),
+                                                                                        ("op time 2", "naive")}
+
+
+def test_what_a_runs_kernels_do_shows_beside_it_in_best_and_failures(db_url):
+    """A finding (convsweep.findings) is not a verdict: the run stays the winner, with the finding beside it."""
+    files = integrity_results()
+    for job_file in files:
+        for m in job_file["measurements"]:
+            for build in m["builds"]:
+                build["findings"] = {"conv_forward": ["global_write", "clock"] if m["spec"]["variants"]["conv1"] == "tiled"
+                                     else []}
+    url = stored(db_url, files)
+    best = rows_of(url, "best")
+    assert {r["findings"] for r in best} == {"conv_forward: writes module-scope global memory, reads %globaltimer or "
+                                             "%clock"}
+    (failure,) = rows_of(url, "failures")
+    assert failure["findings"] == ""  # read, and nothing found
+
+
 def test_best_never_picks_the_suspect_run_and_says_the_winner_had_fast_checks(judged_url):
     best = rows_of(judged_url, "best")
     assert [(r["layer"], r["standing"], r["variant"], r["checks"]) for r in best] == [
@@ -99,7 +126,7 @@ def test_failures_and_runs_give_every_reason_of_a_suspect_run(judged_url):
     reasons = next(m for job_file in integrity_results() for m in job_file["measurements"]
                    if m["status"] == "suspect")["integrity"]["reasons"]
     assert failure["status"] == "suspect" and failure["error"] == "; ".join(reasons)
-    assert reasons[0] == SUSPECT_REASON and reasons[2].startswith("caching test: passes over inputs seen before took")
+    assert reasons[0] == SUSPECT_REASON and reasons[2].startswith("caching test: sighting 2 of a round took")
     runs = rows_of(judged_url, "runs")
     assert sorted((r["status"], r["checks"]) for r in runs) == [("ok", "fast"), ("ok", "full"), ("suspect", "full")]
 

@@ -294,6 +294,21 @@ def test_a_report_never_names_a_gpu_that_no_run_opened(tmp_path):
         "Measured on NVIDIA H100 80GB HBM3 and the CPU on 2026-11-22")
 
 
+def test_what_a_variants_kernels_do_is_said_under_it(db_url, tmp_path):
+    files = integrity_results()
+    for m in files[1]["measurements"]:
+        for build in m["builds"]:
+            build["findings"] = {"conv_forward": ["global_write"]}
+    engine = open_store(db_url)
+    for job_file in files:
+        ingest_result(engine, job_file, None)
+    engine.dispose()
+    report.write(db_url, "lenet86-integrity", markdown=tmp_path / "report.md")
+    parts = sections((tmp_path / "report.md").read_text())
+    assert "- conv_forward: writes module-scope global memory" in parts["`tiled`"]
+    assert "module-scope" not in parts["`naive` (the baseline)"]
+
+
 def test_a_suspect_run_is_listed_with_its_reasons_never_fastest_and_fast_checks_are_marked(db_url, tmp_path):
     """naive BLOCK=128 is suspect and the fastest of all; tiled was measured with fast checks."""
     engine = open_store(db_url)
@@ -322,7 +337,7 @@ def test_a_suspect_run_is_listed_with_its_reasons_never_fastest_and_fast_checks_
     assert "## Failed or incorrect" not in summary
     suspect = summary.split("## Suspect")[1]
     assert "| naive (BLOCK=128), batch 10000 | conv1 took 0.05 ms, below the physical floor" in suspect
-    assert "caching test: passes over inputs seen before took 0.41x" in suspect
+    assert "caching test: sighting 2 of a round took 0.41x" in suspect
     assert "| status   | checks   |" in summary.split("## Suspect")[0]
 
     rows = list(csv.DictReader(io.StringIO((tmp_path / "tables" / "seeds.csv").read_text())))

@@ -163,6 +163,24 @@ def test_each_pass_is_enqueued_inside_a_range_named_for_what_it_is():
 
 
 # -- timers --------------------------------------------------------------------------------------
+def test_a_pass_an_observer_refuses_is_timed_again_under_a_label_of_its_own():
+    class RefusesTheSecond(Observer):
+        def __init__(self):
+            self.seen = []
+
+        def after_pass(self, i, reading):
+            self.seen.append(i)
+            return len(self.seen) != 2
+
+    log, labels = [], []
+    after, refuses = Watcher(log), RefusesTheSecond()
+    sampled = sample(HostClock(), lambda marks: None, StoppingRule(repeats=3), [refuses, after],
+                     label=lambda name: labels.append(name) or contextlib.nullcontext())
+    assert refuses.seen == [0, 1, 1, 2] and len(sampled.samples_ms) == 3
+    assert labels == ["repeat 0", "repeat 1", "repeat 2", "repeat 3"] and sampled.stopping["discarded"] == [1]
+    assert [e[:2] for e in log if e[0] == "after"] == [("after", 0), ("after", 1), ("after", 2)]
+
+
 def test_a_pass_that_brings_its_own_events_is_timed_between_them():
     """runner.pipeline_pass's start and end: no event of the timer's around them."""
     gpu = ScriptedGpu(itertools.count())

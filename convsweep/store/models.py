@@ -114,6 +114,8 @@ class Build(Base):
     cache_hit: Mapped[bool | None] = mapped_column(Boolean)
     log: Mapped[str | None] = mapped_column(Text)
     kernels: Mapped[list[Any] | None]
+    # kernel -> what its PTX does that a convolution needs not (convsweep.findings); NULL: built before findings
+    findings: Mapped[dict[str, Any] | None]
 
 
 _SQL_TYPES = {int: Integer, str: String}
@@ -210,7 +212,11 @@ class Run(AxisColumns, Base):
     checked_passes: Mapped[int | None] = mapped_column(Integer)  # timed passes whose output was checked
     failed_pass: Mapped[int | None] = mapped_column(Integer)  # the first of them whose output was wrong
     fresh_passes: Mapped[int | None] = mapped_column(Integer)  # timed passes over inputs not seen before in the run
-    caching_ratio: Mapped[float | None] = mapped_column(Float)  # median pass on repeated / on fresh inputs
+    caching_ratio: Mapped[float | None] = mapped_column(Float)  # the caching test: a later sighting's median / the first's
+    input_seed: Mapped[str | None] = mapped_column(String)  # what the rounds were made from (hex): they can be made again
+    fresh_accuracy: Mapped[float | None] = mapped_column(Float)  # on the timed rounds (accuracy: round 0's, the seeds')
+    # What the run's kernels do that a convolution needs not, one line from their builds' findings ('': nothing)
+    findings: Mapped[str | None] = mapped_column(Text)
     peak_floor_ms: Mapped[float | None] = mapped_column(Float)  # the whole pass at the GPU's peak rates: below it, suspect
     # What a pass moves over the bus (the input in its format, the logits) and its smallest chunk: with the
     # conv layers' work (floors) what the floors at measured rates are reckoned from (convsweep.floors).

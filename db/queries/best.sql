@@ -9,16 +9,20 @@
 -- first place: the setting's place in the first ranking; a confirmed winner that was not first overturned it.
 -- ±%: how noisy the time beside it is, its samples' median absolute deviation in % of their median; text with
 -- one decimal, which a table cell would otherwise pad to four significant digits.
--- checks: "fast" where the run was measured with `checks: fast` (no fresh inputs, no caching test): a winner the
--- full checks have not vouched for. A suspect run, however fast, is never here: `convsweep query summary` shows it.
+-- checks: "fast" where the run was measured with `checks: fast` (no caching test): a winner the full checks have
+-- not vouched for. A suspect run, however fast, is never here: `convsweep query summary` shows it; nor is a run
+-- some of whose timed passes ran on inputs its kernel had seen (stored before every pass was fresh: a memo could
+-- have served them). findings: what the run's kernels do that a convolution needs not (a fact, not a verdict).
 WITH ranked AS (
-    SELECT r.experiment, lt.variant, lt.params, r.batch, r.streams, r.host_memory, r.checks, r.id AS run_id,
+    SELECT r.experiment, lt.variant, lt.params, r.batch, r.streams, r.host_memory, r.checks, r.findings,
+           r.id AS run_id,
            lt.layer_index, lt.layer, lt.op_time_ms, lt.op_time_spread,
            ROW_NUMBER() OVER (PARTITION BY r.experiment, lt.layer_index, r.batch
                               ORDER BY lt.op_time_ms, r.id) AS place
     FROM layer_time lt
     JOIN latest_run r ON r.id = lt.run_id
     WHERE r.status = 'ok' AND lt.op_time_ms IS NOT NULL
+      AND (r.checked_passes IS NULL OR r.fresh_passes >= r.checked_passes)
 ),
 fastest AS (
     SELECT experiment, layer_index, batch, op_time_ms AS best_ms, COALESCE(op_time_spread, 0) AS best_spread
@@ -28,8 +32,8 @@ fastest AS (
 answers AS (
     SELECT r.experiment, r.layer_index, r.batch, r.place AS rank_in_cell, r.place AS first_place,
            CASE WHEN r.place = 1 THEN 'fastest' ELSE 'tied' END AS standing,
-           r.variant, r.params, r.streams, r.host_memory, r.op_time_ms, r.op_time_spread, r.checks, r.run_id,
-           NULL AS confirmed_ms, NULL AS p, NULL AS detectable_ms
+           r.variant, r.params, r.streams, r.host_memory, r.op_time_ms, r.op_time_spread, r.checks, r.findings,
+           r.run_id, NULL AS confirmed_ms, NULL AS p, NULL AS detectable_ms
     FROM ranked r
     JOIN fastest f ON f.experiment = r.experiment AND f.layer_index = r.layer_index AND f.batch = r.batch
     WHERE (r.place = 1
@@ -39,7 +43,8 @@ answers AS (
     UNION ALL
     SELECT s.experiment, s.layer_index, s.batch, s.place, s.first_place,
            CASE WHEN s.standing = 'winner' THEN 'confirmed' ELSE 'tied' END,
-           s.variant, s.params, r.streams, r.host_memory, lt.op_time_ms, lt.op_time_spread, r.checks, r.id,
+           s.variant, s.params, r.streams, r.host_memory, lt.op_time_ms, lt.op_time_spread, r.checks, r.findings,
+           r.id,
            s.median_ms, s.p_value, s.detectable_ms
     FROM latest_confirmation s
     JOIN run r ON r.id = s.run_id
@@ -61,6 +66,7 @@ SELECT experiment,
        detectable_ms AS "detectable (ms)",
        first_place AS "first place",
        CASE WHEN checks = 'fast' THEN 'fast' ELSE '' END AS checks,
+       COALESCE(findings, '') AS findings,
        run_id
 FROM answers
 ORDER BY experiment, layer_index, batch, rank_in_cell, run_id

@@ -1,6 +1,6 @@
 -- How much slower is each conv layer when it finds a cold L2 (written over before it) than a warm one, per variant and batch?
 -- Pairs the latest warm and cold runs of the same job (experiment, variants, tunables, batch, streams, host memory),
--- both ok. checks: "fast" where either was measured with `checks: fast` (no fresh inputs, no caching test).
+-- both ok. checks: "fast" where either was measured with `checks: fast` (no caching test).
 SELECT w.experiment,
        lw.variant,
        w.batch,

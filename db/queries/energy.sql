@@ -4,7 +4,7 @@
 -- short for the counter's steps is followed by untimed passes of the same kind (the job's "energy" phase, at most
 -- energy_window_s) and the power is measured over both; blank where even those could not tell it. GFLOP/J counts the conv layers' FLOPs against that energy.
 -- "throttled" counts the passes after which NVML named a slowdown (power cap, thermal, power brake).
--- checks: "fast" where the run was measured with `checks: fast` (no fresh inputs, no caching test).
+-- checks: "fast" where the run was measured with `checks: fast` (no caching test).
 SELECT r.experiment,
        r.variant,
        r.batch,

@@ -1,7 +1,9 @@
 -- Which runs failed, computed wrong results or cannot be trusted (suspect), and why?
--- A suspect run's error is each of its reasons ("; "-joined): a time below the physical floor, passes faster on
--- inputs they had seen, device state left set, work outside the timer. failed_pass: the first timed pass whose
--- output was wrong (an incorrect run the integrity checks caught mid-timing).
+-- A suspect run's error is each of its reasons ("; "-joined): a time below the physical floor, later sightings of
+-- a round faster than its first (the caching test), device state left set, work outside the timer. failed_pass:
+-- the first timed pass whose output was wrong (an incorrect run the integrity checks caught mid-timing).
+-- findings: what its kernels' PTX does that a convolution needs not (module-scope writes, clock reads, L2
+-- policies, device launches: convsweep/findings.py); a fact to look at, not a verdict.
 SELECT id AS run_id,
        experiment,
        job_id,
@@ -12,7 +14,8 @@ SELECT id AS run_id,
        max_rel_err,
        tolerance,
        failed_pass,
-       error
+       error,
+       findings
 FROM latest_run
 WHERE status IN ('failed', 'incorrect', 'suspect')
 ORDER BY experiment, status, variant, batch, streams, id

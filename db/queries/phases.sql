@@ -1,5 +1,5 @@
 -- Where does a job's wall time go: total seconds split into process start, data load, waiting for the GPU (another job held it), compile (or cache hit), allocation, warm-up, timed repeats, the check and the nsys profile/export?
--- checks: "fast" where the run was measured with `checks: fast` (no fresh inputs, no caching test: less time).
+-- checks: "fast" where the run was measured with `checks: fast` (no caching test: less time).
 SELECT r.experiment,
        r.variant,
        r.batch,

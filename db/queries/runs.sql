@@ -1,6 +1,6 @@
 -- Which runs are stored (the latest measurement of each job), and did each one succeed (status and error)?
 -- status suspect: measured, but the integrity checks doubt its times (the reasons are its error). checks: full,
--- fast (`checks: fast`: no fresh inputs, no caching test), or empty where none ran (the CPU reference, older runs).
+-- fast (`checks: fast`: no caching test), or empty where none ran (the CPU reference, older runs).
 SELECT id AS run_id,
        experiment,
        job_id,

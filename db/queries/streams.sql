@@ -1,5 +1,5 @@
 -- Do streams and host memory shorten end-to-end inference: best forward time (ms) and the share of copy time hidden under kernels, per stream count (ok runs)?
--- checks: "fast" where any run of the row was measured with `checks: fast` (no fresh inputs, no caching test).
+-- checks: "fast" where any run of the row was measured with `checks: fast` (no caching test).
 SELECT experiment,
        variant,
        batch,

@@ -2,9 +2,9 @@
 -- ±%: how noisy the time beside it is, its samples' median absolute deviation in % of their median; text with
 -- one decimal, which a table cell would otherwise pad to four significant digits. The experiment comes first:
 -- the default sweep holds two, and one's warm rows would otherwise read as duplicates of the other's.
--- verdict: empty for an ok run; "fast checks" for one measured with `checks: fast` (no fresh inputs, no caching
--- test); "suspect: " and the first of its reasons for a run whose times the integrity checks doubt (faster than
--- the physical floor, faster on inputs it had seen, work outside the timer): shown, never counted as fastest.
+-- verdict: empty for an ok run; "fast checks" for one measured with `checks: fast` (no caching test); "suspect: "
+-- and the first of its reasons for a run whose times the integrity checks doubt (faster than the physical floor,
+-- faster on a round it had seen, work outside the timer): shown, never counted as fastest.
 -- `convsweep query failures` has every reason in full.
 -- input: what the batch crossed the bus as (the `input` axis). forward × floor: the host-to-host pass over its
 -- floor at this GPU's measured rates (convsweep/floors.py: the input up, the compute, the logits down, pipelined

@@ -1,6 +1,6 @@
 -- What GFLOP/s and GB/s does each conv layer reach (ok runs; GB/s counts only the bytes the layer must move at least)?
 -- A suspect run (a time below the physical floor, say) is left out: its rates would be impossible ones.
--- checks: "fast" where the run was measured with `checks: fast` (no fresh inputs, no caching test).
+-- checks: "fast" where the run was measured with `checks: fast` (no caching test).
 -- × floor: the op time over the layer's floor at this GPU's measured rates (convsweep/floors.py: its least bytes
 -- at the device copy rate, or its FLOPs at the matmul rate of the unit its variant computes on, whichever is
 -- longer). Empty until `convsweep bench --ceilings-only --db URL` has measured the GPU's rates.

@@ -1,5 +1,5 @@
 -- How much of the copy time do streams and pinned host memory hide (ok runs)?
--- checks: "fast" where the run was measured with `checks: fast` (no fresh inputs, no caching test).
+-- checks: "fast" where the run was measured with `checks: fast` (no caching test).
 SELECT experiment,
        variant,
        batch,

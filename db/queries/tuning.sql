@@ -1,6 +1,6 @@
 -- How does every tunable setting of each conv layer and batch size compare: its op time and its rank (1 = fastest ok setting; suspect, incorrect and failed ones are listed unranked, with their error)?
 -- A suspect setting's error is its reasons: why its time cannot be trusted (faster than the physical floor, say).
--- checks: "fast" where the setting was measured with `checks: fast` (no fresh inputs, no caching test).
+-- checks: "fast" where the setting was measured with `checks: fast` (no caching test).
 WITH setting AS (
     SELECT r.experiment, lt.layer_index, lt.layer, r.batch, lt.variant, lt.params, lt.op_time_ms,
            r.status, r.error, r.checks, r.streams, r.host_memory, r.id AS run_id,
