@@ -116,6 +116,7 @@ class Gpu:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise MachineError(f"cannot open CUDA device {device_id} ({first})") from None
         self._owned: list = []  # buffers, streams, events: closed in reverse order
+        self._lasting: list = []  # buffers no scope releases (alloc's `lasting`): closed last
         self._registered: list[int] = []
         self._modules: dict = {}
         self._l2_scratch: DeviceArray | None = None  # l2_flusher's buffer
@@ -172,14 +173,16 @@ class Gpu:
 
         return stream.record(options=EventOptions(timing_enabled=True))
 
-    def alloc(self, shape, dtype=np.float32) -> DeviceArray:
+    def alloc(self, shape, dtype=np.float32, lasting: bool = False) -> DeviceArray:
+        """A device buffer, released when the scope it was made in ends; `lasting`: only when the Gpu closes (a
+        job's buffers that grow on first use, wherever that is: the truth's, the freshness ledger's)."""
         dtype = np.dtype(dtype)
         nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
         try:
             buf = self.device.allocate(nbytes, stream=self.device.default_stream)
         except Exception as e:
             raise DeviceError(f"cannot allocate {nbytes} bytes on {self.name}: {e}") from None
-        self._owned.append(buf)
+        (self._lasting if lasting else self._owned).append(buf)
         return DeviceArray(int(buf.handle), tuple(shape), dtype)
 
     def to_device(self, array: np.ndarray, stream) -> DeviceArray:
@@ -397,6 +400,9 @@ class Gpu:
         try:
             self._release()
         finally:
+            for buf in reversed(self._lasting):
+                buf.close()
+            self._lasting.clear()
             self._modules.clear()
 
     def __enter__(self) -> "Gpu":

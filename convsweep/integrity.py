@@ -107,6 +107,7 @@ class Rounds:
         self.received = gpu.alloc((size, *shape), buffers.logits_host.dtype)  # the logits the host received
         self.current, self.next_round, self._ready, self._truth_of = self.round0, 1, None, None
         self.truth_accuracy: float | None = None  # the truth's own, on the round last judged
+        self._picked: dict = {}  # truth_of_images' buffers
 
     # -- which round a pass runs on ---------------------------------------------------------------------------
     def use_round0(self) -> None:
@@ -162,13 +163,17 @@ class Rounds:
 
     def truth_of_images(self, positions: tuple[int, ...], layers: list[str]) -> dict[str, np.ndarray]:
         """Every named layer's float64 output for images `positions` of the current round: [len, ...] each."""
-        made, n = self.current.made, len(positions)
-        picked = self.gpu.alloc((n, *made.shape[1:]), made.dtype)
+        made, n, network = self.current.made, len(positions), self.batch.network
+        key = (n, tuple(layers))
+        if key not in self._picked:  # the same few images of every pass of the job: made once, outlive a setting
+            alloc = self.gpu.alloc
+            self._picked[key] = (alloc((n, *made.shape[1:]), made.dtype, lasting=True),
+                                 {name: alloc((n, *network.layer(name).out_shape), np.float64, lasting=True)
+                                  for name in layers},
+                                 alloc((n, *self.truth.out_shape), np.float64, lasting=True))
+        picked, keep, out = self._picked[key]
         for i, position in enumerate(positions):
             self.gpu.copy(picked.rows(i, i + 1), made.rows(position, position + 1), self.stream)
-        network = self.batch.network
-        keep = {name: self.gpu.alloc((n, *network.layer(name).out_shape), np.float64) for name in layers}
-        out = self.gpu.alloc((n, *self.truth.out_shape), np.float64)
         self.truth.forward(picked, n, out, self.stream, keep)
         found = {}
         for name, array in keep.items():

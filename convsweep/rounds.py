@@ -125,7 +125,7 @@ class Ledger:
         if slots <= self.capacity:
             return
         capacity = max(slots, 2 * self.capacity, 4)
-        grown = self.gpu.alloc((capacity * self.sources * self.values,), np.float64)
+        grown = self.gpu.alloc((capacity * self.sources * self.values,), np.float64, lasting=True)  # outlives a setting
         if self.seen is not None and self.counts.any():
             used = int(self.counts.max()) * self.sources * self.values
             self.gpu.copy(DeviceArray(grown.ptr, (used,), grown.dtype), DeviceArray(self.seen.ptr, (used,), grown.dtype),
@@ -140,8 +140,8 @@ class Ledger:
         slots = self.counts[sources] + _occurrence(sources)
         self._room(int(slots.max()) + 1, stream)
         if self._slots is None or self._slots.shape[0] < batch:
-            self._slots, self._sources = (self.gpu.alloc((batch,), np.int64) for _ in range(2))
-            self._nearest = self.gpu.alloc((batch,), np.float64)
+            self._slots, self._sources = (self.gpu.alloc((batch,), np.int64, lasting=True) for _ in range(2))
+            self._nearest = self.gpu.alloc((batch,), np.float64, lasting=True)
         staged = np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(sources, np.int64)
         self.gpu.upload(staged[0], self._slots.rows(0, batch), stream)
         self.gpu.upload(staged[1], self._sources.rows(0, batch), stream)

@@ -81,8 +81,8 @@ class Truth:
     def _room(self, n: int) -> list[DeviceArray]:
         """Two float64 buffers for min(n, chunk) images of the widest activation: the layers go back and forth."""
         need = min(n, self.chunk)
-        if need > self._capacity:
-            self._buffers = [self.gpu.alloc((need * self._per_image,), np.float64) for _ in range(2)]
+        if need > self._capacity:  # lasting: a job's first forward may come inside a setting's scope
+            self._buffers = [self.gpu.alloc((need * self._per_image,), np.float64, lasting=True) for _ in range(2)]
             self._capacity = need
         return self._buffers
 
@@ -121,7 +121,7 @@ class Truth:
     def _scratch(self, name: str, elements: int) -> DeviceArray:
         held = self._compare.get(name)
         if held is None or math.prod(held.shape) < elements:
-            held = self._compare[name] = self.gpu.alloc((max(elements, 1),), np.float64)
+            held = self._compare[name] = self.gpu.alloc((max(elements, 1),), np.float64, lasting=True)
         return held
 
     def compare(self, y: DeviceArray, ref: DeviceArray, n: int, stream) -> RowStats:

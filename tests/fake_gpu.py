@@ -61,6 +61,7 @@ class FakeGpu:
 
     def __init__(self):
         self.blocks, self.next = {}, 1 << 20
+        self.lasting, self.released = set(), set()
         self.device = type("Device", (), {"sync": lambda self: None})()
 
     def __enter__(self):
@@ -71,7 +72,15 @@ class FakeGpu:
 
     @contextlib.contextmanager
     def scope(self):
-        yield self
+        """As Gpu.scope: what is allocated inside, but `lasting` buffers, is gone once it ends. Here it is
+        scribbled over and refused (mem), so a job that keeps using such a buffer fails its tests."""
+        before = set(self.blocks)
+        try:
+            yield self
+        finally:
+            for base in set(self.blocks) - before - self.lasting:
+                self.blocks[base][...] = 0xCD
+                self.released.add(base)
 
     def driver_version(self):
         return "0"
@@ -82,12 +91,14 @@ class FakeGpu:
     def event(self, stream):
         return FakeEvent()
 
-    def alloc(self, shape, dtype=np.float32):
+    def alloc(self, shape, dtype=np.float32, lasting=False):
         dtype = np.dtype(dtype)
         nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
         block = np.zeros(nbytes + 64, np.uint8)
         start = -block.ctypes.data % 64  # aligned as a device allocation is, for any element type
         self.blocks[block.ctypes.data + start] = block[start : start + nbytes]
+        if lasting:
+            self.lasting.add(block.ctypes.data + start)
         return DeviceArray(block.ctypes.data + start, tuple(shape), dtype)
 
     # The harness's kernels (kernels/truth.cu) as a host build: grid-stride loops, so one thread covers all.
@@ -100,11 +111,14 @@ class FakeGpu:
         return module[name]
 
     def launch(self, stream, kernel, grid, block, shared_bytes, *args):
+        for pointer in (a for a in args if isinstance(a, np.uintp) and a):
+            self.mem(DeviceArray(int(pointer), (1,), np.dtype(np.uint8)))  # refuses a released buffer
         kernel.launch(1, 1, *args)
 
     def mem(self, dev: DeviceArray) -> np.ndarray:
         for base, block in self.blocks.items():
             if base <= dev.ptr < base + len(block):
+                assert base not in self.released, f"{dev.ptr:#x} was released when the scope it was made in ended"
                 assert dev.ptr - base + dev.nbytes <= len(block), "access past the end of an allocation"
                 return block[dev.ptr - base : dev.ptr - base + dev.nbytes]
         raise AssertionError(f"no allocation holds {dev.ptr:#x}")
