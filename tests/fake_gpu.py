@@ -3,6 +3,7 @@ real addresses), events tick a fake clock, the fake network computes with the fl
 reference, and the harness's own kernels (kernels/truth.cu: the float64 truth, the rounds, the
 comparisons) run as the host build tests/host_kernels.py makes of them."""
 import contextlib
+import ctypes
 
 import numpy as np
 import pytest
@@ -111,8 +112,9 @@ class FakeGpu:
         return module[name]
 
     def launch(self, stream, kernel, grid, block, shared_bytes, *args):
-        for pointer in (a for a in args if isinstance(a, np.uintp) and a):
-            self.mem(DeviceArray(int(pointer), (1,), np.dtype(np.uint8)))  # refuses a released buffer
+        for (kind, _), pointer in zip(kernel.params, args):
+            if kind is ctypes.c_void_p and pointer:
+                self.mem(DeviceArray(int(pointer), (1,), np.dtype(np.uint8)))  # refuses a released buffer
         kernel.launch(1, 1, *args)
 
     def mem(self, dev: DeviceArray) -> np.ndarray:
