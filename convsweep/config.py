@@ -49,7 +49,9 @@ def _cell_fields() -> list[tuple]:
             # untimed passes after a timed part too short for NVML's energy counter
             ("energy_window_s", float, field(default=0.5)),
             # full, or fast: no caching test (convsweep.integrity)
-            ("checks", str, field(default="full"))]
+            ("checks", str, field(default="full")),
+            # one checked pass of each setting again under compute-sanitizer (convsweep.sanitize)
+            ("sanitize", bool, field(default=False))]
 
 
 # One cell of the sweep matrix as a spec holds it: its experiment, network, dataset, variants and a value
@@ -148,7 +150,8 @@ class JobSpec(Cell):
 # Keys left out of a spec's dict at these values, so specs written before they existed keep their
 # hashes: the axes' defaults (the automatic chunking, warm caches), the GPU's own architecture, a
 # fixed number of repeats, the energy window.
-_OMITTED_DEFAULTS = {**OMITTED_AT_DEFAULT, "arch": "auto", "stopping": None, "energy_window_s": 0.5, "checks": "full"}
+_OMITTED_DEFAULTS = {**OMITTED_AT_DEFAULT, "arch": "auto", "stopping": None, "energy_window_s": 0.5, "checks": "full",
+                     "sanitize": False}
 
 
 def _without_defaults(d: dict) -> dict:
@@ -333,7 +336,8 @@ def expand_config(config: Config | dict, source: str = "experiments.yaml") -> li
                     experiment=name, network=network, dataset=exp["dataset"], variants=layer_map, grid=grid, **cell,
                     repeats=exp["repeats"], warmup=exp["warmup"], profiler=exp["profiler"],
                     stopping=dict(exp["stopping"]) if exp["repeats"] == "auto" else None, search=search,
-                    energy_window_s=exp["energy_window_s"], checks=exp["checks"], arch=config.data["arch"],
+                    energy_window_s=exp["energy_window_s"], checks=exp["checks"], sanitize=exp["sanitize"],
+                    arch=config.data["arch"],
                     sweep=sweep))
     if not jobs:
         raise ConfigError(f"{config.path}: the sweep matrix is empty")

@@ -322,11 +322,26 @@ def _measure_one(session: GpuSession, ctx: JobContext, i: int, finish) -> Measur
         judge_floors(record, ctx.batch.network)
         settle(record)
         record.phases_s["check"] = clock() - t
+        if ctx.spec.sanitize and record.status in ("ok", "suspect"):
+            t = clock()
+            _sanitized(record, ctx.runs[i])
+            record.phases_s["sanitize"] = clock() - t
     except Exception as e:
         record.status, record.error = "failed", failure_message(e)
     record.environment = session.environment
     finish(record, clock() - started)
     return record
+
+
+def _sanitized(record: Measurement, run: RunSpec) -> None:
+    """`sanitize: true`: one checked pass of the setting again under compute-sanitizer (convsweep.sanitize), in a
+    child that shares this job's hold on the GPU; an error it finds is the setting's verdict."""
+    from .sanitize import sanitize, verdict
+
+    record.integrity.sanitizer = sanitize(run)
+    error = verdict(record.integrity.sanitizer)
+    if error is not None:
+        record.status, record.error = "incorrect", error
 
 
 def _peaks(backend: Backend, gpu, monitor) -> dict | None:

@@ -184,6 +184,7 @@ class Integrity(Part):
     fresh_accuracy: float | None = None  # the kernel's accuracy over the timed rounds (round 0's is the run's)
     fresh_truth_accuracy: float | None = None  # the float64 truth's over the same rounds
     caching: dict[str, Any] | None = None  # {sightings, rounds, times_ms, ratios, ratio, threshold}; None: not run
+    sanitizer: dict[str, Any] | None = None  # {memcheck, initcheck: {errors, first}} or {problem}; None: not asked
     device_state: dict[str, Any] | None = None  # {persisting_l2_bytes, windows, reset, problem}
     idle_wait_ms: float | None = None  # the longest the device still worked after a pass's end
     floor_ms: dict[str, float | None] | None = None  # conv layer (and "forward") -> the physical floor

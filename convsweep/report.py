@@ -59,10 +59,9 @@ READING_GUIDE = [
     "batch, streams, host memory and L2 state, the fastest setting of each. **previous**: the variant before it "
     "here, where variants run from the slowest to the fastest (by their speedup over the baseline at the largest "
     f"batch they share). **baseline**: {BASELINE_VARIANT}.",
-    "**suspect**: a run every check passed but whose times the integrity checks doubt (faster than the physical "
-    "floor, faster on inputs it had seen, device state left set, work outside the timer): listed under its "
-    "variant with its reasons, outside the seeds' table, and never the fastest. **fast checks**: measured with "
-    "`checks: fast` (no caching test), marked `fast` in the checks column wherever it is shown.",
+    "**suspect**: a run every check passed but whose times the integrity checks doubt (below the physical floor, "
+    "faster on a round it had seen, device state left set, work outside the timer): under its variant with its "
+    "reasons, never the fastest. **fast checks**: `checks: fast` (no caching test), marked `fast` where shown.",
 ]
 
 
@@ -199,10 +198,9 @@ def _variant_section(experiment: Experiment, variant: str, previous: str | None,
         blocks += [Paragraph("Not in the table:"),
                    Bullets([f"{runs_text(group, shown, grid)}: {status}: {error[:300]}"
                             for (status, error), group in failure_groups(others).items()])]
-    findings = list(dict.fromkeys(run["findings"] for run in runs if run.get("findings")))
-    if findings:
-        blocks += [Paragraph("What its compiled kernels do that a convolution needs not (read from their PTX; a fact "
-                             "to look at, not a verdict):"), Bullets(findings)]
+    if findings := list(dict.fromkeys(run["findings"] for run in runs if run.get("findings"))):
+        blocks += [Paragraph("What its kernels' PTX does that a convolution needs not (a fact, not a verdict):"),
+                   Bullets(findings)]
     if variant != BASELINE_VARIANT and variant in best:
         blocks += [Heading(3, "Speedup"), *_speedups(variant, previous, best, shown, grid)]
     blocks += [Heading(3, "Nsight Compute: what bounds each conv kernel"), *_evidence(experiment, variant)]

@@ -2,20 +2,36 @@
 
 They live in tests/redteam/, never in the shipped registry: the kernels register through
 CONVSWEEP_VARIANTS=tests/redteam/variants.yaml, the networks go in through runner.Backend(network=...).
-Each runs LeNet-86 at batch 1000 (events, one stream, 5 timed passes after 1 warm-up) on one conv
-layer, naive on the other.
+Each runs LeNet-86 (events, one stream, 5 timed passes after 1 warm-up) on one conv layer, naive on the
+other, at batch 1000 unless it says otherwise.
 
 What each cheats -> what catches it -> the verdict:
 - redteam_compute_once: computes on its first launch (the seed pass), then returns at once -> outputs
   poisoned before each timed pass, every timed pass checked -> incorrect, timed pass 0.
-- redteam_memo_pointer: copies the output it kept when x's pointer repeats -> fresh inputs in the same
+- redteam_memo_pointer: copies the output it kept when x's pointer repeats -> a fresh round in the same
   buffer, every timed pass checked -> incorrect.
-- redteam_memo_hash: copies the output it kept when an image's hash repeats, so it is honest on fresh
-  inputs -> the caching test (passes over one round repeated against passes over fresh ones) -> suspect.
+- redteam_memo_hash: copies the output it kept (in its workspace) when an image's hash repeats -> the caching
+  test -> suspect; with `checks: fast` (the tuning sweeps') -> fresh rounds and a poisoned workspace: ok, and
+  no faster than naive.
+- redteam_memo_third: serves an image from its third sighting on (module-scope memory) -> the caching test's
+  three sightings of each round -> suspect, "sighting 3".
+- redteam_memo_layer: conv1 alone memoized, the rest computed -> the caching test -> suspect, "sighting 2".
+- redteam_memo_corner_blind: a memo whose key leaves out the corners, on u8-source -> rounds perturb the whole
+  digit -> ok with fast checks, and no faster than naive.
+- redteam_memo_batch: the whole batch memoized in the workspace, under `checks: fast` -> fresh rounds, the
+  workspace poisoned -> ok, no faster than naive.
+- redteam_dedup: at batch 10000, computes each of mnist5k's images once and copies its repeat -> no image repeats
+  in a fresh round -> ok, no faster than naive.
+- redteam_round0: recognises the seeds' batch by its first image at batch 10000 -> no timed pass runs on round 0
+  -> ok, no faster than naive, and its build's findings name its module-scope write.
 - redteam_partial: never writes every 97th output element -> +huge poison through ReLU and max-pool,
   checked logits -> incorrect.
 - redteam_approx: 4 images in 1000 off by 3e-5 (the logits by 1.6-1.9e-5 against fp32's 1e-5) -> every
   timed pass's logits against float64 -> incorrect.
+- redteam_low_mantissa: weights cut to a few mantissa bits, fp16-class -> caught where the cut leaves the fp16
+  tolerance; the widths it lets through are measured (README, "What a number guarantees").
+- redteam_out_of_bounds: a bug, not a cheat: writes past the end of its output -> `sanitize: true`,
+  compute-sanitizer's memcheck -> incorrect.
 - SideStreamNetwork: more convs after each layer on a stream the pass never joins -> the probe for work
   still running after each pass -> suspect.
 - PersistingL2Network: a persisting-L2 set-aside and a window over the input, at every pass -> the device
@@ -42,9 +58,14 @@ REDTEAM_REGISTRY = REDTEAM_DIR / "variants.yaml"
 # Each red-team kernel and the layer it runs on. conv2 where the cheat keys on the input's address
 # (a lane buffer of the runner: the same every pass) or where the most time is to be gained.
 KERNEL_LAYER = {"redteam_compute_once": "conv2", "redteam_memo_pointer": "conv2", "redteam_memo_hash": "conv2",
-                "redteam_partial": "conv1", "redteam_approx": "conv2"}
-WRONG_KERNELS = [name for name in KERNEL_LAYER if name != "redteam_memo_hash"]  # every pass of these is checkable
-LENET_SHAPES = [ConvShape(B=1000, C=1, M=4, H=86, W=86, K=7), ConvShape(B=1000, C=4, M=16, H=40, W=40, K=7)]
+                "redteam_partial": "conv1", "redteam_approx": "conv2", "redteam_memo_third": "conv2",
+                "redteam_memo_layer": "conv1", "redteam_memo_corner_blind": "conv1", "redteam_memo_batch": "conv1",
+                "redteam_dedup": "conv2", "redteam_round0": "conv2", "redteam_low_mantissa": "conv2",
+                "redteam_out_of_bounds": "conv2"}
+WRONG_KERNELS = ["redteam_compute_once", "redteam_memo_pointer", "redteam_partial", "redteam_approx"]
+LENET_SHAPES = {"conv1": ConvShape(B=1000, C=1, M=4, H=86, W=86, K=7),
+                "conv2": ConvShape(B=1000, C=4, M=16, H=40, W=40, K=7)}
+HONEST_SHARE = 0.9  # a cheat that gained nothing times at least this share of naive's op time (it hashes too)
 
 
 @pytest.fixture
@@ -53,15 +74,16 @@ def redteam(monkeypatch):
     monkeypatch.setenv(VARIANTS_ENV, str(REDTEAM_REGISTRY))
 
 
-def spec(cheat: str | None = None) -> RunSpec:
+def spec(cheat: str | None = None, layer: str | None = None, **over) -> RunSpec:
     """LeNet-86 at batch 1000, events, one stream, 5 timed passes after 1 warm-up: naive on every
-    conv layer but the one `cheat` (a red-team kernel) runs on."""
+    conv layer but the one `cheat` (a red-team kernel) runs on; `over` changes the rest."""
     variants = {"conv1": "naive", "conv2": "naive"}
     if cheat is not None:
-        variants[KERNEL_LAYER[cheat]] = cheat
-    return RunSpec(experiment="redteam", network="networks/lenet86.yaml", dataset="mnist5k", variants=variants,
-                   params={"conv1": {}, "conv2": {}}, batch=1000, streams=1, host_memory="pageable", repeats=5,
-                   warmup=1, profiler="events")
+        variants[layer or KERNEL_LAYER[cheat]] = cheat
+    base = dict(experiment="redteam", network="networks/lenet86.yaml", dataset="mnist5k", variants=variants,
+                params={"conv1": {}, "conv2": {}}, batch=1000, streams=1, host_memory="pageable", repeats=5,
+                warmup=1, profiler="events")
+    return RunSpec(**{**base, **over})
 
 
 def measured(run: RunSpec, network=None):
@@ -80,11 +102,12 @@ def test_the_red_team_joins_the_registry_through_the_environment(redteam):
     assert {"naive", "reference"} <= set(registry)  # the shipped ones stay
     for name in names:
         variant = registry[name]
-        assert variant.precision == "fp32" and variant.source.parent == REDTEAM_DIR, name
-        for shape in LENET_SHAPES:
-            assert variant.launch_plan(shape, variant.defaults()), name
-            if variant.workspace:
-                assert variant.workspace_bytes(shape, variant.defaults()) > 0, name
+        assert variant.precision == ("fp16" if name == "redteam_low_mantissa" else "fp32"), name
+        assert variant.source.parent == REDTEAM_DIR, name
+        shape = LENET_SHAPES[KERNEL_LAYER[name]]
+        assert variant.launch_plan(shape, variant.defaults()), name
+        if variant.workspace:
+            assert variant.workspace_bytes(shape, variant.defaults()) > 0, name
 
 
 def test_no_red_team_kernel_is_in_the_shipped_registry(monkeypatch):
@@ -107,6 +130,10 @@ def test_every_red_team_kernel_compiles(redteam, name, arch):
     build = compile_variant(variant, variant.defaults(), arch)
     assert build.cubin[:4] == b"\x7fELF"
     assert set(variant.kernel_names) <= {k.name for k in build.kernels}
+    # What each keeps between passes in module-scope memory is on its build's record (convsweep.findings).
+    module_scope = {"redteam_compute_once", "redteam_memo_third", "redteam_memo_layer", "redteam_memo_corner_blind",
+                    "redteam_round0"}
+    assert any("global_write" in keys for keys in build.findings.values()) == (name in module_scope), build.findings
 
 
 def test_the_host_level_cheats_are_networks_a_backend_takes():
@@ -188,3 +215,100 @@ def test_a_persisting_l2_set_aside_made_once_is_reset_before_timing():
     assert m.status == "ok", (m.status, m.error)
     state = m.integrity.device_state
     assert state["reset"] is True and state["persisting_l2_bytes"] > 0, state
+
+
+# -- memos that fresh rounds leave nothing to serve ---------------------------------------------------------
+_naive: dict[tuple, float] = {}
+
+
+def naive_op_ms(layer: str, **over) -> float:
+    """naive's op time of `layer` measured as the cheat it is held to is (same batch, input and checks)."""
+    key = (layer, tuple(sorted(over.items())))
+    if key not in _naive:
+        m = measured(spec(**over))
+        assert m.status == "ok", m.error
+        _naive[key] = m.timings.op_time_ms[layer]
+    return _naive[key]
+
+
+def gained_nothing(m, cheat: str, **over) -> None:
+    """The cheat's timed passes were its own work: ok, and no faster than naive on the same passes."""
+    layer = KERNEL_LAYER[cheat]
+    assert m.status == "ok", (m.status, m.error)
+    assert m.integrity.fresh_passes == m.integrity.checked_passes == 5 and 0 not in m.integrity.rounds
+    assert m.timings.op_time_ms[layer] >= HONEST_SHARE * naive_op_ms(layer, **over), \
+        (m.timings.op_time_ms[layer], naive_op_ms(layer, **over))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cheat, sighting", [("redteam_memo_hash", 2), ("redteam_memo_third", 3),
+                                             ("redteam_memo_layer", 2)])
+def test_a_memo_of_any_depth_shows_in_the_caching_test(redteam, cheat, sighting):
+    m = measured(spec(cheat))
+    assert m.status == "suspect", (m.status, m.error)
+    assert m.integrity.failed_pass is None  # fresh rounds make it honest: every timed pass is right
+    assert any(r.startswith(f"caching test: sighting {sighting} ") for r in m.integrity.reasons), m.integrity.reasons
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cheat", ["redteam_memo_hash", "redteam_memo_batch"])
+def test_a_workspace_memo_under_fast_checks_gains_nothing(redteam, cheat):
+    over = {"checks": "fast"}
+    layer = "conv1"  # where the tuning sweep once crowned redteam_memo_hash (0.251 ms against naive's 0.684)
+    m = measured(spec(cheat, layer, **over))
+    assert m.status == "ok", (m.status, m.error)
+    assert m.timings.op_time_ms[layer] >= HONEST_SHARE * naive_op_ms(layer, **over)
+
+
+@pytest.mark.gpu
+def test_a_corner_blind_memo_on_the_stored_digits_gains_nothing(redteam):
+    over = {"checks": "fast", "input_format": "u8-source"}
+    gained_nothing(measured(spec("redteam_memo_corner_blind", **over)), "redteam_memo_corner_blind", **over)
+
+
+@pytest.mark.gpu
+def test_deduplicating_the_batch_at_10000_gains_nothing(redteam):
+    over = {"checks": "fast", "batch": 10000}
+    gained_nothing(measured(spec("redteam_dedup", **over)), "redteam_dedup", **over)
+
+
+@pytest.mark.gpu
+def test_recognising_the_seeds_batch_gains_nothing_and_its_module_scope_write_is_on_record(redteam):
+    over = {"checks": "fast", "batch": 10000}
+    m = measured(spec("redteam_round0", warmup=3, **over))  # round 0 three times before timing: it recognises it
+    gained_nothing(m, "redteam_round0", **over)
+    (build,) = [b for b in m.builds if b["variant"] == "redteam_round0"]
+    assert build["findings"]["round0_print_of"] == ["global_write"]
+
+
+@pytest.mark.gpu
+def test_weights_cut_far_below_half_precision_are_caught_and_what_passes_is_measured(redteam, capsys):
+    """The fp16 class's tolerance (1e-2 normwise, accuracy within 0.5 points) against weights cut to a few
+    mantissa bits on both conv layers: printed as a table (README, "What a number guarantees")."""
+    rows = []
+    for bits in (0, 1, 2, 3, 4, 6, 10):
+        run = spec("redteam_low_mantissa", checks="fast", variants={"conv1": "redteam_low_mantissa",
+                                                                    "conv2": "redteam_low_mantissa"},
+                   params={"conv1": {"MANTISSA_BITS": bits}, "conv2": {"MANTISSA_BITS": bits}})
+        m = measured(run)
+        rows.append((bits, m.status, m.max_rel_err, m.accuracy, m.integrity.fresh_accuracy, m.error))
+    with capsys.disabled():
+        print("\nmantissa bits | status | max_rel_err (round 0) | accuracy (round 0) | accuracy (timed rounds)")
+        for bits, status, err, acc, fresh, _ in rows:
+            print(f"{bits:13d} | {status:9s} | {err:.3g} | {acc:.4f} | {fresh if fresh is None else round(fresh, 4)}")
+    verdicts = {bits: status for bits, status, *_ in rows}
+    assert verdicts[0] == "incorrect" and verdicts[10] == "ok", rows
+
+
+@pytest.mark.gpu
+def test_sanitize_finds_a_write_out_of_bounds_and_passes_an_honest_kernel(redteam):
+    from convsweep.sanitize import find_sanitizer
+
+    if find_sanitizer() is None:
+        pytest.skip("compute-sanitizer is not installed here")
+    honest = measured(spec(batch=100, sanitize=True))
+    assert honest.status == "ok", honest.error
+    assert {tool: report["errors"] for tool, report in honest.integrity.sanitizer.items()} == {"memcheck": 0,
+                                                                                              "initcheck": 0}
+    m = measured(spec("redteam_out_of_bounds", batch=100, sanitize=True))
+    assert m.status == "incorrect" and m.error.startswith("compute-sanitizer memcheck: "), (m.status, m.error)

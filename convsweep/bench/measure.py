@@ -1,6 +1,8 @@
 """Our kernels on the GPU, timed the way the bench reports them: the copy ceilings, every conv
 candidate on fixed random inputs (checked against float64 before and after timing), the whole
-forward with the best candidates, and the end-to-end pipeline jobs run.
+forward with the best candidates, and the end-to-end pipeline jobs run. The inputs are fixed, and
+every table of the bench says so: a kernel's ranking is a sweep's, whose passes are each on a round
+no kernel has seen (convsweep.integrity).
 
 Every function takes the GPU (and, where it builds ops, the `Backend`) as an argument and
 returns a record; a failure is a record with its message, never an exception.
