@@ -312,3 +312,13 @@ def test_sanitize_finds_a_write_out_of_bounds_and_passes_an_honest_kernel(redtea
                                                                                               "initcheck": 0}
     m = measured(spec("redteam_out_of_bounds", batch=100, sanitize=True))
     assert m.status == "incorrect" and m.error.startswith("compute-sanitizer memcheck: "), (m.status, m.error)
+
+
+def test_the_red_team_sweep_plans_every_kernel_beside_naive(redteam):
+    """tests/redteam/sweep.yaml, which the device sitting runs to hold `query best` and `winners` to the red team."""
+    from convsweep.config import expand_config, load_config
+
+    jobs = expand_config(load_config(REDTEAM_DIR / "sweep.yaml"), "tests/redteam/sweep.yaml")
+    swept = {name for job in jobs for name in job.variants.values()}
+    assert {"naive", "redteam_memo_third", "redteam_memo_layer", "redteam_dedup", "redteam_round0"} <= swept
+    assert {job.checks for job in jobs} == {"fast", "full"} and {job.batch for job in jobs} == {1000, 10000}
