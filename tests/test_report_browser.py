@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import base64
 import importlib.util
-import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,30 +238,35 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def datasette(built, tmp_path_factory):
-    """`convsweep browse`'s Datasette on the sweep's database, on a free localhost port."""
+def datasette(built, browser):
+    """`convsweep browse`'s Datasette on the sweep's database, on a free localhost port, the browser let in by the
+    run's token URL as a person would be."""
     if importlib.util.find_spec("datasette") is None:
         pytest.skip(f"Datasette is not installed ({browse.INSTALL_HINT})")
-    metadata_path = tmp_path_factory.mktemp("browse") / "metadata.json"
-    metadata_path.write_text(json.dumps(browse.metadata(built.db)), encoding="utf-8")
+    token = browse.new_token()
     port = free_port()
-    process = subprocess.Popen(browse.browse_command(built.db, metadata_path, port=port),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/-/versions.json", timeout=5).close()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"datasette did not start: {process.stderr.read().decode()[-2000:]}")
-                time.sleep(0.2)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with browse.server_files(built.db) as files:
+        process = subprocess.Popen(browse.browse_command(built.db, files, port=port),
+                                   env=browse.server_environment(token), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                try:
+                    urllib.request.urlopen(f"{base}/-/versions.json", timeout=5).close()
+                    pytest.fail("Datasette answered a request without the token")
+                except urllib.error.HTTPError:  # the gate's 403: up
+                    break
+                except OSError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        pytest.fail(f"datasette did not start: {process.stderr.read().decode()[-2000:]}")
+                    time.sleep(0.2)
+            browser.get(f"{base}/?token={token}")  # sets the cookie every later page needs
+            yield base
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
 
 
 def test_every_canned_query_of_the_datasette_page_answers_with_rows(built, browser, datasette):
