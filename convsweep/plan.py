@@ -9,18 +9,26 @@ from __future__ import annotations
 import gc
 import json
 import os
+import secrets
 import shlex
+import sqlite3
 import sys
 import threading
+import time
 from collections.abc import Iterable
+from contextlib import closing
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .compile import LAYERS_SOURCE, kernel_sources
 from .config import Config, JobSpec, expand_config, validate
 from .errors import ConvsweepError
 from .paths import ROOT, check_same_checkout, resolve_network_path
 from .variants import get_variant
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 
 def release_scheduler_timer() -> None:
@@ -38,6 +46,56 @@ def skip_final_collection() -> None:
     that the interpreter's last collection at exit skips them: it walked them for ~0.35 s after a
     sweep had finished. Called from onsuccess/onerror: the run is over."""
     gc.freeze()
+
+
+def store_identity(url: str) -> str | None:
+    """Which store `url` names, read without creating or writing anything: an SQLite file's stamp (see
+    stamp_store), a PostgreSQL database's oid (a database dropped and created again has another). None
+    for a store that is missing, unstamped or cannot be read: check_store then creates and stamps it,
+    or says in one line why it cannot."""
+    from .store.engine import make_engine, resolve_url, sqlite_path
+
+    try:
+        sa_url = resolve_url(url)
+    except ConvsweepError:
+        return None
+    if sa_url.get_backend_name() == "sqlite":
+        path = sqlite_path(sa_url)
+        if path is None or not path.is_file():
+            return None
+        try:  # read-only, and read through SQLite: a stamp just written may still be in the -wal file
+            with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30)) as db:
+                stamp = db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.Error:
+            return None
+        return f"stamp {stamp:08x}" if stamp else None
+    if sa_url.get_backend_name() != "postgresql":
+        return None
+    from sqlalchemy import text
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        engine = make_engine(sa_url, read_only=True)
+        try:
+            with engine.connect() as connection:
+                oid = connection.scalar(text("SELECT oid FROM pg_database WHERE datname = current_database()"))
+        finally:
+            engine.dispose()
+    except (ConvsweepError, SQLAlchemyError):
+        return None
+    return f"postgresql oid {oid}"
+
+
+def stamp_store(engine: Engine, stamp: int) -> None:
+    """Give an SQLite store that has none its stamp, in the header field SQLite leaves to applications
+    (PRAGMA user_version): which creation of the file this is, which a new file at the same path does not
+    share. A stamped store keeps its own; a PostgreSQL database needs none (its oid tells)."""
+    if engine.dialect.name != "sqlite":
+        return
+    # IMMEDIATE, as the store's writers take it (convsweep.store.engine): two sweeps starting at once stamp it once.
+    with engine.execution_options(sqlite_begin="IMMEDIATE").begin() as connection:
+        if not connection.exec_driver_sql("PRAGMA user_version").scalar():
+            connection.exec_driver_sql(f"PRAGMA user_version = {int(stamp)}")
 
 
 def _shown(path: Path) -> str:
@@ -59,6 +117,8 @@ class SweepPlan:
         self.jobs: list[JobSpec] = expand_config(self.config)
         self._networks: dict[str, object] = {}
         self.bench: str | None = self._bench_file()  # checked now, with the rest of the config
+        self._planned_at = time.time()
+        self._new_stamp: int | None = None  # store_id's, for a store that has none yet: check_store writes it
 
     @classmethod
     def for_snakefile(cls, config: dict, configfiles: list, checkout: str | Path) -> "SweepPlan":
@@ -224,6 +284,19 @@ class SweepPlan:
     def ingested_file(self, experiment: str) -> str:
         return f"{self.results_dir}/{experiment}/ingested.json"
 
+    @cached_property
+    def store_id(self) -> str:
+        """Which store ingest_results' records are made for: a parameter of the rule, so that Snakemake
+        stores an experiment's results again when it changes (a deleted database, another file or
+        database at the same URL), where the records alone would say "Nothing to be done". A store that
+        is missing or has no stamp gets a new one, never seen before, which check_store writes into it
+        before any job runs, so the next sweep finds what it recorded."""
+        found = store_identity(self.db_url)
+        if found is None:
+            self._new_stamp = secrets.randbelow(2**31 - 1) + 1  # a positive 32-bit integer, as the field holds
+            found = f"stamp {self._new_stamp:08x}"
+        return found
+
     def report_files(self, experiment: str) -> list[str]:
         return [f"{self.results_dir}/{experiment}/summary.md", f"{self.results_dir}/{experiment}/report.md"]
 
@@ -329,8 +402,24 @@ class SweepPlan:
         from .outcome import finish_sweep
 
         release_scheduler_timer()
-        finish_sweep(self.db_url, [self._experiment_files(e) for e in self.targeted_experiments(targets)])
+        experiments = self.targeted_experiments(targets)
+        self._forget_records_of_another_store(experiments)
+        finish_sweep(self.db_url, [self._experiment_files(e) for e in experiments])
         skip_final_collection()
+
+    def _forget_records_of_another_store(self, experiments: list[str]) -> None:
+        """Remove the ingest records made before this sweep when its store was new (store_id): they were made
+        for a store that is gone, and an experiment whose ingest could not run (a job failed) is stored by
+        finish_sweep only where no record claims its results stored."""
+        if self._new_stamp is None:
+            return
+        for experiment in experiments:
+            record = Path(self.ingested_file(experiment))
+            try:
+                if record.stat().st_mtime < self._planned_at:
+                    record.unlink()
+            except FileNotFoundError:
+                pass
 
     def targeted_experiments(self, targets: Iterable[str]) -> list[str]:
         """The experiments whose files `targets` name: all of them for none, or for a rule's name (`all`);
@@ -379,10 +468,19 @@ class SweepPlan:
     def check_store(self) -> None:
         """Before any job runs: the database must be usable (reachable, an SQLite file that is a
         database, a schema this code knows), so no GPU time is spent on results that cannot be
-        stored. Stops Snakemake with one line."""
+        stored. Stops Snakemake with one line. A store new to this sweep gets the stamp store_id chose."""
+        from sqlalchemy.exc import SQLAlchemyError
+
         from .store import open_store
 
         try:
-            open_store(self.db_url).dispose()
+            engine = open_store(self.db_url)
         except ConvsweepError as e:
             raise SystemExit(f"convsweep: {e}") from None
+        try:
+            if self._new_stamp is not None:
+                stamp_store(engine, self._new_stamp)
+        except SQLAlchemyError:
+            pass  # left without a stamp, the store gets a new one next time: its results are stored again, unchanged
+        finally:
+            engine.dispose()

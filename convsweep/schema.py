@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,13 +184,55 @@ def check_size(instance: Any, source: str, max_nodes: int = MAX_NODES, max_chars
     size(instance, [])
 
 
+def check_finite(instance: Any, source: str) -> None:
+    """Refuse, as one ConfigError line naming the key, the first NaN or infinity in document order (YAML's
+    .nan and .inf, a key among them). JSON Schema cannot: every comparison with NaN is false, so `minimum`
+    and `maximum` pass it, and a `number` without a bound passes infinity. Iterative, each container once
+    (a YAML alias repeats one)."""
+    if isinstance(instance, float):
+        if not math.isfinite(instance):
+            raise ConfigError(f"{source}: {key_path([])}: {_not_finite(instance)}")
+        return
+    seen: set[int] = set()
+    stack = [([], _items(instance))]
+    while stack:
+        path, items = stack[-1]
+        for key, value in items:
+            if isinstance(key, float) and not math.isfinite(key):
+                raise ConfigError(f"{source}: {key_path(path)}: a key: {_not_finite(key)}")
+            if isinstance(value, float):
+                if not math.isfinite(value):
+                    raise ConfigError(f"{source}: {key_path([*path, key])}: {_not_finite(value)}")
+            elif isinstance(value, (dict, list, tuple)) and id(value) not in seen:
+                seen.add(id(value))
+                stack.append(([*path, key], _items(value)))
+                break
+        else:
+            stack.pop()
+
+
+def _items(value: Any):
+    """(key, value) of a mapping, (index, item) of a sequence, nothing of a scalar: as an iterator, so
+    check_finite's walk resumes a container where it went down into a child."""
+    if isinstance(value, dict):
+        return iter(value.items())
+    return enumerate(value) if isinstance(value, (list, tuple)) else iter(())
+
+
+def _not_finite(number: float) -> str:
+    spelled = ".nan" if math.isnan(number) else ".inf" if number > 0 else "-.inf"
+    return f"expected a finite number, got {spelled}"
+
+
 def validate(instance: Any, schema: str | dict, source: str, *, fill_defaults: bool = True,
              max_nodes: int | None = None) -> Any:
     """Check `instance` against a schema (a name in workflow/schemas/ or the schema itself), filling
     its defaults in; the first problem is one ConfigError line naming `source` and the key. With
-    `max_nodes`, a document larger than that (see check_size) is refused before the schema is applied."""
+    `max_nodes`, a document larger than that (see check_size) is refused before the schema is applied.
+    NaN and infinities are refused before it too (check_finite): no schema can refuse NaN."""
     if max_nodes is not None:
         check_size(instance, source, max_nodes)
+    check_finite(instance, source)
     schema = load_schema(schema) if isinstance(schema, str) else schema
     validator = _validator_class(fill_defaults)(schema)
     errors = sorted(validator.iter_errors(instance), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))

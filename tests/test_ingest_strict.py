@@ -11,7 +11,7 @@ import pytest
 from convsweep.errors import StoreError, StoreUnavailable
 from convsweep.store import ingest_files, ingest_result, open_store, read_result
 from convsweep.store.strict_json import MAX_DEPTH, MAX_RESULT_BYTES, check_values, nesting_depth, read_json
-from store_fixtures import make_job_file, make_result, row_counts, standard_results, write_results
+from store_fixtures import as_format_1, make_job_file, make_result, row_counts, standard_results, write_results
 
 
 @pytest.fixture
@@ -243,3 +243,42 @@ def test_real_files_and_older_formats_still_read(engine):
     assert fixtures
     report = ingest_files(engine, fixtures)
     assert report.errors == [] and report.added > 0
+
+
+def latest_runs(engine) -> list[tuple]:
+    """(variant, batch, conv1 op time) of latest_run: each run_key's newest measurement."""
+    from sqlalchemy import text
+
+    with engine.connect() as connection:
+        return sorted(connection.execute(text("SELECT variant, batch, op_time_1_ms FROM latest_run")).all())
+
+
+def test_a_run_key_that_is_not_its_specs_is_that_files_line(engine, tmp_path):
+    """The views take each run_key's newest row as its setting's latest measurement: a later file whose
+    measurement claimed naive's key with tiled's spec hid naive's latest (issue 52)."""
+    naive = make_result("naive", 100, op_time_ms=(0.5, 0.9))
+    claimant = make_result("tiled", 100, op_time_ms=(9.0, 9.0), started_at="2026-11-23T18:40:00+00:00")
+    claimant["run_key"] = naive["run_key"]
+    honest = make_result("tiled", 1000, op_time_ms=(2.0, 3.0))
+    paths = write_results(tmp_path, [naive, claimant, honest])
+    report = ingest_files(engine, paths)
+    spec_key = make_result("tiled", 100)["run_key"]
+    assert report.errors == [f"{paths[1]}: run_key: {naive['run_key']!r} does not match its spec "
+                             f"(whose key is {spec_key!r})"]
+    assert report.added == 2 and row_counts(engine)["run"] == 2  # nothing of the claimant, the others stored
+    assert latest_runs(engine) == [("naive", 100, 0.5), ("tiled", 1000, 2.0)]
+
+
+@pytest.mark.parametrize("form", ["job file", "format 1"])
+def test_each_measurements_run_key_is_checked_in_every_format(engine, form):
+    if form == "job file":
+        result, where = make_job_file(), "measurements[1]."
+        result["measurements"][1]["spec"]["params"]["conv1"]["BLOCK"] = 512  # edited after its key was made
+    else:
+        result, where = as_format_1(make_result()), ""
+        result["spec"]["batch"] = 101
+    with pytest.raises(StoreError) as caught:
+        ingest_result(engine, result, "f.json")
+    assert str(caught.value).startswith(f"f.json: {where}run_key: ") and "does not match its spec" in str(caught.value)
+    assert row_counts(engine)["run"] == 0  # the file's other measurements neither
+

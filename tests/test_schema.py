@@ -80,3 +80,41 @@ def test_check_size_refuses_long_strings_deep_nesting_and_cycles():
     check_size({"a": shared, "b": shared}, "s", max_nodes=25)  # 1 + 2 keys + 2 x 11
     with pytest.raises(ConfigError, match="more than 24 values"):
         check_size({"a": shared, "b": shared}, "s", max_nodes=24)
+
+
+@pytest.mark.parametrize("value, spelled", [(float("nan"), ".nan"), (float("inf"), ".inf"), (-float("inf"), "-.inf")])
+def test_nan_and_infinities_are_refused_wherever_they_are(value, spelled):
+    """Every comparison with NaN is false, so a schema's bounds pass it: refused before the schema, by key."""
+    expected = f"expected a finite number, got {spelled}"
+    bounded = {"type": "object", "properties": {"w": {"type": "number", "minimum": 0, "maximum": 60}}}
+    assert one_line(lambda: validate({"w": value}, bounded, "s.yaml")) == f"s.yaml: w: {expected}"
+    nested = {"grid": {"naive": [1, 2]}, "x": [{"y": 0.5}, {"z": [1.0, value]}], "later": value}
+    assert one_line(lambda: validate(nested, {}, "s.yaml")) == f"s.yaml: x[1].z[1]: {expected}"  # the first
+    assert one_line(lambda: validate({"k": {value: 1}}, {}, "s.yaml")) == f"s.yaml: k: a key: {expected}"
+    assert one_line(lambda: validate(value, {}, "s.yaml")) == f"s.yaml: (top level): {expected}"
+
+
+def test_a_sweep_file_with_nan_is_refused_while_it_is_read(tmp_path):
+    """YAML's .nan passed experiments.schema.yaml's bounds and stopped the sweep later with a traceback (issue 52)."""
+    from convsweep.config import load_config
+
+    path = tmp_path / "experiments.yaml"
+    experiment = ("experiments:\n  e:\n    variants: [reference]\n    batches: [8]\n    repeats: auto\n"
+                  "    stopping: {max_noise: 0.01, min_time_s: %s}\n    energy_window_s: %s\n")
+    path.write_text(experiment % (0.5, ".nan"))
+    assert one_line(lambda: load_config(path)) == \
+        f"{path}: experiments.e.energy_window_s: expected a finite number, got .nan"
+    path.write_text(experiment % (".NaN", ".Inf"))  # the first in the file is named
+    assert one_line(lambda: load_config(path)) == \
+        f"{path}: experiments.e.stopping.min_time_s: expected a finite number, got .nan"
+    path.write_text(experiment % (0.5, 0.25))
+    assert load_config(path).experiments["e"]["energy_window_s"] == 0.25
+
+
+def test_the_finite_check_walks_a_container_repeated_by_aliases_once():
+    numbers = [0.5] * 9
+    for _ in range(8):
+        numbers = [numbers] * 9  # 9**9 numbers, were each repetition walked
+    start = time.perf_counter()
+    validate({"a": numbers, "b": numbers}, {}, "s.yaml")
+    assert time.perf_counter() - start < 1

@@ -548,3 +548,119 @@ def test_the_experiments_a_target_names():
     assert plan.targeted_experiments(["results/b/summary.md", "./results/b/report.md"]) == ["b"]
     assert plan.targeted_experiments(["results/a/runs/x.json", "results/b/ingested.json"]) == ["a", "b"]
     assert plan.targeted_experiments(["elsewhere/file.txt"]) == ["a", "b"]
+
+
+# --- the store a sweep's ingest records are made for (issue 52) ----------------------------------
+
+
+def measurement_ids(workdir: Path) -> list[str]:
+    engine = create_engine(f"sqlite:///{workdir / 'db' / 'results.sqlite'}")
+    try:
+        with engine.connect() as c:
+            return sorted(c.execute(text("SELECT measurement_id FROM run")).scalars())
+    finally:
+        engine.dispose()
+
+
+def delete_store(workdir: Path) -> None:
+    for path in (workdir / "db").glob("results.sqlite*"):
+        path.unlink()
+
+
+def test_a_deleted_database_is_filled_again_from_the_result_files(tmp_path):
+    """The ingest records said "Nothing to be done" for a database deleted after a finished sweep: its
+    results were never stored again. Now they are, from the result files, none measured again; a dry run
+    says so and creates nothing; another database at the same path is filled as well."""
+    small_sweep(tmp_path, {"e": {"variants": ["reference"], "batches": [8, 16]}})
+    first = snakemake(tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    stored = measurement_ids(tmp_path)
+    assert len(stored) == 2
+
+    delete_store(tmp_path)
+    dry = snakemake(tmp_path, "--dry-run")
+    assert planned(dry) == {"ingest_results": 1, "make_report": 1, "all": 1}
+    assert "Params have changed since last execution" in dry.stdout + dry.stderr
+    assert not (tmp_path / "db" / "results.sqlite").exists()
+    again = snakemake(tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [started(again, rule) for rule in ("run_job", "ingest_results", "make_report")] == [0, 1, 1]
+    assert measurement_ids(tmp_path) == stored
+    assert planned(snakemake(tmp_path, "--dry-run")) == {}
+
+    # A database made at that path by hand (`convsweep ingest` of nothing), empty: filled too, then left alone.
+    delete_store(tmp_path)
+    made = subprocess.run([sys.executable, "-m", "convsweep", "ingest", "--db", "sqlite:///db/results.sqlite"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert made.returncode == 0 and measurement_ids(tmp_path) == [], made.stderr
+    refilled = snakemake(tmp_path)
+    assert refilled.returncode == 0 and started(refilled, "run_job") == 0, refilled.stderr[-3000:]
+    assert measurement_ids(tmp_path) == stored
+    assert planned(snakemake(tmp_path, "--dry-run")) == {}
+
+
+def test_a_deleted_database_is_filled_again_when_another_job_fails(tmp_path):
+    """A job that fails keeps the ingest rule from running: the end of the sweep stores what finished, which
+    the record made for the deleted database would have claimed stored already."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU: the naive job fails, on any machine
+    (tmp_path / "experiments.yaml").write_text(yaml.safe_dump(sweep_config("sqlite:///db/results.sqlite",
+                                                                           ["reference"])))
+    assert snakemake(tmp_path, env=env).returncode == 0
+    stored = measurement_ids(tmp_path)
+    delete_store(tmp_path)
+    (tmp_path / "experiments.yaml").write_text(yaml.safe_dump(sweep_config("sqlite:///db/results.sqlite")))
+    failed = snakemake(tmp_path, env=env)
+    assert failed.returncode != 0 and started(failed, "run_job") == 2, failed.stderr[-3000:]
+    assert measurement_ids(tmp_path) == stored
+    assert "convsweep: cpu-sweep: 2 of 4 jobs finished; settings stored: 2 ok, 0 failed, 0 incorrect" in failed.stderr
+
+
+def test_nan_in_the_sweep_file_stops_the_sweep_with_one_line_before_any_job(tmp_path):
+    """YAML's .nan passed the schema's bounds and stopped the sweep in onstart with a traceback (issue 52)."""
+    config = sweep_config("sqlite:///db/results.sqlite", ["reference"])
+    config["experiments"]["cpu-sweep"].update(repeats="auto", stopping={"max_noise": float("nan")})
+    (tmp_path / "experiments.yaml").write_text(yaml.safe_dump(config))
+    assert ".nan" in (tmp_path / "experiments.yaml").read_text()
+    proc = snakemake(tmp_path)
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("Using workflow")]
+    assert proc.returncode != 0 and said == ["convsweep: experiments.yaml: experiments.cpu-sweep.stopping.max_noise: "
+                                             "expected a finite number, got .nan"], said
+    assert not (tmp_path / "results").exists() and not (tmp_path / "db").exists()
+
+
+def test_a_store_is_known_by_its_stamp_and_reading_it_creates_nothing(tmp_path):
+    from convsweep.plan import stamp_store, store_identity
+    from convsweep.store import open_store
+
+    url = f"sqlite:///{tmp_path / 'db' / 'results.sqlite'}"
+    assert store_identity(url) is None and not (tmp_path / "db").exists()  # missing: read, not made
+    engine = open_store(url)
+    try:
+        assert store_identity(url) is None  # made by hand, no stamp yet
+        stamp_store(engine, 0x1234abcd)
+        assert store_identity(url) == "stamp 1234abcd"
+        stamp_store(engine, 7)  # a stamped store keeps its own
+        assert store_identity(url) == "stamp 1234abcd"
+    finally:
+        engine.dispose()
+    (tmp_path / "not-a-db.sqlite").write_text("hello " * 200)
+    assert store_identity(f"sqlite:///{tmp_path / 'not-a-db.sqlite'}") is None  # check_store says why
+
+
+def test_a_postgresql_database_made_again_is_another_store(empty_pg_url):
+    from sqlalchemy.engine import make_url
+
+    from convsweep.plan import store_identity
+
+    first = store_identity(empty_pg_url)
+    assert first is not None and first.startswith("postgresql oid ") and store_identity(empty_pg_url) == first
+    name = make_url(empty_pg_url).database
+    admin = create_engine(os.environ["CONVSWEEP_TEST_PG_URL"], isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
+            connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    finally:
+        admin.dispose()
+    assert store_identity(empty_pg_url) not in (None, first)
+    assert store_identity("postgresql://nobody@127.0.0.1:1/none") is None  # unreachable: check_store says so

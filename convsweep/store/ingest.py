@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from convsweep.errors import StoreError, StoreUnavailable
+from convsweep.fileio import canonical_hash
 from convsweep.progress import progress
 from convsweep.record import Measurement, ResultFile
 
@@ -72,7 +73,9 @@ def _find_or_insert(session: Session, model: type[Base], keys: dict[str, Any], v
 
 def measurements(result: ResultFile, source: str) -> list[tuple[str, Measurement]]:
     """(key path prefix, measurement) of each measurement of a checked result file. StoreError when
-    two share a measurement id or one names another job than the file's."""
+    two share a measurement id, one names another job than the file's, or one's run_key is not its
+    spec's: the views take each run_key's newest row as the setting's latest measurement, so a key
+    that is not its spec's would stand in for another setting's."""
     found = result.located()
     first_at: dict[str, int] = {}
     for index, (where, measurement) in enumerate(found):
@@ -80,6 +83,9 @@ def measurements(result: ResultFile, source: str) -> list[tuple[str, Measurement
         if key in first_at:
             raise StoreError(f"{source}: {where}measurement_id: {key!r} is measurements[{first_at[key]}]'s too")
         first_at[key] = index
+        if measurement.run_key != (spec_key := canonical_hash(measurement.spec)):
+            raise StoreError(f"{source}: {where}run_key: {measurement.run_key!r} does not match its spec "
+                             f"(whose key is {spec_key!r})")
         if result.job_key is not None and measurement.grid.job_key != result.job_key:
             raise StoreError(f"{source}: {where}grid.job_key: expected the file's job_key {result.job_key!r}, "
                              f"got {measurement.grid.job_key!r}")
