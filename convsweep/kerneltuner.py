@@ -11,14 +11,18 @@ was is given, or read from the cache: kernel_name as a variant's name (or the ke
 problem_size as the kernel's output tensor, one thread per element (its product a whole number of the layer's
 per-image outputs). The entries are Measurements of one result file stored through the one ingest path; each
 one's measurement id hashes the cache's header and the entry, so importing a file again stores nothing twice.
-Kernel Tuner itself is needed only to export: the T4 schema the file is checked against is its package's.
+A cache is read within bounds (MAX_CACHE_BYTES, nesting, finite numbers, UTF-8 text) before the store is opened,
+and each file that cannot be imported is one line while the others go on. Kernel Tuner itself is needed only to
+export: the T4 schema the file is checked against is its package's.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import math
+import os
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .axes import AXES, NAMES, columns, job_id_part, order_by
 from .cliargs import positive_int
-from .errors import ConfigError, ConvsweepError, writing
+from .errors import ConfigError, ConvsweepError, StoreError, StoreUnavailable, failure_message, writing
 from .fileio import canonical_hash, json_column
 
 if TYPE_CHECKING:
@@ -49,6 +53,13 @@ KT_ERRORS = {
     "ErrorConfig": ("runtime", "could not be measured"),
 }
 CACHE_KEYS = ("device_name", "kernel_name", "tune_params_keys", "cache")  # what every cache's header has
+# A cache entry is ~210 bytes, so this is ~300,000 configurations (the largest cache met was 59 MB); the bound of a
+# result file (store.strict_json.MAX_RESULT_BYTES), since the cache becomes one. Past it, parsing takes gigabytes.
+MAX_CACHE_BYTES = 64 * 2**20
+# A JSON escape of a UTF-16 surrogate: the one way a string of strict UTF-8 text can hold a lone one, which no
+# database can store (UTF-8 has no encoding for it).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 # -- export -----------------------------------------------------------------------------------------------------
@@ -213,20 +224,17 @@ class Imported:
 
 def read_cache(path: Path) -> dict[str, Any]:
     """A Kernel Tuner cache file's JSON, as kernel_tuner.util.read_cache takes it: one a tuning run left open (no
-    closing brackets, a trailing comma) is closed first. ConfigError naming the file when it is not a cache."""
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read it: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a Kernel Tuner cache file: not UTF-8 text") from None
+    closing brackets, a trailing comma) is closed first. Read within bounds (MAX_CACHE_BYTES, strict_json's depth
+    and numbers, no lone surrogate): ConfigError, one line naming the file, when it is not a cache."""
+    text = _bounded_text(path)
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as first:
+    except ValueError as first:  # JSONDecodeError, or an integer past Python's 4,300 digits
         try:  # Kernel Tuner's own repair of a file it was still appending to
             data = json.loads((text[:-1] if text.endswith(",") else text) + "}\n}")
-        except json.JSONDecodeError:
+        except ValueError:
             raise ConfigError(f"{path}: not a Kernel Tuner cache file: not JSON ({first})") from None
+    _check_values(path, text, data)
     missing = [key for key in CACHE_KEYS if not isinstance(data, dict) or key not in data]
     if missing:
         raise ConfigError(f"{path}: not a Kernel Tuner cache file: expected an object with {', '.join(CACHE_KEYS)}; "
@@ -243,6 +251,60 @@ def read_cache(path: Path) -> dict[str, Any]:
     if not entries:
         raise ConfigError(f"{path}: cache: no configuration in it")
     return data
+
+
+def _bounded_text(path: Path) -> str:
+    """The file's UTF-8 text, stripped, read only when at most MAX_CACHE_BYTES and nested at most strict_json's
+    MAX_DEPTH (Python's json recurses per level: a deep file is a RecursionError, not a line)."""
+    from .store.strict_json import MAX_DEPTH, nesting_depth
+
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_CACHE_BYTES:  # refused unread
+                raise ConfigError(f"{path}: {size:,} bytes; a Kernel Tuner cache file holds at most "
+                                  f"{MAX_CACHE_BYTES:,}")
+            data = f.read(MAX_CACHE_BYTES + 1)  # never more, whatever the file (a pipe, one still growing)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it: {e.strerror or e}") from None
+    if len(data) > MAX_CACHE_BYTES:
+        raise ConfigError(f"{path}: more than {MAX_CACHE_BYTES:,} bytes; a Kernel Tuner cache file holds at most "
+                          f"{MAX_CACHE_BYTES:,}")
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a Kernel Tuner cache file: not UTF-8 text ({e.reason} at byte {e.start})"
+                          ) from None
+    if nesting_depth(data, MAX_DEPTH) > MAX_DEPTH:
+        raise ConfigError(f"{path}: not a Kernel Tuner cache file: nested more than {MAX_DEPTH} levels deep")
+    return text
+
+
+def _check_values(path: Path, text: str, document: Any) -> None:
+    """ConfigError naming the file and the key of the first value no column can hold: a number strict_json
+    refuses (NaN, Infinity, 1e309, past 64 bits), or a string with a lone surrogate."""
+    from .schema import key_path
+    from .store.strict_json import check_values
+
+    try:
+        check_values(document, str(path))
+    except StoreError as e:
+        raise ConfigError(str(e)) from None
+    if not _SURROGATE_ESCAPE.search(text):  # the walk below only for a file that has such an escape
+        return
+    stack: list[tuple[tuple, Any]] = [((), document)]
+    while stack:
+        where, value = stack.pop()
+        strings = [(where, value)] if isinstance(value, str) else \
+            [(where, key) for key in value] if isinstance(value, dict) else []
+        for at, string in strings:
+            if _LONE_SURROGATE.search(string):
+                raise ConfigError(f"{path}: {key_path(at)}: expected text, got a lone UTF-16 surrogate in "
+                                  f"{json.dumps(string)[:60]} (a string no database stores)")
+        if isinstance(value, dict):
+            stack.extend(((*where, key), item) for key, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend(((*where, i), value[i]) for i in range(len(value) - 1, -1, -1))
 
 
 def kt_error(entry: dict[str, Any]) -> str | None:
@@ -338,17 +400,7 @@ def cache_result(path: Path, cache: dict[str, Any], kernel: Kernel, experiment: 
     header = {k: cache.get(k) for k in ("device_name", "kernel_name", "problem_size", "tune_params_keys")}
     cell = {axis.name: kernel.batch if axis.name == "batch" else axis.config_default[0]
             for axis in AXES if axis.required}
-    grid: dict[str, list[Any]] = {}
-    settings = []
-    for entry_key, entry in entries.items():
-        missing = [k for k in keys if k not in entry]
-        if missing:
-            raise ConfigError(f"{path}: cache[{entry_key!r}]: lacks the tunable {missing[0]!r} of tune_params_keys")
-        settings.append({k: entry[k] for k in keys})
-        for k in keys:
-            values = grid.setdefault(k, [])
-            if entry[k] not in values:
-                values.append(entry[k])
+    grid, settings = tunable_grid(path, keys, entries)
     job = {"experiment": experiment, "network": kernel.network, "variants": {kernel.layer: kernel.variant},
            "grid": {kernel.variant: grid}, "search": {"strategy": "grid"}, **cell}
     job_key = canonical_hash(job)
@@ -370,6 +422,27 @@ def cache_result(path: Path, cache: dict[str, Any], kernel: Kernel, experiment: 
     counts = SettingCounts(valid=len(entries), measured=len(entries), resumed=0)
     return ResultFile(FORMAT, job_id, job_key, job, sweep, counts, started_at=measurements[0].started_at,
                       measurements=measurements)
+
+
+def tunable_grid(path: Path, keys: list[str], entries: dict[str, dict]) -> tuple[dict[str, list], list[dict]]:
+    """The job's grid (each tunable's values, in the order first met) and each entry's setting, in linear time:
+    a dict per tunable, where a list's `in` made it quadratic (a 59 MB cache had not finished after 600 s). Equal
+    values are one either way (1, 1.0 and true too). ConfigError where an entry lacks a tunable or its value is
+    not one a -D macro takes."""
+    grid: dict[str, dict[Any, None]] = {k: {} for k in keys}
+    settings = []
+    for entry_key, entry in entries.items():
+        missing = [k for k in keys if k not in entry]
+        if missing:
+            raise ConfigError(f"{path}: cache[{entry_key!r}]: lacks the tunable {missing[0]!r} of tune_params_keys")
+        setting = {k: entry[k] for k in keys}
+        for k, value in setting.items():
+            if not isinstance(value, (int, float, str)):  # bool is an int; a list, an object or null names no value
+                raise ConfigError(f"{path}: cache[{entry_key!r}].{k}: expected a number or a string (a tunable's "
+                                  f"value), got {json.dumps(value)[:60]}")
+            grid[k][value] = None
+        settings.append(setting)
+    return {k: list(values) for k, values in grid.items()}, settings
 
 
 def _read_entry(m: Measurement, entry: dict[str, Any], layer: str, path: Path, where: str) -> None:
@@ -405,6 +478,8 @@ def import_cache(url: str | None, cache_path: str | Path, experiment: str = DEFA
     from .store import ingest_result, open_store
 
     path = Path(cache_path)
+    if _LONE_SURROGATE.search(str(path)):  # bytes of a name that are not UTF-8, as Python decodes argv
+        raise ConfigError(f"{path}: expected a file name in UTF-8: it is stored with the runs (imported_from)")
     cache = read_cache(path)
     kernel = resolve_kernel(path, cache, network, variant, layer, batch)
     result = cache_result(path, cache, kernel, experiment)
@@ -426,12 +501,26 @@ def cmd_export(args) -> None:
 
 
 def cmd_import(args) -> None:
-    done = import_cache(args.db, args.cache, experiment=args.experiment, network=args.network, variant=args.variant,
-                        layer=args.layer, batch=args.batch)
-    k = done.kernel
-    statuses = ", ".join(f"{n} {status}" for status, n in sorted(done.by_status.items()))
-    print(f"{args.cache}: {k.variant} at {k.layer} of {k.network}, batch {k.batch}, experiment {args.experiment}: "
-          f"{done.added} runs stored" + (f" ({statuses})" if statuses else "") + f", {done.unchanged} already stored")
+    """Each cache on its own (its own transaction): a bad one is its line on stderr and the others go on, the
+    exit status 1 at the end, as `convsweep ingest` does; a store that cannot be used at all stops them all."""
+    failed = 0
+    for cache in args.cache:
+        try:
+            done = import_cache(args.db, cache, experiment=args.experiment, network=args.network,
+                                variant=args.variant, layer=args.layer, batch=args.batch)
+        except StoreUnavailable:
+            raise
+        except ConvsweepError as e:
+            failed += 1
+            print(f"convsweep: {failure_message(e)}", file=sys.stderr)
+            continue
+        k = done.kernel
+        statuses = ", ".join(f"{n} {status}" for status, n in sorted(done.by_status.items()))
+        print(f"{cache}: {k.variant} at {k.layer} of {k.network}, batch {k.batch}, experiment {args.experiment}: "
+              f"{done.added} runs stored" + (f" ({statuses})" if statuses else "")
+              + f", {done.unchanged} already stored")
+    if failed:
+        raise SystemExit(1)
 
 
 def add_parsers(sub, db_help: str) -> None:
@@ -455,8 +544,10 @@ def add_parsers(sub, db_help: str) -> None:
                                    "with the reason), marked as imported from the file, with the device it names. "
                                    "The variant, layer and batch are read from the cache's kernel_name and "
                                    "problem_size (the kernel's output, one thread per element) where not given. "
-                                   "Importing a file again stores nothing twice.")
-    p.add_argument("cache", help="the cache file (tune_kernel's cache=)")
+                                   "Importing a file again stores nothing twice. A file that cannot be imported "
+                                   "is one line; the others go on, and the exit status is 1.")
+    p.add_argument("cache", nargs="+", help="the cache files (tune_kernel's cache=), each imported on its own: one "
+                                            "that cannot be is one line, and the others go on")
     p.add_argument("--variant", help="the variant the kernel is (default: the one kernel_name names)")
     p.add_argument("--layer", help="the conv layer it computed (default: the one problem_size is the output of)")
     p.add_argument("--batch", type=positive_int, help="the images per pass (default: problem_size's)")

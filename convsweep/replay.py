@@ -6,6 +6,7 @@ after how many settings.
 
 The grids come from the database (the latest measurement of each setting of a grid-searched job) or from a
 grids file that `replay --save` writes of them: small enough to commit, so that CI replays a real GPU's grid.
+A grids file is checked whole (load_grids) before any strategy is replayed: no verdict comes of a broken one.
 """
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConvsweepError
+from .errors import ConfigError, ConvsweepError, StoreError
 from .fileio import write_json_atomic
 
 GRIDS_FORMAT = "convsweep-grids-1"
+# The committed grids files are 94 KB (298 settings) and 452 KB (1,250): this is ~45,000 settings, more than replay
+# can search over many seeds in a sitting. Checked before the file is parsed (store.strict_json.read_json).
+MAX_GRIDS_BYTES = 16 * 2**20
 TOLERANCE = 0.02  # within 2% of the grid's best
 DEFAULT_BUDGET = "20%"
 DEFAULT_SEEDS = 20
@@ -113,20 +117,113 @@ def save_grids(path: str | Path, experiment: str, grids: Sequence[Grid], source:
                              "jobs": [grid.to_json() for grid in grids]})
 
 
+def _name(what: str) -> dict:
+    # No lone UTF-16 surrogate (a JSON escape can make one): printing the name would fail, not the file.
+    return {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"^[^\ud800-\udfff]*$",
+            "description": f"{what} (1 to 200 characters of text)"}
+
+
+# What `replay --save` writes (Grid.to_json); a file that breaks it would be replayed into a wrong verdict, so none is.
+GRIDS_SCHEMA = {
+    "type": "object",
+    "required": ["format", "experiment", "jobs"],
+    "additionalProperties": False,
+    "properties": {
+        "format": {"const": GRIDS_FORMAT},
+        "experiment": _name("an experiment's name"),
+        "source": {"type": "string", "maxLength": 1000},
+        "jobs": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/job"}},
+    },
+    "$defs": {
+        "job": {
+            "type": "object",
+            "required": ["job", "variant", "groups", "settings"],
+            "additionalProperties": False,
+            "properties": {
+                "job": _name("a job id"),
+                "variant": _name("a variant's name"),
+                "batch": {"type": ["integer", "null"], "minimum": 1},
+                "groups": {"type": "array", "items": {"type": "array", "minItems": 1, "items": _name("a layer")}},
+                "settings": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/setting"}},
+            },
+        },
+        "setting": {
+            "type": "object",
+            "required": ["params", "layer_ms"],
+            "additionalProperties": False,
+            "properties": {
+                "params": {"type": "object", "propertyNames": _name("a layer"),
+                           "additionalProperties": {"type": "object", "propertyNames": _name("a tunable"),
+                                                    "additionalProperties": {"type": ["number", "string", "boolean"]}}},
+                # null: the setting failed, came out wrong or is suspect; else each conv layer's median op time.
+                "layer_ms": {"type": ["object", "null"], "minProperties": 1, "propertyNames": _name("a layer"),
+                             "additionalProperties": {"type": "number", "exclusiveMinimum": 0}},
+            },
+        },
+    },
+}
+
+
 def load_grids(path: str | Path) -> tuple[str, list[Grid]]:
-    """A grids file's experiment and grids; one line naming the file and what it lacks."""
+    """A grids file's experiment and grids, read within bounds and checked whole before any is replayed: its
+    schema (GRIDS_SCHEMA), then what a schema cannot say (check_grid). Anything wrong is one ConfigError line
+    naming the file and the key."""
+    from .schema import validate
+    from .store.strict_json import read_json
+
     try:
-        data = json.loads(Path(path).read_text())
-        if data.get("format") != GRIDS_FORMAT:
-            raise ConvsweepError(f"{path}: format: expected {GRIDS_FORMAT!r}, got {data.get('format')!r}")
-        return data["experiment"], [Grid(job["job"], job["variant"], job.get("batch"),
-                                         [s["params"] for s in job["settings"]],
-                                         [s["layer_ms"] for s in job["settings"]], job["groups"])
-                                    for job in data["jobs"]]
-    except OSError as e:
-        raise ConvsweepError(f"{path}: cannot read: {e.strerror}") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConvsweepError(f"{path}: not a grids file ({type(e).__name__}: {e})") from None
+        data = read_json(path, MAX_GRIDS_BYTES)  # size, depth, UTF-8, finite numbers
+    except StoreError as e:
+        raise ConfigError(f"{path}: not a grids file: {str(e).removeprefix(f'{path}: ')}") from None
+    found = data.get("format") if isinstance(data, dict) else None
+    if found != GRIDS_FORMAT:
+        raise ConfigError(f"{path}: format: expected {GRIDS_FORMAT!r}, got {found!r}"[:300])
+    validate(data, GRIDS_SCHEMA, str(path), fill_defaults=False)
+    seen: dict[str, int] = {}
+    for i, job in enumerate(data["jobs"]):
+        if job["job"] in seen:  # replayed twice, it would count twice in every verdict
+            raise ConfigError(f"{path}: jobs[{i}].job: {job['job']!r} is jobs[{seen[job['job']]}] again")
+        seen[job["job"]] = i
+        check_grid(job, str(path), f"jobs[{i}]")
+    return data["experiment"], [Grid(job["job"], job["variant"], job.get("batch"),
+                                     [s["params"] for s in job["settings"]],
+                                     [s["layer_ms"] for s in job["settings"]], job["groups"])
+                                for job in data["jobs"]]
+
+
+def check_grid(job: dict[str, Any], source: str, where: str) -> None:
+    """What a search over the job's grid takes for granted (a job of a file its schema has passed): every setting
+    names the same layers and tunables, no setting twice (equal as the search compares values: 1, 1.0 and true
+    alike), each measured one the op time of each of those layers, and the groups each layer once."""
+    settings = job["settings"]
+    shape = {layer: list(tunables) for layer, tunables in settings[0]["params"].items()}
+    layers = set(shape)
+    timed: set[str] | None = layers or None
+    first: dict[tuple, int] = {}
+    for j, setting in enumerate(settings):
+        params = setting["params"]
+        if {layer: sorted(t) for layer, t in params.items()} != {layer: sorted(t) for layer, t in shape.items()}:
+            raise ConfigError(f"{source}: {where}.settings[{j}].params: expected the layers and tunables of "
+                              f"settings[0] ({_shape(shape)}), got {_shape(params)}")
+        key = tuple(params[layer][name] for layer, names in shape.items() for name in names)
+        if key in first:
+            raise ConfigError(f"{source}: {where}.settings[{j}].params: the setting of settings[{first[key]}] again")
+        first[key] = j
+        times = setting["layer_ms"]
+        if times is not None:
+            timed = timed or set(times)
+            if set(times) != timed:
+                raise ConfigError(f"{source}: {where}.settings[{j}].layer_ms: expected the op time of "
+                                  f"{', '.join(sorted(timed))}, got {', '.join(sorted(times))}")
+    grouped = [layer for group in job["groups"] for layer in group]
+    if sorted(grouped) != sorted(layers):
+        raise ConfigError(f"{source}: {where}.groups: expected each layer of the params ({', '.join(shape) or 'none'}) "
+                          f"in one group, got {json.dumps(job['groups'])[:120]}")
+
+
+def _shape(params: dict[str, Any]) -> str:
+    shown = "; ".join(f"{layer}: {', '.join(tunables) or 'none'}" for layer, tunables in params.items()) or "no layer"
+    return shown if len(shown) <= 120 else shown[:117] + "..."
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -440,3 +441,146 @@ def test_migration_0015_adds_imported_from_and_takes_it_away(db_url, tmp_path):
     finally:
         engine.dispose()
 
+
+
+# -- an import within bounds (issue 52) -------------------------------------------------------------------------
+
+def nested(levels: int) -> str:
+    """A cache whose one extra key holds arrays `levels` deep: Python's json gave a RecursionError past ~1,000."""
+    return json.dumps(cache_like())[:-1] + ', "extra": ' + "[" * levels + "]" * levels + "}"
+
+
+@pytest.mark.parametrize("content, expected", [
+    (nested(100_000), r"not a Kernel Tuner cache file: nested more than 64 levels deep$"),
+    (cache_like(device_name="H100\ud800"), r": device_name: expected text, got a lone UTF-16 surrogate in "
+                                           r"\"H100\\ud800\""),
+    (cache_like(cache={"128,1\udc00": cache_like()["cache"]["128,1"]}), r": cache: expected text, got a lone UTF-16 "
+                                                                        r"surrogate in \"128,1\\udc00\""),
+    (cache_like(entry={"BLOCK": float("nan")}), r": cache\.128,1\.BLOCK: expected a finite number, got NaN$"),
+    (json.dumps(cache_like()).replace('"UNROLL_C": 1,', '"UNROLL_C": 1e999,'),
+     r": cache\.128,1\.UNROLL_C: expected a finite number, got Infinity$"),
+    ('{"device_name": "caf\u00e9"}'.encode("latin-1"), r"not a Kernel Tuner cache file: not UTF-8 text \(invalid "
+                                                       r"continuation byte at byte 20\)$"),
+    (cache_like(entry={"BLOCK": [128]}), r"cache\['128,1'\]\.BLOCK: expected a number or a string \(a tunable's "
+                                         r"value\), got \[128\]$"),
+    (cache_like(entry={"UNROLL_C": None}), r"cache\['128,1'\]\.UNROLL_C: expected a number or a string"),
+], ids=["deep", "surrogate-value", "surrogate-key", "nan-tunable", "overflowing-float", "latin1", "list-tunable",
+        "null-tunable"])
+def test_a_cache_past_the_bounds_is_one_line_before_the_store_is_opened(sqlite_url, tmp_path, content, expected):
+    """Before: the deep file was a RecursionError's traceback, the surrogates a UnicodeEncodeError's from the
+    database driver after the store was opened, and a NaN or a list as a tunable's value was stored."""
+    path = tmp_path / "bad.json"
+    path.write_bytes(content if isinstance(content, bytes) else
+                     (content if isinstance(content, str) else json.dumps(content)).encode())
+    with pytest.raises(ConfigError, match=expected) as caught:
+        import_cache(sqlite_url, path, layer=LAYER, batch=BATCH)
+    assert str(caught.value).startswith(f"{path}: ") and "\n" not in str(caught.value)
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
+
+
+def test_a_cache_whose_name_is_not_utf8_is_one_line(sqlite_url, tmp_path):
+    """Before: the name, stored as the runs' imported_from, was a UnicodeEncodeError's traceback from the driver."""
+    path = write(tmp_path, "caf\udce9.json", cache_like())  # b"caf\xe9.json", as Python decodes it from argv
+    with pytest.raises(ConfigError, match=r"\.json: expected a file name in UTF-8: it is stored with the runs"):
+        import_cache(sqlite_url, path, layer=LAYER, batch=BATCH)
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
+
+
+def test_a_cache_past_the_size_cap_is_refused_unread(sqlite_url, tmp_path, monkeypatch):
+    import convsweep.kerneltuner as kerneltuner
+
+    data = cache_like()
+    for block in range(2, 40):
+        data["cache"][f"{block},1"] = {**data["cache"]["128,1"], "BLOCK": block}
+    path = write(tmp_path, "big.json", data)
+    monkeypatch.setattr(kerneltuner, "MAX_CACHE_BYTES", 4_000)
+    with pytest.raises(ConfigError, match=rf"^{path}: {path.stat().st_size:,} bytes; a Kernel Tuner cache file "
+                                          r"holds at most 4,000$"):
+        import_cache(sqlite_url, path, layer=LAYER, batch=BATCH)
+    monkeypatch.undo()
+    assert kerneltuner.MAX_CACHE_BYTES >= 59_000_000
+    assert import_cache(sqlite_url, path, layer=LAYER, batch=BATCH).added == 39
+
+
+def test_each_bad_cache_is_one_line_and_the_others_are_imported(sqlite_url, tmp_path, capsys):
+    """As `convsweep ingest`: every file named is tried, each bad one is its own line, the exit status 1 at the end."""
+    deep = write(tmp_path, "deep.json", nested(5_000))
+    good = write(tmp_path, "good.json", cache_like())
+    surrogate = write(tmp_path, "surrogate.json", cache_like(kernel_name="restrict_unroll\ud800"))
+    with pytest.raises(SystemExit) as exited:
+        run_cli(["import", str(deep), str(good), str(surrogate), "--db", sqlite_url, "--layer", LAYER,
+                 "--batch", str(BATCH)])
+    assert exited.value.code == 1
+    out, err = capsys.readouterr()
+    assert out == (f"{good}: restrict_unroll at conv2 of networks/lenet86.yaml, batch 100, experiment kernel-tuner: "
+                   "1 runs stored (1 ok), 0 already stored\n")
+    lines = err.splitlines()
+    assert len(lines) == 2 and "Traceback" not in err
+    assert lines[0].startswith(f"convsweep: {deep}: not a Kernel Tuner cache file: nested more than 64 levels")
+    assert lines[1].startswith(f"convsweep: {surrogate}: kernel_name: expected text, got a lone UTF-16 surrogate")
+    assert len(stored_runs(sqlite_url)) == 1
+
+
+def synthetic_cache(n: int, value=int) -> dict:
+    """A cache of `n` configurations, each with a BLOCK of its own (the case a list's `in` made quadratic)."""
+    entry = cache_like()["cache"]["128,1"]
+    return cache_like(cache={f"{i},1": {**entry, "BLOCK": value(i), "time": 0.1 + i * 1e-6} for i in range(n)})
+
+
+class CountedInt(int):
+    """A tunable value that counts the equality tests made of it: a list's `in` makes one per value it holds."""
+
+    comparisons = 0
+
+    def __eq__(self, other):
+        CountedInt.comparisons += 1
+        return int.__eq__(self, other)
+
+    __hash__ = int.__hash__
+
+
+def test_the_grid_of_a_cache_takes_no_comparison_per_pair_of_values():
+    """Before: each configuration's value was looked for in the list of those before it, 2,000 values making
+    ~2,000,000 comparisons (the 59 MB cache's ~280,000, ~4 * 10^10)."""
+    from convsweep.kerneltuner import Kernel, cache_result
+
+    n = 2_000
+    data = synthetic_cache(n, CountedInt)
+    CountedInt.comparisons = 0
+    result = cache_result(Path("synthetic.json"), data, Kernel("networks/lenet86.yaml", VARIANT, LAYER, BATCH),
+                          "kernel-tuner")
+    assert CountedInt.comparisons <= n
+    assert result.job["grid"][VARIANT] == {"BLOCK": list(range(n)), "UNROLL_C": [1]}
+    assert [m.spec["params"][LAYER]["BLOCK"] for m in result.measurements] == list(range(n))
+
+
+def test_the_grid_of_a_cache_is_built_in_near_linear_time():
+    """Four times the configurations take less than eight times as long (best of three), and 100,000 of them (a
+    ~21 MB cache) well under a second on any machine: before, 32,000 took ~5 s and 100,000 minutes."""
+    from convsweep.kerneltuner import tunable_grid
+
+    def seconds(n: int) -> float:
+        entries = synthetic_cache(n)["cache"]
+        best = math.inf
+        for _ in range(3):
+            start = time.perf_counter()
+            grid, settings = tunable_grid(Path("synthetic.json"), ["BLOCK", "UNROLL_C"], entries)
+            best = min(best, time.perf_counter() - start)
+        assert len(grid["BLOCK"]) == len(settings) == n
+        return best
+
+    small, large = seconds(25_000), seconds(100_000)
+    assert large < 8 * small and large < 2.0, (small, large)
+
+
+def test_a_large_cache_imports_whole_in_seconds(sqlite_url, tmp_path):
+    """2,000 configurations (400 KB) through the whole import, each its own run with its own BLOCK, within a CPU
+    time far above the ~2 ms a configuration takes (most of it the ingest's schema check and rows)."""
+    n = 2_000
+    path = write(tmp_path, "large.json", synthetic_cache(n))
+    start = time.process_time()
+    done = import_cache(sqlite_url, path, layer=LAYER, batch=BATCH)
+    cpu_s = time.process_time() - start
+    assert (done.added, done.by_status) == (n, {"ok": n}) and cpu_s < 30, cpu_s
+    blocks = sorted(json.loads(run["params"])[LAYER]["BLOCK"] for run in stored_runs(sqlite_url))
+    assert blocks == list(range(n))
