@@ -1,5 +1,5 @@
-"""Ad-hoc and named SQL over the result store, on a connection that cannot write, within a time limit
-and a row cap.
+"""Ad-hoc and named SQL over the result store, on a connection that cannot write, within a time limit,
+a row cap and a cap in bytes.
 
 Read-only in depth: one statement, and it must be a question (SELECT, WITH, VALUES, TABLE,
 EXPLAIN, SHOW; PRAGMA on SQLite). SQLite opens the file with mode=ro and query_only, and an
@@ -10,8 +10,16 @@ server's files): a typed question needs a plain role, e.g. one granted pg_read_a
 
 Bounded: SQLite's progress handler interrupts a statement past its deadline; PostgreSQL's server stops it
 itself (statement_timeout, idle_in_transaction_session_timeout), so a killed client leaves no backend
-running, and a server-side cursor hands over at most max_rows + 1 rows, so a huge result never
-materializes. The project's own queries (reports, figures, compare) read every row without a limit.
+running. Rows arrive one at a time (PostgreSQL's single-row mode), so reading stops after max_rows + 1 of them
+and a huge result never materializes.
+
+Bounded in bytes, since a few rows of large values pass any row cap: the rows' sizes add up as they arrive and
+the query stops past max_bytes, and no value larger than max_cell_bytes (less in a wide row, whose values share
+max_bytes) is ever built. SQLite enforces that itself (SQLITE_LIMIT_LENGTH: a larger string or blob, stored or
+computed, fails the statement); PostgreSQL gets the question as a subquery whose every value is measured in SQL
+(octet_length, which reads a stored text's size without reading the text) and withheld when too large. What is
+not a subquery (EXPLAIN, SHOW, PRAGMA) is measured as it arrives. The project's own queries (reports, figures,
+compare) read every row without a limit.
 """
 
 from __future__ import annotations
@@ -24,10 +32,12 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
+from itertools import chain
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import quote
@@ -47,13 +57,26 @@ FORMATS = ("table", "csv", "json")
 # a full sweep in well under a second.
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MAX_ROWS = 10_000
+# ... and its bytes: what a terminal or a pipe takes at once, and a value as large as a long build log. Eight rows of
+# 400 MB each are well under the row cap.
+DEFAULT_MAX_BYTES = 64 * 2**20
+DEFAULT_MAX_CELL_BYTES = 8 * 2**20
+# A Markdown table pads every cell to its column's widest, which copies one long value into every row: a table that
+# padding would take past this many characters and more than double is written unpadded (it renders the same).
+TABLE_PADDING_MAX_CHARS = 4 * 2**20
 TABLE_SIGNIFICANT_DIGITS = 4
 _QUERY_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _PG_REFUSALS = {"25006", "42501"}  # SQLSTATE read_only_sql_transaction, insufficient_privilege
 _PG_QUERY_CANCELED = "57014"  # what statement_timeout raises
 _PG_MAX_TIMEOUT_MS = 2**31 - 1  # PostgreSQL's timeouts are 32-bit milliseconds
-# The statements DECLARE ... CURSOR takes: the others (EXPLAIN, SHOW) answer in a few rows anyway.
-_PG_CURSOR_QUESTIONS = {"SELECT", "WITH", "VALUES", "TABLE"}
+# The statements that stand as a subquery, whose values are measured in SQL: the others (EXPLAIN, SHOW, PRAGMA)
+# answer in a few short rows.
+_SUBQUERY_QUESTIONS = {"SELECT", "WITH", "VALUES", "TABLE"}
+# bytea, text, bpchar, varchar: octet_length gives their size from a stored value's header; any other type is
+# measured as its text.
+_PG_MEASURED_AS_IS = {17, 25, 1042, 1043}
+# Rows, each with its size in bytes as the caps count it.
+_SizedRows = Iterator[tuple[Sequence[Any], int]]
 # SQLite virtual-machine steps between two looks at the clock: about a millisecond's work.
 _SQLITE_PROGRESS_STEPS = 10_000
 QUESTIONS = ("SELECT", "WITH", "VALUES", "TABLE", "EXPLAIN", "SHOW")
@@ -100,12 +123,15 @@ def resolve_sql(sql_or_name: str) -> str:
 
 
 def run_query(url: str | None, sql_or_name: str, fmt: str = "table", params: dict[str, Any] | None = None,
-              timeout_s: float | None = DEFAULT_TIMEOUT_S, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+              timeout_s: float | None = DEFAULT_TIMEOUT_S, max_rows: int | None = DEFAULT_MAX_ROWS,
+              max_bytes: int | None = DEFAULT_MAX_BYTES, max_cell_bytes: int | None = DEFAULT_MAX_CELL_BYTES) -> str:
     """Run a named query or SQL read-only within the bounds and render it as a Markdown table, CSV or JSON. A result
     cut at max_rows says so under the table, or on stderr for CSV and JSON, whose parsers a line would break."""
     if fmt not in FORMATS:
         raise StoreError(f"unknown output format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    return present(fetch(url, sql_or_name, params, timeout_s=timeout_s, max_rows=max_rows), fmt, max_rows)
+    answer = fetch(url, sql_or_name, params, timeout_s=timeout_s, max_rows=max_rows, max_bytes=max_bytes,
+                   max_cell_bytes=max_cell_bytes)
+    return present(answer, fmt, max_rows)
 
 
 def present(answer: "Answer", fmt: str, max_rows: int | None) -> str:
@@ -130,14 +156,18 @@ class Answer(NamedTuple):
 
 
 def fetch(url: str | None, sql_or_name: str, params: dict[str, Any] | None = None,
-          timeout_s: float | None = DEFAULT_TIMEOUT_S, max_rows: int | None = DEFAULT_MAX_ROWS) -> Answer:
-    """A typed question (SQL or a named query) run read-only, stopped past timeout_s and cut after max_rows (None:
-    no bound); on PostgreSQL a role that could step out of read-only is refused."""
+          timeout_s: float | None = DEFAULT_TIMEOUT_S, max_rows: int | None = DEFAULT_MAX_ROWS,
+          max_bytes: int | None = DEFAULT_MAX_BYTES, max_cell_bytes: int | None = DEFAULT_MAX_CELL_BYTES) -> Answer:
+    """A typed question (SQL or a named query) run read-only, stopped past timeout_s, past max_bytes of values or at
+    a value over max_cell_bytes, and cut after max_rows (None: no bound); on PostgreSQL a role that could step out
+    of read-only is refused."""
     if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
         raise StoreError(f"--timeout must be a number of seconds above 0, got {timeout_s}")
-    if max_rows is not None and max_rows < 1:
-        raise StoreError(f"--max-rows must be 1 or more, got {max_rows}")
-    return _run(url, sql_or_name, params, _Bounds(timeout_s, max_rows, typed=True))
+    for name, cap in (("--max-rows", max_rows), ("max_bytes", max_bytes), ("max_cell_bytes", max_cell_bytes)):
+        if cap is not None and cap < 1:
+            raise StoreError(f"{name} must be 1 or more, got {cap}")
+    return _run(url, sql_or_name, params, _Bounds(timeout_s, max_rows, typed=True, max_bytes=max_bytes,
+                                                  max_cell_bytes=max_cell_bytes))
 
 
 def fetch_dicts(url: str | None, sql_or_name: str, params: dict[str, Any] | None = None
@@ -230,14 +260,18 @@ _SQLITE_ACTIONS = {getattr(sqlite3, f"SQLITE_{name}"): name.replace("_", " ").lo
 
 @dataclass
 class _Bounds:
-    """How far one query may go: its time (None: no limit) from when it starts, its rows, and whether the SQL was
-    typed by someone (then PostgreSQL refuses a role that could step out of read-only)."""
+    """How far one query may go: its time (None: no limit) from when it starts, its rows, its bytes, and whether the
+    SQL was typed by someone (then PostgreSQL refuses a role that could step out of read-only)."""
 
     timeout_s: float | None
     max_rows: int | None
     typed: bool
+    max_bytes: int | None = None
+    max_cell_bytes: int | None = None
     deadline: float | None = None
     passed: bool = False  # the deadline stopped the query, whatever error the driver made of that
+    cell_cap: int | None = None  # the most bytes one value may take in this query's rows
+    columns: int | None = None  # how many columns share max_bytes, where known before the rows arrive
 
     def start(self, connection: Any) -> None:
         """Start the clock; on SQLite a progress handler interrupts the statement once it runs past the deadline."""
@@ -265,6 +299,31 @@ class _Bounds:
     def stopped(self) -> str:
         return f"query stopped after {self.timeout_s:g} s (--timeout to change)"
 
+    def share_bytes(self, columns: int | None) -> None:
+        """Set the cap on one value: max_cell_bytes, and less where the row's columns share max_bytes, so that no
+        one row passes it."""
+        self.columns = columns
+        shared = self.max_bytes // columns if self.max_bytes is not None and columns else None
+        caps = [cap for cap in (self.max_cell_bytes, shared) if cap is not None]
+        self.cell_cap = max(1, min(caps)) if caps else None
+
+    def value_too_large(self) -> str:
+        if self.cell_cap == self.max_cell_bytes:
+            return f"query stopped: a value passes {_bytes(self.cell_cap)}, the cap on one value (leave out its column)"
+        return (f"query stopped: a value passes {_bytes(self.cell_cap)}, the cap on one value in a row of "
+                f"{self.columns} columns, which share the {_bytes(self.max_bytes)} cap (select fewer columns)")
+
+    def too_many_bytes(self, rows: int) -> str:
+        return (f"query stopped: its rows pass {_bytes(self.max_bytes)}, the cap on what a query returns, after "
+                f"{rows} row{'s' * (rows != 1)} (select fewer rows or columns)")
+
+
+def _bytes(count: int) -> str:
+    for unit, size in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if count >= size:
+            return f"{count / size:.3g} {unit}"
+    return f"{count} byte{'s' * (count != 1)}"
+
 
 def _fetch(engine: Engine, url: URL, sql: str, params: dict[str, Any], keyword: str, bounds: _Bounds) -> Answer:
     try:
@@ -283,38 +342,136 @@ def _fetch(engine: Engine, url: URL, sql: str, params: dict[str, Any], keyword: 
                 bounds.start(connection)
                 answer = _answer(connection, sql, params, keyword, bounds)
                 transaction.rollback()
-        except DBAPIError as exc:
+        except (DBAPIError, connection.dialect.loaded_dbapi.Error) as exc:
+            # PostgreSQL's rows stream from the driver itself, whose errors SQLAlchemy has not wrapped
+            driver_error = exc.orig if isinstance(exc, DBAPIError) else exc
             if bounds.passed or (bounds.timeout_s is not None
-                                 and getattr(exc.orig, "sqlstate", None) == _PG_QUERY_CANCELED):
+                                 and getattr(driver_error, "sqlstate", None) == _PG_QUERY_CANCELED):
                 raise StoreError(bounds.stopped()) from None
+            if getattr(driver_error, "sqlite_errorcode", None) == sqlite3.SQLITE_TOOBIG:
+                raise StoreError(bounds.value_too_large()) from None
             refused = connection.info.get("refused")
             if refused:  # the first thing refused, not what it led to
                 raise StoreError(f"read-only connection: {refused[0]} is not allowed") from None
-            if _is_write_refused(exc):
-                raise StoreError(f"read-only connection: {one_line(exc, url)}") from None
-            raise StoreError(f"query failed: {one_line(exc, url)}") from None
+            if _is_write_refused(driver_error):
+                raise StoreError(f"read-only connection: {one_line(driver_error, url)}") from None
+            raise StoreError(f"query failed: {one_line(driver_error, url)}") from None
         except SQLAlchemyError as exc:
             raise StoreError(f"query failed: {one_line(exc, url)}") from None
     return answer
 
 
 def _answer(connection: Any, sql: str, params: dict[str, Any], keyword: str, bounds: _Bounds) -> Answer:
-    """The statement's columns and rows, at most max_rows of them (one more is read to tell that there were more)."""
-    options = {}
-    if bounds.max_rows is not None and connection.dialect.name == "postgresql" and keyword in _PG_CURSOR_QUESTIONS:
-        # A server-side cursor, whose one FETCH reads max_rows + 1 rows: the server never builds the whole result.
-        options = {"yield_per": bounds.max_rows + 1}
-    bounds.limit_next_statement(connection)
-    result = connection.execute(text(sql), params, execution_options=options)
-    if not result.returns_rows:
-        return Answer([], [])
-    columns = list(result.keys())
-    bounds.limit_next_statement(connection)  # a cursor's FETCH runs the rest of the query: only the time left
-    rows = result.fetchall() if bounds.max_rows is None else result.fetchmany(bounds.max_rows + 1)
-    result.close()
-    if bounds.max_rows is not None and len(rows) > bounds.max_rows:
-        return Answer(columns, rows[:bounds.max_rows], truncated=True)
+    """The statement's columns and rows, at most max_rows of them (one more is read to tell that there were more),
+    read one at a time and stopped past the byte caps."""
+    if not bounds.typed:
+        result = connection.execute(text(sql), params)
+        return Answer(list(result.keys()), result.fetchall()) if result.returns_rows else Answer([], [])
+    described = _describe(connection, sql, params, bounds) if keyword in _SUBQUERY_QUESTIONS else None
+    bounds.share_bytes(len(described[0]) if described else None)
+    read = _sqlite_rows if connection.dialect.name == "sqlite" else _pg_rows
+    columns, sized_rows = read(connection, sql, params, described, bounds)
+    with closing(sized_rows):  # a PostgreSQL stream left early is cancelled, before the transaction ends
+        rows: list[Sequence[Any]] = []
+        total_bytes = 0
+        for row, row_bytes in sized_rows:
+            if bounds.max_rows is not None and len(rows) == bounds.max_rows:
+                return Answer(columns, rows, truncated=True)
+            total_bytes += row_bytes
+            if bounds.max_bytes is not None and total_bytes > bounds.max_bytes:
+                raise StoreError(bounds.too_many_bytes(len(rows)))
+            rows.append(row)
     return Answer(columns, rows)
+
+
+def _describe(connection: Any, sql: str, params: dict[str, Any], bounds: _Bounds) -> tuple[list[str], list[Any]]:
+    """The question's column names and driver type codes, from the question as a subquery asked for no rows (which
+    runs nothing)."""
+    bounds.limit_next_statement(connection)
+    result = connection.execute(text(f"SELECT * FROM (\n{_as_subquery(sql)}\n) AS question LIMIT 0"), params)
+    described = list(result.keys()), [column[1] for column in result.cursor.description]
+    result.close()
+    return described
+
+
+def _as_subquery(sql: str) -> str:
+    return re.sub(r"[\s;]+$", "", sql)
+
+
+def _sqlite_rows(connection: Any, sql: str, params: dict[str, Any], _described: Any,
+                 bounds: _Bounds) -> tuple[list[str], _SizedRows]:
+    """SQLite refuses, as too big, any string or blob over the cap on one value, stored or computed on the way (a
+    byte over it: some functions count a terminating NUL; the exact cap is the row's check as it arrives)."""
+    setlimit = getattr(connection.connection.driver_connection, "setlimit", None)
+    if bounds.cell_cap is not None and setlimit is not None:  # Python 3.10 has none: values are measured on arrival
+        setlimit(sqlite3.SQLITE_LIMIT_LENGTH, bounds.cell_cap + 1)
+    result = connection.execute(text(sql), params)  # a pysqlite result steps one row per row read
+    if not result.returns_rows:
+        return [], _sized((), bounds)
+    return list(result.keys()), _sized(result, bounds)
+
+
+def _pg_rows(connection: Any, sql: str, params: dict[str, Any], described: tuple[list[str], list[Any]] | None,
+             bounds: _Bounds) -> tuple[list[str], _SizedRows]:
+    """The rows in single-row mode, so that no more than one arrives before it is counted; a question that stands as
+    a subquery has every value measured in SQL, and one over the cap withheld, before it is sent."""
+    measured = bool(described and described[0]) and bounds.cell_cap is not None
+    statement = _pg_measured(sql, described[1], bounds.cell_cap) if measured else sql
+    compiled = text(statement).compile(dialect=connection.dialect)
+    driver_params = compiled.construct_params(params)
+    cursor = connection.connection.driver_connection.cursor()
+    bounds.limit_next_statement(connection)
+    stream = cursor.stream(compiled.string, driver_params)
+    if measured:
+        return described[0], _measured_rows(stream, bounds)
+    if described:
+        return described[0], _sized(stream, bounds)
+    first = next(stream, None)  # the driver knows the columns of an EXPLAIN or a SHOW once its first row is in
+    columns = [column.name for column in cursor.description or ()]
+    return columns, _sized(stream, bounds, first=() if first is None else (first,))
+
+
+def _pg_measured(sql: str, type_codes: list[Any], cell_cap: int) -> str:
+    """The question with each row's values, the largest value's size and the row's size after them, every size
+    taken in SQL and a value over cell_cap withheld (NULL). OFFSET 0 keeps each subquery whole, so that no
+    expression of the question is evaluated once per reference to it."""
+    names = [f"c{i}" for i in range(len(type_codes))]
+    sizes = [f"octet_length({name}{'' if code in _PG_MEASURED_AS_IS else '::text'})::bigint AS b{i}"
+             for i, (name, code) in enumerate(zip(names, type_codes))]
+    values = [f"CASE WHEN b{i} <= {cell_cap} THEN {name} END" for i, name in enumerate(names)]
+    largest = f"COALESCE(GREATEST({', '.join(f'b{i}' for i in range(len(names)))}), 0)"
+    row_bytes = " + ".join(f"COALESCE(b{i}, 0)" for i in range(len(names)))
+    return (f"SELECT {', '.join(values)}, {largest}, {row_bytes} FROM (SELECT *, {', '.join(sizes)} FROM "
+            f"(SELECT * FROM (\n{_as_subquery(sql)}\n) AS question OFFSET 0) AS fenced({', '.join(names)}) "
+            "OFFSET 0) AS measured")
+
+
+def _measured_rows(stream: Iterator[tuple[Any, ...]], bounds: _Bounds) -> _SizedRows:
+    with closing(stream):
+        for row in stream:
+            if row[-2] > bounds.cell_cap:
+                raise StoreError(bounds.value_too_large())
+            yield row[:-2], row[-1]
+
+
+def _sized(rows: Iterable[Sequence[Any]], bounds: _Bounds, first: tuple[Sequence[Any], ...] = ()) -> _SizedRows:
+    """The rows already read (`first`), then the others, each with its size as it arrived; `rows` (a driver's
+    stream, a result) is closed when left."""
+    try:
+        for row in chain(first, rows):
+            yield row, _row_bytes(row, bounds)
+    finally:
+        if hasattr(rows, "close"):
+            rows.close()
+
+
+def _row_bytes(row: Sequence[Any], bounds: _Bounds) -> int:
+    """A row's size as it arrived: characters of text, bytes of a blob, JSON's text, 8 for a number or a date."""
+    sizes = [len(value) if isinstance(value, (str, bytes, bytearray))
+             else len(json.dumps(value, default=str)) if isinstance(value, (dict, list)) else 8 for value in row]
+    if bounds.cell_cap is not None and max(sizes, default=0) > bounds.cell_cap:
+        raise StoreError(bounds.value_too_large())
+    return sum(sizes)
 
 
 def _refuse_roles_beyond_read_only(connection: Any) -> None:
@@ -343,10 +500,10 @@ def _pg_milliseconds(seconds: float) -> int:
     return min(math.ceil(seconds * 1000), _PG_MAX_TIMEOUT_MS)
 
 
-def _is_write_refused(exc: DBAPIError) -> bool:
-    if getattr(exc.orig, "sqlstate", None) in _PG_REFUSALS:
+def _is_write_refused(driver_error: Exception) -> bool:
+    if getattr(driver_error, "sqlstate", None) in _PG_REFUSALS:
         return True
-    return "readonly database" in str(exc.orig)
+    return "readonly database" in str(driver_error)
 
 
 def render(columns: list[str], rows: Sequence[Sequence[Any]], fmt: str) -> str:
@@ -361,6 +518,12 @@ def render(columns: list[str], rows: Sequence[Sequence[Any]], fmt: str) -> str:
         return json.dumps([{c: _plain(v) for c, v in zip(columns, row)} for row in rows], indent=2)
     numeric = [all(v is None or _is_number(v) for v in column) for column in zip(*rows)] or [False] * len(columns)
     cells = [[_cell(v) for v in row] for row in rows]
+    padded_chars = (len(cells) + 2) * sum(max(map(len, column)) + 3 for column in zip(columns, *cells))
+    plain_chars = sum(len(cell) + 3 for row in (columns, *cells) for cell in row)
+    if padded_chars > max(TABLE_PADDING_MAX_CHARS, 2 * plain_chars):
+        lines = ["| " + " | ".join(row) + " |" for row in (columns, *cells)]
+        rule = "|" + "|".join("---" for _ in columns) + "|"
+        return "\n".join([lines[0], rule, *lines[1:]])
     return tabulate(cells, headers=columns, tablefmt="github", disable_numparse=True,
                     colalign=["right" if n else "left" for n in numeric])
 

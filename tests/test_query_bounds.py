@@ -1,5 +1,6 @@
-"""A typed query's bounds on both backends (a deadline, a row cap that says it cut), a PostgreSQL backend that ends
-with its client, and the roles that convsweep query refuses because they can step out of read-only."""
+"""A typed query's bounds on both backends (a deadline, a row cap that says it cut, caps in bytes that stop it with
+the memory it takes bounded), a PostgreSQL backend that ends with its client, and the roles that convsweep query
+refuses because they can step out of read-only."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import csv
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +20,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from convsweep.errors import StoreError
-from convsweep.query import DEFAULT_MAX_ROWS, fetch, fetch_dicts, run_query
+from convsweep.query import (DEFAULT_MAX_BYTES, DEFAULT_MAX_CELL_BYTES, DEFAULT_MAX_ROWS, fetch, fetch_dicts, render,
+                             run_query)
 from store_fixtures import as_reader, row_counts, with_one_result
 
 FOREVER = "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t) "
@@ -26,8 +29,25 @@ NEVER_ANSWERS = FOREVER + "SELECT COUNT(*) AS n FROM t"
 ENDLESS_ROWS = FOREVER + "SELECT n FROM t"
 
 
-def counting(up_to: int) -> str:
-    return f"WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t WHERE n < {up_to}) SELECT n FROM t"
+def counting(up_to: int, columns: str = "n") -> str:
+    return f"WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t WHERE n < {up_to}) SELECT {columns} FROM t"
+
+
+def text_of(url: str, chars: int) -> str:
+    """An SQL expression for `chars` characters of text, computed by the database of `url`."""
+    if make_url(url).get_backend_name() == "sqlite":
+        return f"hex(zeroblob({chars // 2}))" + (" || 'x'" if chars % 2 else "")
+    return f"repeat('x', {chars})"
+
+
+def store_big_values(url: str, rows: int, chars: int) -> None:
+    """A table `big` of `rows` rows (id, body), each body `chars` characters of text."""
+    admin = create_engine(url)
+    with admin.begin() as connection:
+        connection.exec_driver_sql("CREATE TABLE big (id INTEGER, body TEXT)")
+        for row in range(rows):
+            connection.exec_driver_sql(f"INSERT INTO big VALUES ({row}, {text_of(url, chars)})")
+    admin.dispose()
 
 
 @pytest.fixture
@@ -75,6 +95,8 @@ def test_the_deadline_holds_for_the_whole_query_not_each_fetch(pg_url):
     ({"timeout_s": 0}, r"--timeout must be a number of seconds above 0, got 0"),
     ({"timeout_s": float("nan")}, r"--timeout must be a number of seconds above 0, got nan"),
     ({"max_rows": 0}, r"--max-rows must be 1 or more, got 0"),
+    ({"max_bytes": 0}, r"max_bytes must be 1 or more, got 0"),
+    ({"max_cell_bytes": -1}, r"max_cell_bytes must be 1 or more, got -1"),
 ])
 def test_bounds_that_allow_nothing_are_one_line(tmp_path, bounds, message):
     with pytest.raises(StoreError, match=rf"^{message}$"):
@@ -128,6 +150,131 @@ def test_the_projects_own_queries_read_every_row(stored_url):
     """Reports, figures and compare read through fetch_dicts: a large sweep must not be cut short."""
     columns, rows = fetch_dicts(as_reader(stored_url), counting(DEFAULT_MAX_ROWS + 5))
     assert columns == ["n"] and len(rows) == DEFAULT_MAX_ROWS + 5 and rows[-1] == {"n": DEFAULT_MAX_ROWS + 5}
+
+
+# -- the caps in bytes ---------------------------------------------------------------------------
+
+MB = 2**20
+TOTAL_CAP = r"query stopped: its rows pass {size}, the cap on what a query returns, after {rows} rows " \
+            r"\(select fewer rows or columns\)"
+VALUE_CAP = r"query stopped: a value passes {size}, the cap on one value \(leave out its column\)"
+
+
+def test_rows_past_the_byte_cap_stop_in_one_line(stored_url):
+    """Rows of 100,000 characters, far under the row cap: the eleventh passes 1 MB."""
+    start_s = time.monotonic()
+    with pytest.raises(StoreError, match=rf"^{TOTAL_CAP.format(size='1 MB', rows=10)}$"):
+        fetch(as_reader(stored_url), counting(1_000_000, f"n, {text_of(stored_url, 100_000)} AS body"), max_bytes=MB)
+    assert time.monotonic() - start_s < 5  # the million rows are never made
+    answer = fetch(as_reader(stored_url), counting(10, f"n, {text_of(stored_url, 100_000)} AS body"), max_bytes=MB)
+    assert len(answer.rows) == 10 and {len(row[1]) for row in answer.rows} == {100_000}
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "computed"])
+def test_a_value_past_the_cell_cap_stops_in_one_line(stored_url, stored):
+    chars = MB + 1
+    if stored:
+        store_big_values(stored_url, rows=1, chars=chars)
+    sql = "SELECT id, body FROM big" if stored else f"SELECT 1 AS id, {text_of(stored_url, chars)} AS body"
+    with pytest.raises(StoreError, match=rf"^{VALUE_CAP.format(size='1 MB')}$"):
+        fetch(as_reader(stored_url), sql, max_cell_bytes=MB)
+    at_the_cap = f"SELECT 1 AS id, {text_of(stored_url, MB)} AS body"
+    assert len(fetch(as_reader(stored_url), at_the_cap, max_cell_bytes=MB).rows[0][1]) == MB
+
+
+def test_the_values_of_a_wide_row_share_the_byte_cap(stored_url):
+    """Fifty columns of 40,000 characters are 2 MB in one row: each value gets a fiftieth of the 1 MB cap."""
+    value = text_of(stored_url, 40_000)
+    wide = "SELECT " + ", ".join(f"{value} AS v{i}" for i in range(50))
+    with pytest.raises(StoreError, match=r"^query stopped: a value passes 20\.5 KB, the cap on one value in a row of "
+                                         r"50 columns, which share the 1 MB cap \(select fewer columns\)$"):
+        fetch(as_reader(stored_url), wide, max_bytes=MB, max_cell_bytes=MB)
+    narrow = "SELECT " + ", ".join(f"{value} AS v{i}" for i in range(10))
+    assert [len(v) for v in fetch(as_reader(stored_url), narrow, max_bytes=MB).rows[0]] == [40_000] * 10
+
+
+def test_the_byte_caps_are_64_and_8_mb_unless_told(stored_url):
+    assert (DEFAULT_MAX_BYTES, DEFAULT_MAX_CELL_BYTES) == (64 * MB, 8 * MB)
+    eight_mb = text_of(stored_url, 8 * MB)
+    with pytest.raises(StoreError, match=rf"^{VALUE_CAP.format(size='8 MB')}$"):
+        fetch(as_reader(stored_url), f"SELECT {eight_mb} || 'x' AS body")
+    with pytest.raises(StoreError, match=rf"^{TOTAL_CAP.format(size='64 MB', rows=8)}$"):
+        fetch(as_reader(stored_url), counting(9, f"{eight_mb} AS body"))
+    assert len(fetch(as_reader(stored_url), counting(8, f"{eight_mb} AS body")).rows) == 8
+
+
+def test_an_explain_is_measured_as_it_arrives(pg_url):
+    """EXPLAIN (and SHOW) cannot be a subquery whose values SQL measures: a plan that spells out a 2 MB constant
+    (the planner folds repeat() into one) stops all the same."""
+    with pytest.raises(StoreError, match=rf"^{VALUE_CAP.format(size='1 MB')}$"):
+        fetch(as_reader(pg_url), "EXPLAIN VERBOSE SELECT repeat('x', 2097152)", max_cell_bytes=MB)
+    assert fetch(as_reader(pg_url), "SHOW server_version").columns == ["server_version"]
+
+
+@pytest.fixture
+def big_url(stored_url):
+    """stored_url with four stored values of 50 MB each."""
+    store_big_values(stored_url, rows=4, chars=50 * MB)
+    return stored_url
+
+
+# The peak as /proc has it: getrusage's ru_maxrss would count the pytest process this one was forked from.
+PEAK_RSS = """
+import sys
+from convsweep.errors import StoreError
+from convsweep.query import run_query
+for sql in sys.argv[2:]:
+    try:
+        run_query(sys.argv[1], sql, fmt="csv")
+        print("answered")
+    except StoreError as e:
+        print(e)
+print(next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:")))
+"""
+
+
+def test_memory_stays_bounded_far_below_the_data(big_url):
+    """`convsweep query` in a process of its own, asked for 200 MB of stored values, 800 MB of rows under the cap
+    on a value, and one row of fifty 4 MB values: each stops in one line, and the process never holds more than a
+    fraction of any of them (before the caps in bytes: 0.8, 2.4 and 1.4 GB)."""
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("the peak memory of a process is read from Linux's /proc")
+    questions = ["SELECT id, body FROM big",
+                 counting(200, f"n, {text_of(big_url, 4 * MB)} AS body"),
+                 "SELECT " + ", ".join(f"{text_of(big_url, 4 * MB)} AS v{i}" for i in range(50))]
+    child = subprocess.run([sys.executable, "-c", PEAK_RSS, as_reader(big_url), *questions],
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    *said, peak_rss = child.stdout.splitlines()
+    assert [re.fullmatch(pattern, line) is not None for line, pattern in zip(said, [
+        VALUE_CAP.format(size="8 MB"),
+        TOTAL_CAP.format(size="64 MB", rows=15),
+        r"query stopped: a value passes 1\.28 MB, the cap on one value in a row of 50 columns, .*",
+    ])] == [True] * 3, said
+    assert int(peak_rss) < 200 * MB
+
+
+def test_rows_under_the_caps_come_back_as_before(stored_url):
+    """What the caps measure in SQL comes back untouched: every type of a stored run, names that repeat, bound
+    parameters beside a literal %, a trailing semicolon, and the question's own order."""
+    reader = as_reader(stored_url)
+    columns, rows, truncated = fetch(reader, "SELECT * FROM run ORDER BY id")
+    assert (columns, [dict(zip(columns, row)) for row in rows]) == fetch_dicts(reader, "SELECT * FROM run ORDER BY id")
+    assert not truncated and len(rows) == 1
+    assert fetch(reader, "SELECT 1 AS a, 'two' AS a") == (["a", "a"], [(1, "two")], False)
+    assert list(fetch(reader, "SELECT '50%' AS share, :who AS who;", {"who": "me"}).rows[0]) == ["50%", "me"]
+    assert [row[0] for row in fetch(reader, counting(5) + " ORDER BY n DESC").rows] == [5, 4, 3, 2, 1]
+    assert fetch(reader, "EXPLAIN SELECT COUNT(*) FROM run").rows
+
+
+def test_a_long_value_is_not_padded_into_every_row_of_a_table():
+    """A Markdown table pads each cell to its column's widest: one 5 MB value would be copied into every row."""
+    rows = [(1, "x" * 5 * MB)] + [(n, "") for n in range(2, 1001)]
+    table = render(["n", "body"], rows, "table")
+    lines = table.splitlines()
+    assert len(table) < 6 * MB and len(lines) == 1002
+    assert lines[:2] == ["| n | body |", "|---|---|"] and lines[3] == "| 2 |  |"
+    assert render(["n"], [(1,), (22,)], "table").splitlines() == ["|   n |", "|-----|", "|   1 |", "|  22 |"]
 
 
 # -- a PostgreSQL backend ends with its client -----------------------------------------------------
