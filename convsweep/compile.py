@@ -2,14 +2,15 @@
 
 The cache key covers everything that changes the machine code: the source and the headers it
 can include, the options (tunables as -D macros), the target architecture and the NVRTC
-version. A hit skips NVRTC entirely, which is what keeps a cached job fast.
+version. A hit skips NVRTC entirely, which is what keeps a cached job fast. An entry is one sealed
+file (fileio.SealedCache: the cubin and its metadata under one digest and HMAC): a changed cubin,
+register count or finding is removed and built again, never run or recorded.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import functools
-import json
 import os
 import re
 import time
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .fileio import canonical_hash, write_atomic
+from .fileio import SealedCache, canonical_hash
 from .errors import CompileError
 from .findings import scan_ptx
 from .paths import KERNELS_DIR, cache_dir, relative_to_root
@@ -160,10 +161,9 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Compiled
     key = canonical_hash([sources_hash, options_hash, nvrtc_version(), CACHE_FORMAT])
     cached = _load_cached(key)
     if cached:
-        meta, cubin = cached
+        meta, cubin, kernels = cached
         return CompiledModule(name, relative_to_root(source), dict(params), arch, options_hash, sources_hash, cubin,
-                              meta["compile_ms"], True, meta["log"], tuple(KernelResources(**k) for k in meta["kernels"]),
-                              meta["findings"])
+                              meta["compile_ms"], True, meta["log"], kernels, meta["findings"])
 
     start = time.perf_counter()
     cubin, ptx, text = _nvrtc(source, name, _options(source, arch, defines, include_dirs), cubin=True)
@@ -334,19 +334,26 @@ def parse_ptxas_log(text: str) -> tuple[KernelResources, ...]:
     return tuple(kernels)
 
 
-def _load_cached(key: str):
-    base = cache_dir() / "kernels" / key
+def _build_entry(key: str) -> str:
+    return f"kernels/{key}.sealed"
+
+
+def _load_cached(key: str) -> tuple[dict, bytes, tuple[KernelResources, ...]] | None:
+    """A build's metadata, cubin and kernels from the disk cache, where its entry is sound (else removed)."""
+    cache = SealedCache(cache_dir())
+    found = cache.read(_build_entry(key), key)
+    if found is None:
+        return None
+    meta, cubin = found
     try:
-        meta = json.loads(base.with_suffix(".json").read_text())
-        cubin = base.with_suffix(".cubin").read_bytes()
-    except (OSError, ValueError):
+        if not {"compile_ms", "log", "findings"} <= meta.keys():
+            raise KeyError("compile_ms, log or findings")
+        kernels = tuple(KernelResources(**k) for k in meta["kernels"])
+    except (KeyError, TypeError, AttributeError):  # sealed with this user's secret, not as _store_cached seals a build
+        cache.discard(_build_entry(key))
         return None
-    if len(cubin) != meta.get("cubin_bytes"):
-        return None
-    return meta, cubin
+    return meta, bytes(cubin), kernels
 
 
 def _store_cached(key: str, cubin: bytes, meta: dict) -> None:
-    base = cache_dir() / "kernels" / key
-    write_atomic(base.with_suffix(".cubin"), cubin)
-    write_atomic(base.with_suffix(".json"), json.dumps({**meta, "cubin_bytes": len(cubin)}))
+    SealedCache(cache_dir()).write(_build_entry(key), key, meta, cubin)

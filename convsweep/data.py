@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from convsweep.fileio import write_npy_atomic
+from convsweep.fileio import SealedCache
 from convsweep.layers import bilinear_matrix
 from convsweep.paths import cache_dir as default_cache_dir
 from convsweep.errors import ConfigError, DataError
@@ -141,34 +141,19 @@ def _interpolation_matrix(n_in: int, n_out: int) -> np.ndarray:
     return bilinear_matrix(n_in, n_out).astype(np.float32)
 
 
-def _load_cached(path: Path, shape: tuple[int, ...]) -> np.ndarray | None:
-    try:
-        cached = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError):
-        return None
-    if cached.shape != shape or cached.dtype != np.float32:
-        return None
-    if cached.size and not (cached.min() >= 0.0 and cached.max() <= 1.0):
-        return None
-    return cached
-
-
-def _save_atomically(path: Path, array: np.ndarray) -> None:
-    """The cache is an optimization: a directory we cannot write costs a warning, not the run."""
-    try:
-        write_npy_atomic(path, array)
-    except OSError as exc:
-        warnings.warn(f"{path.parent}: cannot write the image cache ({exc}); continuing without it")
-
-
 def _upscaled(raw_images: np.ndarray, size: int, sha256: str, cache_dir: Path) -> np.ndarray:
-    shape = (raw_images.shape[0], size, size)
-    path = cache_dir / f"idx-{sha256}-bilinear{size}.npy"
-    cached = _load_cached(path, shape) if path.exists() else None
-    if cached is not None:
+    """The images upscaled to `size`, from the cache where its entry is sound (fileio.SealedCache: sealed
+    under the IDX files' digest and the size, with the array's digest), or computed and kept there."""
+    shape, key = (raw_images.shape[0], size, size), f"idx-{sha256}-bilinear{size}"
+    cache, name = SealedCache(cache_dir), f"{key}.sealed"
+    cached = cache.read_array(name, key)
+    if cached is not None and cached.shape == shape and cached.dtype == np.float32:
         return cached
     upscaled = upscale_bilinear(raw_images, size)
-    _save_atomically(path, upscaled)
+    try:
+        cache.write_array(name, key, {"images": list(raw_images.shape)}, upscaled)
+    except OSError as exc:  # the cache is an optimization: a directory we cannot write costs a warning, not the run
+        warnings.warn(f"{cache_dir}: cannot write the image cache ({exc}); continuing without it")
     return upscaled
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .data import Dataset, batch_indices, load_dataset, random_dataset, shuffled
-from .fileio import canonical_hash, write_npy_atomic
+from .fileio import SealedCache, canonical_hash
 from .formats import FORMATS, FP32, InputFormat
 from .network import Network, load_weights, reference_forward_parallel
 from .paths import cache_dir
@@ -142,15 +142,16 @@ def load_batch(network: Network, dataset_spec: str | dict, batch: int, input_for
 def cached_forward(network: Network, weights: dict[str, np.ndarray], identity: list,
                    images: Callable[[], np.ndarray]) -> np.ndarray:
     """The float64 logits of `images()` (which `identity` names, with the network and its weights),
-    from the disk cache, or computed once and kept there."""
+    from the disk cache where its entry is sound (fileio.SealedCache: sealed under the hash of all
+    these, with the array's digest), or computed once and kept there."""
     weights_hash = hashlib.sha256(b"".join(k.encode() + v.tobytes() for k, v in sorted(weights.items()))).hexdigest()
     key = canonical_hash([identity[0], weights_hash, Path(network.path).read_text(), list(network.input_shape),
                           *identity[1:]])
-    path = cache_dir() / "reference" / f"{key}.npy"
-    try:
-        return np.load(path)
-    except (OSError, ValueError):
-        pass
+    cache, name = SealedCache(cache_dir()), f"reference/{key}.sealed"
+    logits = cache.read_array(name, key)
+    if logits is not None and logits.dtype == np.float64:
+        return logits
     logits = reference_forward_parallel(network, weights, images())
-    write_npy_atomic(path, logits)
+    cache.write_array(name, key, {"identity": identity, "weights_sha256": weights_hash,
+                                  "network": Path(network.path).name}, logits)
     return logits

@@ -74,13 +74,7 @@ def test_second_compile_hits_the_cache_and_options_change_the_key(tmp_path, monk
     assert not compile_variant(var, var.defaults(), "sm_80").cache_hit
 
 
-def test_corrupt_cache_entry_is_recompiled(tmp_path, monkeypatch):
-    monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path))
-    var = load_registry()["naive"]
-    compile_variant(var, var.defaults(), "sm_90")
-    for cubin in (tmp_path / "kernels").glob("*.cubin"):
-        cubin.write_bytes(b"\x7fELF truncated")
-    assert not compile_variant(var, var.defaults(), "sm_90").cache_hit
+# A build cache entry changed, cut short, forged, linked or of another user is compiled again: tests/test_caches.py.
 
 
 def test_compile_error_names_file_and_line(tmp_path, monkeypatch):
