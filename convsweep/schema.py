@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .axes import AXES
 from .errors import ConfigError
-from .fileio import write_atomic, write_json_atomic
+from .fileio import SealedCache, write_atomic
 from .paths import SCHEMAS_DIR, cache_dir
 from .yamlio import MAX_DEPTH, MAX_NODES, read_yaml_file
 
@@ -53,10 +53,14 @@ def load_schema(name: str) -> dict:
 def schema_file(name: str) -> Path:
     """The effective schema (load_schema's) as a JSON file in the cache directory, for a reader that
     takes a path: Snakemake's validate. Written once per content; its name holds the content's hash."""
-    text = json.dumps(load_schema(name), indent=1, sort_keys=True)
+    text = json.dumps(load_schema(name), indent=1, sort_keys=True) + "\n"
     path = cache_dir() / "schemas" / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.schema.json"
-    if not path.is_file():
-        write_atomic(path, text + "\n")
+    try:  # checked, not trusted for being there: a changed one would change what a sweep may say
+        unchanged = path.is_file() and not path.is_symlink() and path.read_text() == text
+    except (OSError, UnicodeDecodeError):
+        unchanged = False
+    if not unchanged:
+        write_atomic(path, text)  # a rename: it replaces whatever was at the path, a link included
     return path
 
 
@@ -256,14 +260,18 @@ def validated_file(path: Path, schema: str) -> Any:
                              + json.dumps(_axis_properties(schema), sort_keys=True).encode())
     except OSError:  # a missing file: read_yaml_file says so in its own words
         return validate(read_yaml_file(path), schema, path.name)
-    memo = cache_dir() / "validated" / f"{schema}-{key.hexdigest()}.json"
-    try:
-        return json.loads(memo.read_text())
-    except (OSError, ValueError):
-        pass
+    # Sealed (fileio.SealedCache): a memo changed on disk (a variant's precision, and so its tolerance) is made
+    # again, never trusted.
+    cache, name = SealedCache(cache_dir()), f"validated/{schema}-{key.hexdigest()}.sealed"
+    found = cache.read(name, key.hexdigest())
+    if found is not None:
+        try:
+            return json.loads(bytes(found[1]))
+        except ValueError:
+            cache.discard(name)
     document = validate(read_yaml_file(path), schema, path.name)
     try:
-        write_json_atomic(memo, document)
+        cache.write(name, key.hexdigest(), {}, json.dumps(document, allow_nan=False).encode())
     except (OSError, ValueError, TypeError):  # a read-only cache, or a value JSON cannot hold: validate each time
         pass
     return document

@@ -319,3 +319,33 @@ def test_a_payload_over_many_pieces_has_one_digest_and_any_change_shows(tmp_path
     payload[(2 << 23) + 7] ^= 1
     assert payload_digest(payload) != digest
     assert payload_digest(b"") != payload_digest(b"\0")
+
+
+def test_a_validated_registry_memo_changed_on_disk_is_made_again(tmp_path, monkeypatch):
+    """The registry's memo (schema.validated_file) decides a variant's precision and so its tolerance: a memo
+    changed on disk (fp32 -> fp16, 1e-5 -> 1e-2) must not be used."""
+    from convsweep import schema
+    from convsweep.paths import KERNELS_DIR
+
+    monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path))
+    first = schema.validated_file(KERNELS_DIR / "variants.yaml", "variants")
+    (memo,) = (tmp_path / "validated").glob("variants-*.sealed")
+    raw = memo.read_bytes()
+    assert raw.count(b'"precision": "fp32"') > 1
+    memo.write_bytes(raw.replace(b'"precision": "fp32"', b'"precision": "fp16"'))
+    assert schema.validated_file(KERNELS_DIR / "variants.yaml", "variants") == first  # made again from the file
+
+
+def test_the_schema_file_snakemake_reads_is_checked_not_trusted(tmp_path, monkeypatch):
+    from convsweep import schema
+
+    monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path))
+    path = schema.schema_file("experiments")
+    good = path.read_text()
+    path.write_text(good.replace('"default": "full"', '"default": "fast"'))
+    assert schema.schema_file("experiments").read_text() == good
+    path.unlink()
+    decoy = tmp_path / "decoy.json"
+    decoy.write_text("{}")
+    path.symlink_to(decoy)
+    assert schema.schema_file("experiments").read_text() == good and not path.is_symlink() and decoy.read_text() == "{}"
