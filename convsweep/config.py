@@ -4,23 +4,27 @@ A job (`JobSpec`) is one cell of the matrix and measures the tunable settings of
 process; each setting (`RunSpec`) is a run of its own. The job's hash names its file, so a resumed
 sweep finds the results it already has and an edited one reruns exactly what changed; a setting's
 hash (run_key) names its measurements in the store.
+
+An error about the sweep file is one line `file:line: experiments.NAME.key: what was expected`, with
+the nearest known name where a variant, dataset, network or key is unknown.
 """
 from __future__ import annotations
 
 import itertools
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
 from . import axes, search as search_mod
 from .axes import AXES, NAMES, OMITTED_AT_DEFAULT, Axis, job_id_part
-from .errors import ConfigError, ConvsweepError, DataError, ShapeError
+from .errors import ConfigError, ConvsweepError, ShapeError
 from .fileio import canonical_hash
 from .paths import DEFAULT_DB_URL, ROOT, resolve_network_path
-from .schema import validate as validate_against
-from .yamlio import read_yaml_file
+from .schema import did_you_mean, validate as validate_against
+from .yamlio import ANY, line_of, read_yaml_file
 
 # Values in a sweep (keys, list items, aliases expanded): the largest here has ~400. jsonschema checks
 # ~30,000 values a second on this machine, so a config at the bound is still answered in under a second.
@@ -249,9 +253,10 @@ def validate(config: dict, source: str) -> dict:
     Snakemake parses the file itself, keeping the last of two equal keys and expanding aliases without
     bound, so where `source` is a file, convsweep's loader reads it again to refuse both with their line.
     The dict (which holds --config overrides too) is then bounded in size before the schema walks it."""
-    if Path(source).is_file():
-        read_yaml_file(Path(source))
-    return validate_against(config, "experiments", source, max_nodes=MAX_CONFIG_NODES)
+    yaml_file = Path(source) if Path(source).is_file() else None
+    if yaml_file is not None:
+        read_yaml_file(yaml_file)
+    return validate_against(config, "experiments", source, max_nodes=MAX_CONFIG_NODES, yaml_file=yaml_file)
 
 
 @dataclass(frozen=True)
@@ -277,74 +282,141 @@ def load_config(path: str | os.PathLike) -> Config:
     data = read_yaml_file(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with an 'experiments' key")
-    return Config(path, validate_against(data, "experiments", str(path), max_nodes=MAX_CONFIG_NODES))
+    return Config(path, validate_against(data, "experiments", str(path), max_nodes=MAX_CONFIG_NODES, yaml_file=path))
 
 
 def expand_config(config: Config | dict, source: str = "experiments.yaml") -> list[JobSpec]:
-    """Every job of every experiment, in a stable order; errors name the file and key."""
-    from . import network as network_mod
-    from .formats import FORMATS
-    from .data import check_dataset
+    """Every job of every experiment, in a stable order; errors name the file, the line and the key."""
     from .variants import load_registry
 
     if isinstance(config, dict):
         config = Config(Path(source), validate(config, source))
     registry = load_registry()
-    base_dir = config.path.parent
     _check_job_count(config)
     jobs: list[JobSpec] = []
     for name, exp in config.experiments.items():
-        where = f"{config.path}: experiments.{name}"
-        resolved = resolve_network_path(exp["network"], base_dir)
-        net = network_mod.load_network(resolved)
         try:
-            network_mod.check_weights(net)
-            check_dataset(exp["dataset"])
-        except ConvsweepError as e:
-            raise ConfigError(f"{where}.{'network' if isinstance(e, DataError) else 'dataset'}: {e}") from None
-        network = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
-        conv_names = [layer.name for layer in net.conv_layers]
-        search = _search(exp, f"{where}.search")
-        sweep = {"experiment": name, "config_hash": canonical_hash(exp), "config_path": str(config.path)}
-        if (refused := axes.refusal(exp)) is not None:
-            raise ConfigError(f"{where}.{refused[0]}: {refused[1]}")
-        for input_format in exp["input"]:
-            if (why := FORMATS[input_format].refusal(net, exp["dataset"])) is not None:
-                raise ConfigError(f"{where}.input: {why}")
-        for grid_name, values in exp.get("params", {}).items():
-            if grid_name not in registry:
-                raise ConfigError(f"{where}.params.{grid_name}: unknown variant '{grid_name}'")
-            for layer, layer_values in _per_layer(values, conv_names, f"{where}.params.{grid_name}").items():
-                registry[grid_name].param_combinations(  # names the bad key
-                    layer_values, f"{where}.params.{grid_name}" + (f".{layer}" if layer else ""))
-        for v, entry in enumerate(exp["variants"]):
-            layer_map = _layer_map(entry, net, registry, f"{where}.variants[{v}]")
-            grid = _grid(layer_map, conv_names, exp.get("params", {}), f"{where}.params")
-            # Checked here, once per cell shape, so a bad grid stops the sweep while it is planned.
-            choose_settings(network, layer_map, grid, search, f"{where}.variants[{v}]")
-            on_gpu = not all(registry[var].is_cpu for var in layer_map.values())
-            steps = net.steps({layer: registry[var].fuses for layer, var in layer_map.items()
-                               if not registry[var].is_cpu})
-            for values in itertools.product(*([axis.from_config(v) for v in exp[axis.key]] for axis in AXES)):
-                cell = dict(zip(NAMES, values))
-                if not axes.applies(cell, on_gpu):
-                    continue
-                if on_gpu:
-                    _check_device_memory(net, steps, cell["batch"], cell["streams"], cell["chunk_images"],
-                                         f"{where}.batches")
-                jobs.append(JobSpec(
-                    experiment=name, network=network, dataset=exp["dataset"], variants=layer_map, grid=grid, **cell,
-                    repeats=exp["repeats"], warmup=exp["warmup"], profiler=exp["profiler"],
-                    stopping=dict(exp["stopping"]) if exp["repeats"] == "auto" else None, search=search,
-                    energy_window_s=exp["energy_window_s"], checks=exp["checks"], sanitize=exp["sanitize"],
-                    arch=config.data["arch"],
-                    sweep=sweep))
+            jobs += _experiment_jobs(config, name, exp, registry)
+        except ConfigError as e:
+            raise ConfigError(_with_line(str(e), config, name)) from None
     if not jobs:
         raise ConfigError(f"{config.path}: the sweep matrix is empty")
     seen: dict[str, JobSpec] = {}
     for job in jobs:
         seen.setdefault(job.job_id, job)
     return list(seen.values())
+
+
+def _experiment_jobs(config: Config, name: str, exp: dict, registry) -> list[JobSpec]:
+    """The jobs of one experiment; its errors begin `file: experiments.NAME...` (expand_config adds the line)."""
+    from . import network as network_mod
+    from .formats import FORMATS
+    from .variants import unknown_variant
+
+    where = f"{config.path}: experiments.{name}"
+    resolved = resolve_network_path(exp["network"], config.path.parent)
+    if not resolved.is_file():
+        nearest = _nearest_network(exp["network"], config.path.parent)
+        raise ConfigError(f"{where}.network: no such file '{exp['network']}'{nearest}")
+    net = network_mod.load_network(resolved)
+    try:
+        network_mod.check_weights(net)
+    except ConvsweepError as e:
+        raise ConfigError(f"{where}.network: {e}") from None
+    _check_dataset(exp["dataset"], f"{where}.dataset")
+    network = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
+    conv_names = [layer.name for layer in net.conv_layers]
+    search = _search(exp, f"{where}.search")
+    sweep = {"experiment": name, "config_hash": canonical_hash(exp), "config_path": str(config.path)}
+    if (refused := axes.refusal(exp)) is not None:
+        raise ConfigError(f"{where}.{refused[0]}: {refused[1]}")
+    for input_format in exp["input"]:
+        if (why := FORMATS[input_format].refusal(net, exp["dataset"])) is not None:
+            raise ConfigError(f"{where}.input: {why}")
+    for grid_name, values in exp.get("params", {}).items():
+        if grid_name not in registry:
+            raise ConfigError(f"{where}.params.{grid_name}: {unknown_variant(grid_name, registry)}")
+        for layer, layer_values in _per_layer(values, conv_names, f"{where}.params.{grid_name}").items():
+            registry[grid_name].param_combinations(  # names the bad key
+                layer_values, f"{where}.params.{grid_name}" + (f".{layer}" if layer else ""))
+    jobs = []
+    for v, entry in enumerate(exp["variants"]):
+        layer_map = _layer_map(entry, net, registry, f"{where}.variants[{v}]")
+        grid = _grid(layer_map, conv_names, exp.get("params", {}), f"{where}.params")
+        # Checked here, once per cell shape, so a bad grid stops the sweep while it is planned.
+        choose_settings(network, layer_map, grid, search, f"{where}.variants[{v}]")
+        on_gpu = not all(registry[var].is_cpu for var in layer_map.values())
+        steps = net.steps({layer: registry[var].fuses for layer, var in layer_map.items()
+                           if not registry[var].is_cpu})
+        for values in itertools.product(*([axis.from_config(v) for v in exp[axis.key]] for axis in AXES)):
+            cell = dict(zip(NAMES, values))
+            if not axes.applies(cell, on_gpu):
+                continue
+            if on_gpu:
+                _check_device_memory(net, steps, cell["batch"], cell["streams"], cell["chunk_images"],
+                                     f"{where}.batches")
+            jobs.append(JobSpec(
+                experiment=name, network=network, dataset=exp["dataset"], variants=layer_map, grid=grid, **cell,
+                repeats=exp["repeats"], warmup=exp["warmup"], profiler=exp["profiler"],
+                stopping=dict(exp["stopping"]) if exp["repeats"] == "auto" else None, search=search,
+                energy_window_s=exp["energy_window_s"], checks=exp["checks"], sanitize=exp["sanitize"],
+                arch=config.data["arch"],
+                sweep=sweep))
+    return jobs
+
+
+# A key path's tail after `experiments.NAME` (`.params.naive.conv1.BLOCK`, `.variants[1]`), then `: `: the keys,
+# layers, variants and tunables in it are identifiers (schema), so it reads back unambiguously.
+_KEYS_AFTER_NAME = re.compile(r"((?:\.[A-Za-z_][A-Za-z0-9_]*|\[[0-9]+\])*): ")
+_KEY = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[([0-9]+)\]")
+
+
+def _with_line(message: str, config: Config, name: str) -> str:
+    """`file: experiments.NAME.key.path: ...` as `file:LINE: experiments.NAME.key.path: ...`, the line of
+    that key (or list item) in the file, where the file holds what the checked config holds there.
+    The modules the expansion calls (variants, search, axes) build their messages on the `where` they
+    are given, so the key path is read back from the message; any other message is left as it is."""
+    head = f"{config.path}: experiments.{name}"
+    tail = _KEYS_AFTER_NAME.match(message, len(head)) if message.startswith(head) else None
+    if tail is None:
+        return message
+    keys = ["experiments", name, *(key or int(index) for key, index in _KEY.findall(tail.group(1)))]
+    line = line_of(config.path, keys, _value_at(config.data, keys))
+    return message if line is None else f"{config.path}:{line}: {message[len(str(config.path)) + 2:]}"
+
+
+def _value_at(data: Any, keys: list) -> Any:
+    """What `data` holds at a key path (ANY where it holds nothing: line_of then takes any value)."""
+    for key in keys:
+        try:
+            data = data[key]
+        except (KeyError, IndexError, TypeError):
+            return ANY
+    return data
+
+
+def _check_dataset(dataset: str | dict, where: str) -> None:
+    """convsweep.data's check of the dataset, with the nearest known name for a misspelled one."""
+    from .data import DATASETS, RANDOM, check_dataset
+
+    try:
+        check_dataset(dataset)
+    except ConvsweepError as e:
+        hint = did_you_mean(dataset, [*DATASETS, RANDOM]) if isinstance(dataset, str) else ""
+        raise ConfigError(f"{where}: {e}{hint}") from None
+
+
+_MAX_LISTED_FILES = 1000  # of a directory searched for a misspelled network's name
+
+
+def _nearest_network(value: str, base_dir: Path) -> str:
+    """For a network file that is not there, the nearest names of the YAML files where resolve_network_path
+    looked, written as the sweep wrote its own (`; did you mean 'networks/lenet86.yaml'?`)."""
+    given = Path(value)
+    folders = [given.parent] if given.is_absolute() else [base_dir / given.parent, ROOT / given.parent]
+    names = {path.name for folder in dict.fromkeys(folders) if folder.is_dir()
+             for path in itertools.islice(folder.glob("*.y*ml"), _MAX_LISTED_FILES)}
+    return did_you_mean(given.name, names, shown=lambda name: given.with_name(name))
 
 
 def _check_job_count(config: Config) -> None:
@@ -354,8 +426,9 @@ def _check_job_count(config: Config) -> None:
     for name, exp in config.experiments.items():
         total += math.prod(len(exp[key]) for key in keys)
         if total > MAX_JOBS:
-            raise ConfigError(f"{config.path}: experiments.{name}: the sweep's axes ({' x '.join(keys)}) multiply "
-                              f"to more than {MAX_JOBS:,} jobs; split it, or measure more settings per job")
+            raise ConfigError(_with_line(f"{config.path}: experiments.{name}: the sweep's axes ({' x '.join(keys)}) "
+                                         f"multiply to more than {MAX_JOBS:,} jobs; split it, or measure more "
+                                         "settings per job", config, name))
 
 
 def device_bytes(net, steps, batch: int, streams: int, chunk_images: int | None) -> int:
@@ -451,17 +524,22 @@ def _layer_map(entry: str | dict, net, registry, where: str) -> dict[str, str]:
     """conv layer -> variant name for one `variants` entry, checked against the registry and the
     network. A conv layer that an earlier layer's variant computes too (a fused network swallows the
     later convs) has no entry of its own: a string entry covers it, a mapping may leave it out."""
+    from .variants import unknown_variant
+
     conv_names = [layer.name for layer in net.conv_layers]
     if isinstance(entry, str):
+        if entry not in registry:
+            raise ConfigError(f"{where}: {unknown_variant(entry, registry)}")
         given = {name: entry for name in conv_names}
     else:
-        unknown = set(entry) - set(conv_names)
+        unknown = [layer for layer in entry if layer not in conv_names]
         if unknown:
-            raise ConfigError(f"{where}: unknown layer '{sorted(unknown)[0]}' (conv layers: {', '.join(conv_names)})")
+            raise ConfigError(f"{where}.{unknown[0]}: unknown layer '{unknown[0]}' "
+                              f"(conv layers: {', '.join(conv_names)})")
         given = dict(entry)
-    for var in dict.fromkeys(given.values()):
-        if var not in registry:
-            raise ConfigError(f"{where}: unknown variant '{var}' (known: {', '.join(sorted(registry))})")
+        for layer, var in given.items():
+            if var not in registry:
+                raise ConfigError(f"{where}.{layer}: {unknown_variant(var, registry)}")
     layer_map: dict[str, str] = {}
     swallowed: dict[str, str] = {}  # conv layer -> the earlier layer whose variant computes it
     for name in conv_names:

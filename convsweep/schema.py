@@ -1,5 +1,9 @@
 """JSON Schema validation of the project's files, with one error style: `file: key.path: what was expected`.
 
+A YAML file a person edits (experiments.yaml, the variant registry) is checked with `yaml_file`: its
+errors then say `file:line: key.path: ...`, name an unknown key itself, and add the nearest allowed
+name or value where one is close (`did_you_mean`).
+
 experiments.yaml, bench files, the variant registry and result JSONs are each described by a
 schema in workflow/schemas/ (defaults live there too, as Snakemake's `validate` expects). Checks
 a schema cannot express (a variant name the registry must know, a layer the network must have)
@@ -9,18 +13,21 @@ schema_file writes that effective schema where Snakemake's validate can read it.
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
 import math
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .axes import AXES
 from .errors import ConfigError
 from .fileio import SealedCache, write_atomic
-from .paths import SCHEMAS_DIR, cache_dir
-from .yamlio import MAX_DEPTH, MAX_NODES, read_yaml_file
+from .paths import SCHEMAS_DIR, cache_dir, relative_to_root
+from .yamlio import ANY, MAX_DEPTH, MAX_NODES, line_of, read_yaml_file
 
 if TYPE_CHECKING:
     import jsonschema
@@ -91,6 +98,37 @@ def key_path(path) -> str:
     return ".".join(parts).replace(".[", "[") or "(top level)"
 
 
+def at(source: str, keys, yaml_file: Path | None = None, value: Any = ANY) -> str:
+    """`file:14: experiments.e.batches` where the YAML file holds `value` (or anything, by default) at
+    `keys`, else `file: experiments.e.batches`: how an error line begins."""
+    line = line_of(yaml_file, list(keys), value) if yaml_file is not None else None
+    return f"{source}{'' if line is None else f':{line}'}: {key_path(keys)}"
+
+
+# difflib's ratio, 2 x matching characters / both lengths: 0.6 takes 'batchs' -> 'batches' (0.92) and
+# 'fst' -> 'fast' (0.86), not 'fst' -> 'full' (0.29). Beside the nearest, only names about as near are
+# named ('conv3' -> conv1 or conv2, both 0.8), not every one past the cutoff ('max_nosie' -> max_samples, 0.6).
+SUGGESTION_CUTOFF = 0.6
+SUGGESTION_SPREAD = 0.1
+MAX_SUGGESTIONS = 3
+_MAX_SUGGESTED_CHARS = 100  # longer words are no typo of a name; difflib's cost grows with their length
+
+
+def did_you_mean(word: Any, choices: Iterable, shown=str) -> str:
+    """The end of an error line that names the few `choices` nearest to `word`, each as `shown` writes it
+    (`; did you mean 'batches'?`); '' where none is close, or `word` is no string."""
+    if not isinstance(word, str) or len(word) > _MAX_SUGGESTED_CHARS:
+        return ""
+    names = {choice for choice in choices if isinstance(choice, str) and choice != word}
+    scored = sorted(((difflib.SequenceMatcher(None, word, name).ratio(), name) for name in names),
+                    key=lambda pair: (-pair[0], pair[1]))
+    if not scored or scored[0][0] < SUGGESTION_CUTOFF:
+        return ""
+    least = max(SUGGESTION_CUTOFF, scored[0][0] - SUGGESTION_SPREAD)
+    close = [f"'{shown(name)}'" for ratio, name in scored[:MAX_SUGGESTIONS] if ratio >= least]
+    return f"; did you mean {close[0] if len(close) == 1 else ', '.join(close[:-1]) + ' or ' + close[-1]}?"
+
+
 MAX_VALUE_CHARS = 60  # of a value quoted in an error line: a whole result section would drown the line
 MAX_STRING_CHARS = 10_000  # any string of a checked document: far above every schema's maxLength
 
@@ -118,6 +156,23 @@ def _shown(value: Any) -> str:
 
 def _cut(message: str) -> str:
     return message if len(message) <= 4 * MAX_VALUE_CHARS else message[:4 * MAX_VALUE_CHARS - 3] + "..."
+
+
+def _located(error: jsonschema.ValidationError, suggest: bool) -> tuple[list, Any, str]:
+    """(the key path, the value there, what was expected) of one error. With `suggest`, an unknown key
+    is named itself (its line is the one to fix) with the nearest keys the schema has at that place,
+    and a value outside an enum with the nearest allowed ones."""
+    keys, instance = list(error.absolute_path), error.instance
+    if suggest and error.validator == "additionalProperties" and isinstance(instance, dict):
+        unknown = next((key for key in instance if key not in error.schema.get("properties", {})
+                        and not any(re.search(p, str(key)) for p in error.schema.get("patternProperties", {}))), None)
+        if unknown is not None:
+            return [*keys, unknown], instance[unknown], \
+                "unknown key" + did_you_mean(unknown, error.schema.get("properties", {}))
+    what = _describe(error)
+    if suggest and error.validator == "enum":
+        what += did_you_mean(instance, error.validator_value)
+    return keys, instance, what
 
 
 def _describe(error: jsonschema.ValidationError) -> str:
@@ -152,18 +207,20 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"expected a value its schema's {kind} {_shown(expected)} allows, got {_shown(instance)}"
 
 
-def check_size(instance: Any, source: str, max_nodes: int = MAX_NODES, max_chars: int = MAX_STRING_CHARS) -> None:
+def check_size(instance: Any, source: str, max_nodes: int = MAX_NODES, max_chars: int = MAX_STRING_CHARS,
+               yaml_file: Path | None = None) -> None:
     """Refuse, as one ConfigError line, a document of more than `max_nodes` values (keys count, and a
     container repeated by a YAML alias counts each time), nested past MAX_DEPTH, holding a string of more
     than `max_chars` characters, or containing itself. jsonschema walks every repetition, so this runs
-    first; sizes are memoised per container, and it stops at the first container past the bound."""
+    first; sizes are memoised per container, and it stops at the first container past the bound. With
+    `yaml_file`, the line names where in it."""
     sizes: dict[int, int] = {}
     open_ids: set[int] = set()
 
     def size(value: Any, path: list) -> int:
         if isinstance(value, str):
             if len(value) > max_chars:
-                raise ConfigError(f"{source}: {key_path(path)}: a string of {len(value):,} characters; "
+                raise ConfigError(f"{at(source, path, yaml_file)}: a string of {len(value):,} characters; "
                                   f"at most {max_chars:,}")
             return 1
         if not isinstance(value, (dict, list, tuple)):
@@ -171,15 +228,15 @@ def check_size(instance: Any, source: str, max_nodes: int = MAX_NODES, max_chars
         if id(value) in sizes:
             return sizes[id(value)]
         if id(value) in open_ids:
-            raise ConfigError(f"{source}: {key_path(path)}: contains itself (a YAML alias inside its own anchor)")
+            raise ConfigError(f"{at(source, path, yaml_file)}: contains itself (a YAML alias inside its own anchor)")
         if len(path) > MAX_DEPTH:
-            raise ConfigError(f"{source}: {key_path(path)}: nested more than {MAX_DEPTH} levels deep")
+            raise ConfigError(f"{at(source, path, yaml_file)}: nested more than {MAX_DEPTH} levels deep")
         open_ids.add(id(value))
         total, is_map = 1, isinstance(value, dict)
         for key, item in value.items() if is_map else enumerate(value):
             total += size(item, [*path, key]) + (size(key, path) if is_map else 0)
             if total > max_nodes:
-                raise ConfigError(f"{source}: {key_path(path)}: more than {max_nodes:,} values "
+                raise ConfigError(f"{at(source, path, yaml_file)}: more than {max_nodes:,} values "
                                   "(a list this long, or YAML aliases repeating one)")
         open_ids.discard(id(value))
         sizes[id(value)] = total
@@ -188,14 +245,14 @@ def check_size(instance: Any, source: str, max_nodes: int = MAX_NODES, max_chars
     size(instance, [])
 
 
-def check_finite(instance: Any, source: str) -> None:
-    """Refuse, as one ConfigError line naming the key, the first NaN or infinity in document order (YAML's
-    .nan and .inf, a key among them). JSON Schema cannot: every comparison with NaN is false, so `minimum`
-    and `maximum` pass it, and a `number` without a bound passes infinity. Iterative, each container once
-    (a YAML alias repeats one)."""
+def check_finite(instance: Any, source: str, yaml_file: Path | None = None) -> None:
+    """Refuse, as one ConfigError line naming the key (and with `yaml_file`, its line), the first NaN or
+    infinity in document order (YAML's .nan and .inf, a key among them). JSON Schema cannot: every
+    comparison with NaN is false, so `minimum` and `maximum` pass it, and a `number` without a bound
+    passes infinity. Iterative, each container once (a YAML alias repeats one)."""
     if isinstance(instance, float):
         if not math.isfinite(instance):
-            raise ConfigError(f"{source}: {key_path([])}: {_not_finite(instance)}")
+            raise ConfigError(f"{at(source, [], yaml_file, instance)}: {_not_finite(instance)}")
         return
     seen: set[int] = set()
     stack = [([], _items(instance))]
@@ -203,10 +260,10 @@ def check_finite(instance: Any, source: str) -> None:
         path, items = stack[-1]
         for key, value in items:
             if isinstance(key, float) and not math.isfinite(key):
-                raise ConfigError(f"{source}: {key_path(path)}: a key: {_not_finite(key)}")
+                raise ConfigError(f"{at(source, path, yaml_file)}: a key: {_not_finite(key)}")
             if isinstance(value, float):
                 if not math.isfinite(value):
-                    raise ConfigError(f"{source}: {key_path([*path, key])}: {_not_finite(value)}")
+                    raise ConfigError(f"{at(source, [*path, key], yaml_file, value)}: {_not_finite(value)}")
             elif isinstance(value, (dict, list, tuple)) and id(value) not in seen:
                 seen.add(id(value))
                 stack.append(([*path, key], _items(value)))
@@ -229,27 +286,30 @@ def _not_finite(number: float) -> str:
 
 
 def validate(instance: Any, schema: str | dict, source: str, *, fill_defaults: bool = True,
-             max_nodes: int | None = None) -> Any:
+             max_nodes: int | None = None, yaml_file: Path | None = None) -> Any:
     """Check `instance` against a schema (a name in workflow/schemas/ or the schema itself), filling
     its defaults in; the first problem is one ConfigError line naming `source` and the key. With
     `max_nodes`, a document larger than that (see check_size) is refused before the schema is applied.
-    NaN and infinities are refused before it too (check_finite): no schema can refuse NaN."""
+    NaN and infinities are refused before it too (check_finite): no schema can refuse NaN.
+    With `yaml_file` (the YAML file `instance` was read from), the line names the key's line there, an
+    unknown key is named itself, and an unknown key or enum value gets the nearest allowed ones."""
     if max_nodes is not None:
-        check_size(instance, source, max_nodes)
-    check_finite(instance, source)
+        check_size(instance, source, max_nodes, yaml_file=yaml_file)
+    check_finite(instance, source, yaml_file)
     schema = load_schema(schema) if isinstance(schema, str) else schema
     validator = _validator_class(fill_defaults)(schema)
     errors = sorted(validator.iter_errors(instance), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
     if errors:
         from jsonschema.exceptions import best_match
 
-        best = best_match(errors)
-        raise ConfigError(f"{source}: {key_path(best.absolute_path)}: {_describe(best)}")
+        keys, value, what = _located(best_match(errors), suggest=yaml_file is not None)
+        raise ConfigError(f"{at(source, keys, yaml_file, value)}: {what}")
     return instance
 
 
 def validated_file(path: Path, schema: str) -> Any:
-    """A YAML file checked against a named schema, its defaults filled in, as `validate` gives it.
+    """A YAML file checked against a named schema, its defaults filled in, as `validate` gives it; its
+    errors name the file from the checkout (or absolute, outside it) and the line.
 
     The result is remembered in the cache directory under the hashes of the file and the schema,
     so a job process that reads an unchanged file again (the variant registry) skips jsonschema:
@@ -259,7 +319,7 @@ def validated_file(path: Path, schema: str) -> Any:
         key = hashlib.sha256(path.read_bytes() + b"\0" + (SCHEMAS_DIR / f"{schema}.schema.yaml").read_bytes()
                              + json.dumps(_axis_properties(schema), sort_keys=True).encode())
     except OSError:  # a missing file: read_yaml_file says so in its own words
-        return validate(read_yaml_file(path), schema, path.name)
+        return validate(read_yaml_file(path), schema, relative_to_root(path), yaml_file=path)
     # Sealed (fileio.SealedCache): a memo changed on disk (a variant's precision, and so its tolerance) is made
     # again, never trusted.
     cache, name = SealedCache(cache_dir()), f"validated/{schema}-{key.hexdigest()}.sealed"
@@ -269,7 +329,7 @@ def validated_file(path: Path, schema: str) -> Any:
             return json.loads(bytes(found[1]))
         except ValueError:
             cache.discard(name)
-    document = validate(read_yaml_file(path), schema, path.name)
+    document = validate(read_yaml_file(path), schema, relative_to_root(path), yaml_file=path)
     try:
         cache.write(name, key.hexdigest(), {}, json.dumps(document, allow_nan=False).encode())
     except (OSError, ValueError, TypeError):  # a read-only cache, or a value JSON cannot hold: validate each time

@@ -21,7 +21,7 @@ from .errors import CompileError, ConfigError, ShapeError
 from .expr import evaluate
 from .fileio import canonical_hash
 from .paths import REGISTRY_PATH, relative_to_root
-from .schema import validated_file
+from .schema import did_you_mean, validated_file
 
 if TYPE_CHECKING:  # a job process imports this before numpy (which convsweep.layers needs)
     from .layers import Layer
@@ -440,8 +440,17 @@ def _validated(path: Path, shown: str) -> dict:
         raise ConfigError(f"{shown}: {str(e)[len(prefix):]}") from None
 
 
+def unknown_variant(name: str, registry: dict[str, Variant]) -> str:
+    """What to say of a name the registry lacks: the nearest names (`unknown variant 'naiv'; did you mean
+    'naive'?`), or where none is close, how many there are and where they are listed; never all of them."""
+    if hint := did_you_mean(name, registry):
+        return f"unknown variant '{name}'{hint}"
+    listed = relative_to_root(REGISTRY_PATH) + (f" and ${VARIANTS_ENV}" if extra_registry_paths() else "")
+    return f"unknown variant '{name}' ({len(registry)} known: see {listed})"
+
+
 def get_variant(name: str) -> Variant:
     registry = load_registry()
     if name not in registry:
-        raise ConfigError(f"{REGISTRY_PATH.name}: unknown variant '{name}' (known: {', '.join(sorted(registry))})")
+        raise ConfigError(f"{REGISTRY_PATH.name}: {unknown_variant(name, registry)}")
     return registry[name]

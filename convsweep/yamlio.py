@@ -5,11 +5,14 @@ PyYAML keeps the last of two equal keys without a word and lets aliases repeat a
 contents without limit (a "billion laughs" document is a few hundred bytes), so the composed
 node tree is checked before anything is constructed: a duplicate key, an alias that refers to
 itself, a document that expands past MAX_NODES values or nests past MAX_DEPTH is one ConfigError
-line naming the file and the line.
+line naming the file and the line. line_of finds, for an error about the constructed document, the
+line of the key or list item it is about.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -24,18 +27,55 @@ MAX_NODES = 100_000  # values after aliases are expanded: the default sweep has 
 MAX_DEPTH = 64  # nesting: the schemas go 8 deep; this also keeps the checks' recursion far from Python's limit
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _SHOWN_KEY_CHARS = 60
+ANY = object()  # line_of's `value` when any value will do
 
 
 def load_yaml(text: str, source: str = "<string>"):
     """yaml.safe_load through the C loader where available, refusing what `_check_tree` refuses;
     any problem is one ConfigError line `source:line: ...`."""
+    return _load(text, source, lambda loader, root, data: data)
+
+
+def read_yaml_file(path: Path, max_bytes: int = MAX_FILE_BYTES):
+    """A YAML file's contents; a missing, oversized or unparsable file is one ConfigError line naming
+    it (and the line)."""
+    path = Path(path)
+    return load_yaml(_read_text(path, max_bytes), str(path))
+
+
+def line_of(path: Path, keys: Sequence, value: Any = ANY) -> int | None:
+    """The line of the key (or list item) at `keys` in the YAML file at `path`, for an error about it: a
+    key path as jsonschema gives it, with a << merge or an alias followed as the loader follows it. None
+    where the file has nothing at `keys`, holds another scalar there than `value` (the checked document
+    may be the file with Snakemake's --config overrides in it), or cannot be read now. Read again, within
+    the same bounds: it runs only for an error, so reading a file costs nothing more when it is fine."""
+    try:
+        return _load(_read_text(Path(path), MAX_FILE_BYTES), str(path),
+                     lambda loader, root, data: _walk(loader, root, data, keys, value))
+    except (ConfigError, OSError, UnicodeDecodeError):
+        return None
+
+
+def _read_text(path: Path, max_bytes: int) -> str:
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    size = path.stat().st_size
+    if size > max_bytes:  # checked before reading: a 50 MB file is refused without parsing it
+        raise ConfigError(f"{path}: {size:,} bytes; a convsweep YAML file holds at most {max_bytes:,}")
+    return path.read_text()
+
+
+def _load(text: str, source: str, then):
+    """then(loader, root node, constructed document) once the tree passed `_check_tree`; (.., None, None)
+    for an empty document. Construction flattens << merges into the mapping nodes, so the node tree
+    `then` sees has the pairs the document's dicts were made of."""
     loader = _SAFE_LOADER(text)
     try:
         node = loader.get_single_node()
         if node is None:
-            return None
+            return then(loader, None, None)
         _check_tree(node, source, text)
-        return loader.construct_document(node)
+        return then(loader, node, loader.construct_document(node))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
@@ -46,16 +86,37 @@ def load_yaml(text: str, source: str = "<string>"):
         loader.dispose()
 
 
-def read_yaml_file(path: Path, max_bytes: int = MAX_FILE_BYTES):
-    """A YAML file's contents; a missing, oversized or unparsable file is one ConfigError line naming
-    it (and the line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
-    size = path.stat().st_size
-    if size > max_bytes:  # checked before reading: a 50 MB file is refused without parsing it
-        raise ConfigError(f"{path}: {size:,} bytes; a convsweep YAML file holds at most {max_bytes:,}")
-    return load_yaml(path.read_text(), str(path))
+def _walk(loader, node: yaml.Node | None, data: Any, keys: Sequence, value: Any) -> int | None:
+    """line_of's walk down the node tree and the document made from it, side by side."""
+    if node is None:
+        return None
+    line = node.start_mark.line + 1
+    for key in keys:
+        if isinstance(node, yaml.MappingNode) and isinstance(data, dict):
+            # The last pair with this key is the one the dict kept (a merge's pairs come first).
+            pair = next(((k, v) for k, v in reversed(node.value) if isinstance(k, yaml.ScalarNode)
+                         and _same(loader.construct_object(k), key)), None)
+            if pair is None or key not in data:
+                return None
+            line, node, data = pair[0].start_mark.line + 1, pair[1], data[key]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(data, list) and isinstance(key, int) \
+                and 0 <= key < min(len(node.value), len(data)):
+            node, data = node.value[key], data[key]
+            line = node.start_mark.line + 1
+        else:
+            return None
+    if value is ANY:
+        return line
+    if isinstance(node, yaml.CollectionNode):  # what a checker added inside (defaults) need not be in the file
+        return line if isinstance(value, (dict, list, tuple)) else None
+    return line if _same(data, value) else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of one type (1, 1.0 and true are three values to a YAML file); NaN is NaN."""
+    if type(a) is not type(b):
+        return False
+    return a == b or (isinstance(a, float) and a != a and b != b)
 
 
 def _check_tree(root: yaml.Node, source: str, text: str) -> None:

@@ -169,14 +169,14 @@ def test_a_variants_tunables_can_be_set_per_layer(tmp_path):
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (lambda d: d["experiments"]["e1"].update(batchez=[1]), "experiments.e1: unknown key ('batchez' was unexpected)"),
+    (lambda d: d["experiments"]["e1"].update(batchez=[1]), "experiments.e1.batchez: unknown key; did you mean 'batches'?"),
     (lambda d: d["experiments"]["e1"].update(batches="100"), "experiments.e1.batches: expected array"),
     (lambda d: d["experiments"]["e1"].update(batches=[0]), "experiments.e1.batches[0]"),
     (lambda d: d["experiments"]["e1"].update(host_memory=["paged"]), "expected one of ['pageable', 'pinned', 'registered']"),
     (lambda d: d["experiments"]["e1"].update(profiler="ncu"), "experiments.e1.profiler: expected one of"),
     (lambda d: d["experiments"]["e1"].update(batches=[]), "experiments.e1.batches: must not be empty"),
     (lambda d: d.update(experiments={}), "experiments: must not be empty"),
-    (lambda d: d.update(colour="red"), "(top level): unknown key"),
+    (lambda d: d.update(colour="red"), ":1: colour: unknown key"),
     (lambda d: d["experiments"]["e1"].update(params={"naive": {"BLOCK": 64}}),
      "experiments.e1.params.naive.BLOCK: expected a list of the tunable's values or a conv layer's own tunables"),
 ])
@@ -288,7 +288,7 @@ def test_paths_refuse_shell_characters(tmp_path, mutate, expected):
     path = write(tmp_path, data)
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    assert str(info.value).startswith(f"{path}: {expected}")
+    assert re.match(rf"{re.escape(str(path))}:\d+: {re.escape(expected)}", str(info.value)), str(info.value)
 
 
 def test_paths_and_urls_that_are_plain_pass(tmp_path):
@@ -378,7 +378,7 @@ def test_sizes_are_bounded_by_the_schema(tmp_path, mutate, expected):
     path = write(tmp_path, data)
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    assert str(info.value).startswith(f"{path}: {expected}"), str(info.value)
+    assert re.match(rf"{re.escape(str(path))}:\d+: {re.escape(expected)}", str(info.value)), str(info.value)
 
 
 def test_a_list_of_millions_of_batches_is_refused_quickly():
@@ -417,7 +417,7 @@ def test_a_sweep_of_too_many_jobs_is_refused_before_it_is_expanded(tmp_path, mon
 
 @pytest.mark.parametrize("dataset, expected", [
     ("mnist", "experiments.e1.dataset: unknown dataset 'mnist'; expected one of mnist5k, random, "
-              "or IDX files as {name, images, labels}"),
+              "or IDX files as {name, images, labels}; did you mean 'mnist5k'?"),
     ({"name": "fashion", "images": "nope-images.gz", "labels": "nope-labels.gz"},
      "experiments.e1.dataset: images: no such file 'nope-images.gz'"),
 ])
@@ -427,7 +427,7 @@ def test_an_unknown_dataset_is_refused_while_the_sweep_is_planned(tmp_path, data
     path = write(tmp_path, data)
     with pytest.raises(ConfigError) as info:
         expand_config(load_config(path))
-    assert str(info.value) == f"{path}: {expected}"
+    assert str(info.value) == f"{path}:6: {expected}"  # yaml.safe_dump sorts: batches (3 lines), then dataset
 
 
 def test_weights_that_do_not_fit_the_network_are_refused_while_the_sweep_is_planned(tmp_path):
@@ -442,7 +442,7 @@ def test_weights_that_do_not_fit_the_network_are_refused_while_the_sweep_is_plan
     path = write(tmp_path, data)
     with pytest.raises(ConfigError) as info:
         expand_config(load_config(path))
-    assert str(info.value) == (f"{path}: experiments.e1.network: {weights}: conv1.weight: expected shape (4, 1, 5, 5), "
+    assert str(info.value) == (f"{path}:6: experiments.e1.network: {weights}: conv1.weight: expected shape (4, 1, 5, 5), "
                                "got (4, 1, 7, 7)")
 
 
@@ -452,7 +452,7 @@ def test_a_batch_no_gpu_can_hold_is_refused_while_the_sweep_is_planned(tmp_path)
     path = write(tmp_path, data)
     with pytest.raises(ConfigError) as info:
         expand_config(load_config(path))
-    assert str(info.value) == (f"{path}: experiments.e1.batches: batch 10,000 at 1 stream(s) needs at least 1,303 GB "
+    assert str(info.value) == (f"{path}:3: experiments.e1.batches: batch 10,000 at 1 stream(s) needs at least 1,303 GB "
                                "of GPU memory for conv256.yaml (input, layer outputs, weights); the largest GPU here "
                                "has 141 GB")
     # LeNet-86 at a million images: whole-batch buffers at one stream do not fit; four streams' chunks do.
@@ -487,3 +487,111 @@ def test_profiler_auto_is_the_default_and_reaches_the_specs(tmp_path):
     data = copy.deepcopy(BASE)
     data["experiments"]["e1"]["profiler"] = "nsys"
     assert expand_config(load_config(write(tmp_path, data)))[0].profiler == "nsys"
+
+
+# -- issue 54: a sweep file's errors name its line and the nearest known name ---------------------------
+
+NEWCOMER = """\
+# a sweep as a newcomer writes it
+experiments:
+  lenet86:
+    network: networks/lenet86.yaml
+    variants: [naive, reference]
+    batches: [100]
+    params:
+      naive: {BLOCK: [128]}
+"""
+
+
+def newcomer_sweep(tmp_path, old: str, new: str):
+    assert old in NEWCOMER
+    path = tmp_path / "experiments.yaml"
+    path.write_text(NEWCOMER.replace(old, new, 1))
+    return path
+
+
+def only_line(call) -> str:
+    with pytest.raises(ConfigError) as info:
+        call()
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 250, message
+    return message
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("batches:", "batchs:", "6: experiments.lenet86.batchs: unknown key; did you mean 'batches'?"),
+    ("[100]", "[one]", "6: experiments.lenet86.batches[0]: expected integer, got \"one\""),
+    ("    params:", "    stopping: {max_nosie: 0.01}\n    params:",
+     "7: experiments.lenet86.stopping.max_nosie: unknown key; did you mean 'max_noise'?"),
+    ("    params:", "    checks: fst\n    params:",
+     "7: experiments.lenet86.checks: expected one of ['full', 'fast'], got \"fst\"; did you mean 'fast'?"),
+    ("[naive, reference]", "[naiv, reference]",
+     "5: experiments.lenet86.variants[0]: unknown variant 'naiv'; did you mean 'naive'?"),
+    ("[naive, reference]", "\n      - naive\n      - {conv1: naive, conv2: tiled_shard}",
+     "7: experiments.lenet86.variants[1].conv2: unknown variant 'tiled_shard'; did you mean 'tiled_shared'?"),
+    ("[naive, reference]", "[{conv1: naive, conv3: naive}]",
+     "5: experiments.lenet86.variants[0].conv3: unknown layer 'conv3' (conv layers: conv1, conv2)"),
+    ("      naive:", "      naiv:",
+     "8: experiments.lenet86.params.naiv: unknown variant 'naiv'; did you mean 'naive'?"),
+    ("{BLOCK:", "{BLOK:",  # refused in convsweep.variants, on the `where` the expansion gave it
+     "8: experiments.lenet86.params.naive.BLOK: variant 'naive' has no tunable 'BLOK' (tunables: BLOCK)"),
+    ("    batches:", "    dataset: mnist5\n    batches:",
+     "6: experiments.lenet86.dataset: unknown dataset 'mnist5'; expected one of mnist5k, random, or IDX files as "
+     "{name, images, labels}; did you mean 'mnist5k'?"),
+    ("networks/lenet86.yaml", "networks/lenet68.yaml",
+     "4: experiments.lenet86.network: no such file 'networks/lenet68.yaml'; did you mean 'networks/lenet86.yaml'?"),
+])
+def test_a_newcomers_mistake_is_one_line_with_its_line_and_the_nearest_name(tmp_path, old, new, expected):
+    path = newcomer_sweep(tmp_path, old, new)
+    message = only_line(lambda: expand_config(load_config(path)))
+    assert message.startswith(f"{path}:{expected}"), message
+
+
+def test_an_experiment_named_with_dots_still_gets_its_lines(tmp_path):
+    """The expansion's errors are `file: experiments.NAME.key: ...`; the key path after a name with dots reads back."""
+    path = newcomer_sweep(tmp_path, "  lenet86:", "  lenet.v2:")
+    another = "  lenet:\n    variants: [naive]\n    batches: [1]\n"  # a name the first begins with
+    path.write_text(path.read_text().replace("{BLOCK:", "{BLOK:") + another)
+    assert only_line(lambda: expand_config(load_config(path))) == \
+        f"{path}:8: experiments.lenet.v2.params.naive.BLOK: variant 'naive' has no tunable 'BLOK' (tunables: BLOCK)"
+
+
+def test_an_unknown_variant_names_a_few_or_where_to_look_never_the_whole_registry(tmp_path):
+    from convsweep.variants import load_registry
+
+    registry = load_registry()
+    message = only_line(lambda: expand_config(load_config(newcomer_sweep(tmp_path, "[naive,", "[qqqqzzzz,"))))
+    assert message.endswith(f":5: experiments.lenet86.variants[0]: unknown variant 'qqqqzzzz' "
+                            f"({len(registry)} known: see kernels/variants.yaml)"), message
+    message = only_line(lambda: expand_config(load_config(newcomer_sweep(tmp_path, "[naive,", "[wmma,"))))
+    assert sum(name in message for name in registry) <= 3, message  # a few near names at most
+
+
+def test_the_cli_and_the_workflow_say_the_same_line(tmp_path):
+    import subprocess
+    import sys
+
+    from convsweep.plan import SweepPlan
+
+    path = newcomer_sweep(tmp_path, "batches:", "batchs:")
+    proc = subprocess.run([sys.executable, "-m", "convsweep", "jobs", "--config", str(path)], capture_output=True,
+                          text=True)
+    expected = f"{path}:6: experiments.lenet86.batchs: unknown key; did you mean 'batches'?"
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines() == [f"convsweep: {expected}"], proc.stderr
+    assert only_line(lambda: SweepPlan(yaml.safe_load(path.read_text()), path)) == expected
+    path = newcomer_sweep(tmp_path, "[naive,", "[naiv,")
+    assert only_line(lambda: SweepPlan(yaml.safe_load(path.read_text()), path)) == \
+        f"{path}:5: experiments.lenet86.variants[0]: unknown variant 'naiv'; did you mean 'naive'?"
+
+
+def test_a_value_an_override_changed_has_no_line(tmp_path):
+    """Snakemake's --config merges into the dict SweepPlan gets: what the file does not say has no line there."""
+    from convsweep.plan import SweepPlan
+
+    path = newcomer_sweep(tmp_path, "[naive,", "[naiv,")
+    config = yaml.safe_load(path.read_text())
+    config["experiments"]["lenet86"]["variants"] = ["naiv2"]
+    assert only_line(lambda: SweepPlan(config, path)) == \
+        f"{path}: experiments.lenet86.variants[0]: unknown variant 'naiv2'; did you mean 'naive'?"
+    config["experiments"]["lenet86"].update(variants=["naive"], checks="fsst")
+    assert only_line(lambda: SweepPlan(config, path)).startswith(f"{path}: experiments.lenet86.checks: expected one of")

@@ -3,7 +3,7 @@ import time
 import pytest
 
 from convsweep.errors import ConfigError
-from convsweep.schema import MAX_VALUE_CHARS, _shown, check_size, validate
+from convsweep.schema import MAX_VALUE_CHARS, _shown, check_size, did_you_mean, validate
 
 SCHEMA = {
     "type": "object",
@@ -103,10 +103,10 @@ def test_a_sweep_file_with_nan_is_refused_while_it_is_read(tmp_path):
                   "    stopping: {max_noise: 0.01, min_time_s: %s}\n    energy_window_s: %s\n")
     path.write_text(experiment % (0.5, ".nan"))
     assert one_line(lambda: load_config(path)) == \
-        f"{path}: experiments.e.energy_window_s: expected a finite number, got .nan"
+        f"{path}:7: experiments.e.energy_window_s: expected a finite number, got .nan"
     path.write_text(experiment % (".NaN", ".Inf"))  # the first in the file is named
     assert one_line(lambda: load_config(path)) == \
-        f"{path}: experiments.e.stopping.min_time_s: expected a finite number, got .nan"
+        f"{path}:6: experiments.e.stopping.min_time_s: expected a finite number, got .nan"
     path.write_text(experiment % (0.5, 0.25))
     assert load_config(path).experiments["e"]["energy_window_s"] == 0.25
 
@@ -118,3 +118,86 @@ def test_the_finite_check_walks_a_container_repeated_by_aliases_once():
     start = time.perf_counter()
     validate({"a": numbers, "b": numbers}, {}, "s.yaml")
     assert time.perf_counter() - start < 1
+
+
+# -- lines and suggestions for the YAML files a person edits (issue 54) ------------------------------
+
+NESTED = {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "results_dir": {"type": "string"},
+        "experiments": {"type": "object", "additionalProperties": {
+            "type": "object", "additionalProperties": False,
+            "properties": {"batches": {"type": "array", "items": {"type": "integer"}},
+                           "checks": {"enum": ["full", "fast"]},
+                           "stopping": {"type": "object", "additionalProperties": False,
+                                        "properties": {"max_noise": {"type": "number"},
+                                                       "max_samples": {"type": "integer"}}}}}},
+    },
+}
+
+
+def sweep_file(tmp_path, experiment: str, top: str = "") -> tuple:
+    import yaml
+
+    path = tmp_path / "experiments.yaml"
+    path.write_text(f"{top}experiments:\n  lenet86:\n    batches: [100]\n{experiment}")
+    return path, yaml.safe_load(path.read_text())
+
+
+@pytest.mark.parametrize("experiment, top, expected", [
+    ("    batchs: [100]\n", "", "4: experiments.lenet86.batchs: unknown key; did you mean 'batches'?"),
+    ("    stopping:\n      max_nosie: 0.01\n", "", "5: experiments.lenet86.stopping.max_nosie: unknown key; "
+                                                     "did you mean 'max_noise'?"),
+    ("    zzqqxx: 1\n", "", "4: experiments.lenet86.zzqqxx: unknown key"),  # nothing close: no suggestion
+    ("", "result_dir: out\n", "1: result_dir: unknown key; did you mean 'results_dir'?"),
+    ("    checks: fst\n", "", "4: experiments.lenet86.checks: expected one of ['full', 'fast'], got \"fst\"; "
+                            "did you mean 'fast'?"),
+    ("    checks: thorough\n", "", "4: experiments.lenet86.checks: expected one of ['full', 'fast'], "
+                                 "got \"thorough\""),
+])
+def test_an_error_in_a_yaml_file_names_its_line_and_the_nearest_name(tmp_path, experiment, top, expected):
+    path, data = sweep_file(tmp_path, experiment, top)
+    assert one_line(lambda: validate(data, NESTED, str(path), yaml_file=path)) == f"{path}:{expected}"
+
+
+def test_without_its_yaml_file_an_error_keeps_its_words(tmp_path):
+    """JSON results and bench files are validated without yaml_file: their messages are as before."""
+    path, data = sweep_file(tmp_path, "    batchs: [100]\n    checks: fst\n")
+    assert one_line(lambda: validate(data, NESTED, "s.json")) == \
+        "s.json: experiments.lenet86: unknown key ('batchs' was unexpected)"
+    del data["experiments"]["lenet86"]["batchs"]
+    assert one_line(lambda: validate(data, NESTED, "s.json")) == \
+        "s.json: experiments.lenet86.checks: expected one of ['full', 'fast'], got \"fst\""
+
+
+def test_a_value_the_file_does_not_hold_gets_no_line(tmp_path):
+    """The dict Snakemake passes holds --config overrides: a value the file does not say has no line."""
+    path, data = sweep_file(tmp_path, "    checks: fst\n")
+    data["experiments"]["lenet86"]["checks"] = "fsst"
+    assert one_line(lambda: validate(data, NESTED, str(path), yaml_file=path)) == \
+        f"{path}: experiments.lenet86.checks: expected one of ['full', 'fast'], got \"fsst\"; did you mean 'fast'?"
+    path, data = sweep_file(tmp_path, "    stopping: {max_noise: .nan}\n")
+    assert one_line(lambda: validate(data, NESTED, str(path), yaml_file=path)) == \
+        f"{path}:4: experiments.lenet86.stopping.max_noise: expected a finite number, got .nan"
+
+
+@pytest.mark.parametrize("word, choices, expected", [
+    ("batchs", ["batches", "streams", "cache"], "; did you mean 'batches'?"),
+    ("conv3", ["conv1", "conv2", "fc1"], "; did you mean 'conv1' or 'conv2'?"),  # as near as each other
+    ("max_nosie", ["max_noise", "max_samples", "min_samples"], "; did you mean 'max_noise'?"),  # not one 0.3 worse
+    ("fst", ["full", "fast"], "; did you mean 'fast'?"),
+    ("wmma", [f"wmma_{i}" for i in range(10)], "; did you mean 'wmma_0', 'wmma_1' or 'wmma_2'?"),  # a few at most
+    ("zzqqxx", ["batches", "streams"], ""),
+    ("naive", ["naive"], ""),  # the word itself is no suggestion
+    (3, ["3", "4"], ""),
+    ("x" * 101, ["x" * 100], ""),
+    ("fp23", ["fp32", True, None, {"a": 1}], "; did you mean 'fp32'?"),  # an enum may hold other things
+])
+def test_did_you_mean_names_a_few_close_names_or_nothing(word, choices, expected):
+    assert did_you_mean(word, choices) == expected
+
+
+def test_did_you_mean_writes_a_name_as_asked():
+    assert did_you_mean("lenet68.yaml", ["lenet86.yaml", "conv256.yaml"], shown=lambda n: f"networks/{n}") == \
+        "; did you mean 'networks/lenet86.yaml'?"

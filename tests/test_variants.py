@@ -64,7 +64,7 @@ LAUNCH = "launches: [{kernel: k, grid: [1], block: [1]}]"
 @pytest.mark.parametrize("text, expected", [
     # checked by workflow/schemas/variants.schema.yaml
     (f"a: {{precision: fp64, source: x.cu, {LAUNCH}}}", "a.precision: expected one of ['fp32', 'tf32', 'fp16'], got \"fp64\""),
-    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, colour: 1}}", "a: unknown key ('colour' was unexpected)"),
+    (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, colour: 1}}", "a.colour: unknown key"),
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, dtypes: [int8]}}", "a.dtypes[0]: expected one of ['float32', 'float64']"),
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, fuses: [maxpool]}}", 'a.fuses[0]: expected "relu", got "maxpool"'),
     (f"a: {{precision: fp32, source: x.cu, {LAUNCH}, compile_time: [B]}}",
@@ -79,7 +79,8 @@ LAUNCH = "launches: [{kernel: k, grid: [1], block: [1]}]"
     ("a: {precision: fp32, source: x.cu, launches: []}", "a.launches: must not be empty"),
     ("a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1, 1, 1, 1], block: [1]}]}",
      "a.launches[0].grid: expected at most 3 items, got 4"),
-    ("a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1], block: [1], shared: 4}]}", "a.launches[0]: unknown key ('shared'"),
+    ("a: {precision: fp32, source: x.cu, launches: [{kernel: k, grid: [1], block: [1], shared: 4}]}",
+     "a.launches[0].shared: unknown key; did you mean 'shared_bytes'?"),
     ("a: {precision: fp32, source: x.cu, launches: [{grid: [1], block: [1]}]}", "a.launches[0]: 'kernel' is a required property"),
     ("a: {cpu: true}", "a: 'precision' is a required property"),
     ("", "(top level): expected object, got null"),
@@ -98,7 +99,11 @@ def test_bad_registry_entries_are_one_line_naming_file_and_key(tmp_path, text, e
         load_registry(path)
     message = str(info.value)
     assert "\n" not in message
-    assert message.startswith(f"variants.yaml: {expected}"), message
+    # The schema's errors name the file as the checkout knows it (here: absolute) and the line (an empty
+    # file has none); the two checks in code name it bare.
+    in_code = expected.startswith(("a.source:", "a.params.T.default:"))
+    shown = "variants.yaml: " if in_code else f"{path}:1: " if text else f"{path}: "
+    assert message.startswith(shown + expected), message
 
 
 def test_a_checked_registry_is_remembered_until_it_or_its_schema_changes(tmp_path, monkeypatch):
@@ -119,9 +124,9 @@ def test_a_checked_registry_is_remembered_until_it_or_its_schema_changes(tmp_pat
     path.write_text("ref: {cpu: true, precision: fp33}\n")
     monkeypatch.undo()
     monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(ConfigError, match=r"^variants.yaml: ref.precision: expected one of"):
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:1: ref.precision: expected one of"):
         schema.validated_file(path, "variants")
-    with pytest.raises(ConfigError, match=r"^variants.yaml: ref.precision"):  # a bad file is never remembered
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:1: ref.precision"):  # never remembered
         schema.validated_file(path, "variants")
 
 
@@ -270,7 +275,7 @@ def test_a_bad_registry_of_ones_own_is_one_line_naming_its_file_and_key(tmp_path
         load_registry()
     message = str(info.value)
     assert "\n" not in message
-    assert message.startswith(f"{path}: {expected}"), message
+    assert message.startswith(f"{path}{':1' if 'precision' in expected else ''}: {expected}"), message  # schema: line
 
 
 def test_a_name_two_registries_of_ones_own_define_is_refused(tmp_path, monkeypatch):
@@ -292,3 +297,57 @@ def test_a_missing_registry_in_the_environment_names_the_variable_and_the_file(t
     with pytest.raises(ConfigError, match=rf"^CONVSWEEP_VARIANTS: expected existing variants.yaml files, "
                                           rf"got '{re.escape(str(missing))}' \(no such file\)$"):
         load_registry()
+
+
+# -- issue 54: the registry's errors name their line; an unknown name, the nearest ones ------------------
+
+BLOCK_STYLE = """\
+a:
+  precision: fp32
+  source: mine.cu
+  launches: [{kernel: k, grid: [1], block: [1]}]
+b:
+  precision: fp32
+  source: mine.cu
+  launches:
+    - {kernel: k, grid: [1], block: [1]}
+"""
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("  source: mine.cu\n  launches: [", "  source: mine.cu\n  fusez: [relu]\n  launches: [",
+     "4: a.fusez: unknown key; did you mean 'fuses'?"),
+    ("b:\n  precision: fp32", "b:\n  precision: fp23",
+     "6: b.precision: expected one of ['fp32', 'tf32', 'fp16'], got \"fp23\"; did you mean 'fp32'?"),
+    ("    - {kernel: k,", "    - {kernl: k,", "9: b.launches[0].kernl: unknown key; did you mean 'kernel'?"),
+])
+def test_a_registry_error_names_its_line(tmp_path, monkeypatch, old, new, expected):
+    from convsweep.variants import VARIANTS_ENV
+
+    assert old in BLOCK_STYLE
+    path = own_registry(tmp_path / "mykernels", BLOCK_STYLE.replace(old, new, 1))
+    with pytest.raises(ConfigError) as info:
+        load_registry(path)
+    assert str(info.value) == f"{path}:{expected}"
+    monkeypatch.setenv(VARIANTS_ENV, str(path))  # one's own registry: the same line, named by its path
+    with pytest.raises(ConfigError) as info:
+        load_registry()
+    assert str(info.value) == f"{path}:{expected}"
+
+
+def test_an_unknown_variant_is_the_nearest_names_or_where_they_are_listed(tmp_path, monkeypatch):
+    from convsweep.variants import VARIANTS_ENV, get_variant, unknown_variant
+
+    registry = load_registry()
+    with pytest.raises(ConfigError, match=r"^variants\.yaml: unknown variant 'naiv'; did you mean 'naive'\?$"):
+        get_variant("naiv")
+    with pytest.raises(ConfigError) as info:
+        get_variant("qqqqzzzz")
+    assert str(info.value) == \
+        f"variants.yaml: unknown variant 'qqqqzzzz' ({len(registry)} known: see kernels/variants.yaml)"
+    assert unknown_variant("tf32_sliding", registry) == \
+        "unknown variant 'tf32_sliding'; did you mean 'tf32_sliding_window' or 'tf32x3_sliding_window'?"
+    mine = own_registry(tmp_path / "mine", f"mine: {{precision: fp32, source: mine.cu, {LAUNCH}}}\n")
+    monkeypatch.setenv(VARIANTS_ENV, str(mine))
+    assert unknown_variant("qqqqzzzz", load_registry()) == \
+        f"unknown variant 'qqqqzzzz' ({len(registry) + 1} known: see kernels/variants.yaml and ${VARIANTS_ENV})"

@@ -110,3 +110,83 @@ def test_syntax_errors_keep_their_line():
     with pytest.raises(ConfigError, match=r"^s.yaml:\d+: not valid YAML \(did not find expected"):
         load_yaml("a: 1\nb: [\nc", "s.yaml")
     assert load_yaml("", "empty.yaml") is None
+
+
+# -- line_of: where an error about the constructed document points (issue 54) ------------------------
+
+LINES = """\
+# a comment, so the first key is on line 2
+base: &base
+  network: n.yaml
+  batches: [1, 2]
+experiments:
+  e1:
+    <<: *base
+    batches:
+      - 10
+      - 20
+    checks: fst
+    ratio: .nan
+  e2: *base
+  1: one
+  true: yes
+"""
+
+
+@pytest.mark.parametrize("keys, line", [
+    ([], 2),
+    (["base", "network"], 3),
+    (["experiments", "e1"], 6),
+    (["experiments", "e1", "batches"], 8),  # its own key wins over the merged one
+    (["experiments", "e1", "batches", 1], 10),
+    (["experiments", "e1", "network"], 3),  # brought by the merge: where it is written
+    (["experiments", "e1", "checks"], 11),
+    (["experiments", "e2"], 13),
+    (["experiments", "e2", "batches", 0], 4),  # through the alias, to the anchor's text
+    (["experiments", 1], 14),
+    (["experiments", True], 15),
+])
+def test_line_of_names_the_line_of_a_key_or_item(tmp_path, keys, line):
+    path = tmp_path / "s.yaml"
+    path.write_text(LINES)
+    assert yamlio.line_of(path, keys) == line
+
+
+@pytest.mark.parametrize("keys", [
+    ["nope"], ["experiments", "e1", "batches", 2], ["experiments", "e1", "checks", "x"], ["experiments", "1"],
+    ["experiments", 1.0], ["base", 0],
+])
+def test_line_of_is_none_where_the_file_has_nothing(tmp_path, keys):
+    path = tmp_path / "s.yaml"
+    path.write_text(LINES)
+    assert yamlio.line_of(path, keys) is None
+
+
+def test_line_of_names_a_line_only_where_the_file_says_the_same_scalar(tmp_path):
+    """A checked document may be the file with --config overrides in it: a value the file does not hold
+    has no line; a collection may have gained defaults, so its key alone counts."""
+    path = tmp_path / "s.yaml"
+    path.write_text(LINES)
+    e1 = ["experiments", "e1"]
+    assert yamlio.line_of(path, [*e1, "checks"], "fst") == 11
+    assert yamlio.line_of(path, [*e1, "checks"], "fast") is None
+    assert yamlio.line_of(path, [*e1, "batches", 0], 10) == 9
+    assert yamlio.line_of(path, [*e1, "batches", 0], 10.0) is None
+    assert yamlio.line_of(path, [*e1, "batches", 0], True) is None
+    assert yamlio.line_of(path, [*e1, "ratio"], float("nan")) == 12
+    assert yamlio.line_of(path, e1, {"checks": "fst", "repeats": "auto"}) == 6  # defaults filled in
+    assert yamlio.line_of(path, e1, "e1") is None  # the file holds a mapping there
+
+
+def test_line_of_is_none_for_a_file_it_cannot_read_now(tmp_path, monkeypatch):
+    assert yamlio.line_of(tmp_path / "gone.yaml", []) is None
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("a: [1,\n")
+    assert yamlio.line_of(broken, ["a"]) is None
+    monkeypatch.setattr(yamlio, "MAX_NODES", 10)  # the loader's bounds hold here too
+    big = tmp_path / "big.yaml"
+    big.write_text("a: [" + ", ".join(["1"] * 20) + "]\n")
+    assert yamlio.line_of(big, ["a"]) is None
+    assert yamlio.line_of(tmp_path / "nothing.yaml", []) is None
+    (tmp_path / "empty.yaml").write_text("")
+    assert yamlio.line_of(tmp_path / "empty.yaml", []) is None
