@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # Start a throwaway PostgreSQL 15 on a loopback port for the store tests and print its URL as
 # the last line of stdout. Everything else goes to stderr or to logs in the data directory.
-# Running it again while that server is up prints the same URL (idempotent, fast); the data
-# lives under /tmp, so nothing needs stopping between CI runs.
+# Running it again while that server is up prints the same URL (idempotent, fast).
+#   start-postgres.sh status   exits 0 when the server it started is up, 1 when not (prints nothing)
+#   start-postgres.sh stop     stops that server and removes its data (nothing to stop: exit 0)
+# The state file under $TMPDIR (default /tmp) names the server: another TMPDIR, another server.
 set -euo pipefail
+
+mode="${1:-start}"
+case "$mode" in start | status | stop) ;; *) echo "usage: start-postgres.sh [start|status|stop]" >&2; exit 2 ;; esac
 
 db=convsweep_test
 state="${TMPDIR:-/tmp}/convsweep-test-pg.state"
 
 if ! command -v initdb >/dev/null 2>&1; then
-    echo "start-postgres: initdb not found; PostgreSQL tests will be skipped" >&2
-    exit 0
+    case "$mode" in
+        start) echo "start-postgres: initdb not found; PostgreSQL tests will be skipped" >&2; exit 0 ;;
+        status) exit 1 ;;
+        stop) exit 0 ;;  # it could not have started one
+    esac
 fi
 bindir="$(dirname "$(readlink -f "$(command -v initdb)")")"
 
@@ -32,16 +40,40 @@ ensure_db() {  # dir port
     fi
 }
 
+drop() {  # dir: a server's directory this script made, and the state naming it
+    case "$1" in "${TMPDIR:-/tmp}"/convsweep-pg.*) rm -rf "$1" ;; esac
+    rm -f "$state"
+}
+
+dir="" port=""
 if [ -f "$state" ]; then
     read -r dir port <"$state" || true
-    if [ -n "${dir:-}" ] && [ -n "${port:-}" ] \
-        && "${as_pg[@]}" "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+fi
+up() { [ -n "$dir" ] && [ -n "$port" ] && "${as_pg[@]}" "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; }
+
+case "$mode" in
+    status)
+        up
+        exit
+        ;;
+    stop)
+        if up && ! "${as_pg[@]}" "$bindir/pg_ctl" -D "$dir/data" stop -m fast -w -t 30 >/dev/null; then
+            echo "start-postgres: the server of $dir/data did not stop, see $dir/log" >&2
+            exit 1
+        fi
+        if [ -n "$dir" ]; then drop "$dir"; fi
+        exit 0
+        ;;
+esac
+
+if [ -n "$dir" ]; then
+    if up; then
         ensure_db "$dir" "$port"
         url_for "$port"
         exit 0
     fi
     # That server is gone (reboot, killed): drop its leftovers and start afresh.
-    case "${dir:-}" in "${TMPDIR:-/tmp}"/convsweep-pg.*) rm -rf "$dir" ;; esac
+    drop "$dir"
 fi
 
 dir="$(mktemp -d "${TMPDIR:-/tmp}/convsweep-pg.XXXXXX")"

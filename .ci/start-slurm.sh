@@ -9,7 +9,13 @@
 # the executor plugin's job step (snakemake-executor-plugin-slurm-jobstep 0.6.1) drops SLURM_CONF
 # before its inner srun, so a config elsewhere is not found inside a job. A slurm.conf this script
 # did not write is never overwritten.
+#   start-slurm.sh status   exits 0 when the cluster it started answers, 1 when not (prints nothing)
+#   start-slurm.sh stop     stops the daemons it started (slurmctld, slurmd, and munged if it started
+#                           that too) by their pids, and removes its files (nothing to stop: exit 0)
 set -euo pipefail
+
+mode="${1:-start}"
+case "$mode" in start | status | stop) ;; *) echo "usage: start-slurm.sh [start|status|stop]" >&2; exit 2 ;; esac
 
 state="${TMPDIR:-/tmp}/convsweep-test-slurm.state"
 conf=/etc/slurm/slurm.conf
@@ -17,20 +23,69 @@ marker="# written by convsweep's .ci/start-slurm.sh"
 
 fail() { echo "start-slurm: $*" >&2; exit 1; }
 
-[ "$(id -u)" = 0 ] || fail "needs root (it starts munged and slurmd); SLURM tests will be skipped"
-
 answers() {  # conf: the node is up and takes jobs
     SLURM_CONF="$1" timeout 10 sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'
 }
 
+ours() {  # dir: a cluster's directory this script made
+    case "$1" in "${TMPDIR:-/tmp}"/convsweep-slurm.*) return 0 ;; *) return 1 ;; esac
+}
+
+halt() {  # pidfile name: SIGTERM the daemon the file names, if it is still that daemon, and wait for it
+    local pid
+    [ -f "$1" ] && read -r pid <"$1" && [ -n "$pid" ] || return 0
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ] || return 0  # gone, or the pid is another's now
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do  # until it is gone, or has exited and waits for its parent to reap it (Z)
+        grep -qE '^State:[[:space:]]+[^Z]' "/proc/$pid/status" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    echo "start-slurm: $2 (pid $pid) did not stop after 10 s" >&2
+    return 1
+}
+
+stop_cluster() {  # dir: stop what this script started there and remove its files; 1 when a daemon stays
+    local stuck=0
+    if ours "$1"; then
+        halt "$1/slurmd.pid" slurmd || stuck=1
+        halt "$1/slurmctld.pid" slurmctld || stuck=1
+        if [ -f "$1/munged.started" ]; then
+            halt /run/munge/munged.pid munged || stuck=1
+        fi
+        [ "$stuck" = 0 ] || return 1
+        rm -rf "$1"
+    fi
+    if [ -f "$conf" ] && [ "$(head -1 "$conf")" = "$marker" ]; then
+        rm -f "$conf"
+    fi
+    rm -f "$state"
+}
+
+dir=""
 if [ -f "$state" ]; then
     read -r dir <"$state" || true
+fi
+case "$mode" in
+    status)
+        [ -n "$dir" ] && [ -f "$conf" ] && answers "$conf"
+        exit
+        ;;
+    stop)
+        if [ -n "$dir" ]; then stop_cluster "$dir" || exit 1; fi
+        exit 0
+        ;;
+esac
+
+[ "$(id -u)" = 0 ] || fail "needs root (it starts munged and slurmd); SLURM tests will be skipped"
+
+if [ -n "$dir" ]; then
     if [ -f "$conf" ] && answers "$conf"; then
         echo "$conf"
         exit 0
     fi
-    # That cluster is gone (reboot, killed): drop its leftovers and start afresh.
-    case "${dir:-}" in "${TMPDIR:-/tmp}"/convsweep-slurm.*) rm -rf "$dir" ;; esac
+    # That cluster is gone or half started (reboot, killed, a start that failed): stop what is left of it and
+    # start afresh.
+    stop_cluster "$dir" || fail "the daemons of $dir did not stop: not starting a second cluster beside them"
 fi
 if [ -f "$conf" ] && [ "$(head -1 "$conf")" != "$marker" ]; then
     fail "$conf exists and was not written by this script: not touching a real cluster's config"
@@ -43,6 +98,9 @@ if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1
         || fail "apt-get install slurm-wlm munge failed; SLURM tests will be skipped"
 fi
 
+dir="$(mktemp -d "${TMPDIR:-/tmp}/convsweep-slurm.XXXXXX")"
+echo "$dir" >"$state"  # from here on, `stop` finds what was started, even if the start fails halfway
+
 # munge authenticates every message between the SLURM daemons and commands.
 mkdir -p /run/munge /var/log/munge /var/lib/munge /etc/munge
 chown munge:munge /run/munge
@@ -52,11 +110,11 @@ if [ ! -s /etc/munge/munge.key ]; then
 fi
 chmod 0400 /etc/munge/munge.key
 if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
+    touch "$dir/munged.started"  # a munged that was running before is not this script's to stop
     runuser -u munge -- munged >&2 || fail "munged did not start (see /var/log/munge/munged.log)"
 fi
 munge -n </dev/null | unmunge >/dev/null 2>&1 || fail "munge does not answer (see /var/log/munge/munged.log)"
 
-dir="$(mktemp -d "${TMPDIR:-/tmp}/convsweep-slurm.XXXXXX")"
 node="$(hostname -s)"
 cpus="$(nproc)"
 # slurmd drains a node whose configured memory exceeds what it finds: take slurmd's own figure.
@@ -101,7 +159,6 @@ slurmd >&2 || fail "slurmd did not start, see $dir/slurmd.log: $(tail -1 "$dir/s
 
 for _ in $(seq 60); do
     if answers "$conf"; then
-        echo "$dir" >"$state"
         echo "$conf"
         exit 0
     fi

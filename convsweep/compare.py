@@ -164,6 +164,11 @@ def stored_samples(db: str | None, run_ids: list[int]) -> dict[str, dict[int, li
 def _side(db: str | None, selection: Selection, where: str) -> tuple[list[dict], dict[str, dict[int, list[float]]]]:
     """One side's newest ok or suspect runs and their samples by metric, both read from `db`."""
     runs = _newest_runs(db, selection)
+    if not runs and selection.kind == "previous" and (jobs := len(_newest_runs(db, Selection("latest", "")))):
+        # The usual first `convsweep compare`: one sweep run, so each job has its newest measurement and none before
+        raise ConvsweepError(f"compare: every job in {where} has one measurement only ({jobs} job{'s' * (jobs != 1)}"
+                             "): nothing before the newest to compare with: run the sweep again after an edit, or "
+                             "compare two selections (`convsweep compare A B`)")
     if not runs:
         raise ConvsweepError(f"compare: {selection} selects no ok or suspect run in {where}")
     return runs, stored_samples(db, [run["id"] for run in runs])

@@ -121,6 +121,14 @@ def test_help_lists_every_command_and_every_option_has_help():
             assert action.help, f"convsweep {name} {'/'.join(action.option_strings) or action.dest}: no help text"
 
 
+def test_compare_help_prints_each_percent_once():
+    """argparse %-formats a help= string, but a description only when it holds %(prog): compare's said `95%%`."""
+    proc = convsweep("compare", "--help")
+    assert proc.returncode == 0
+    said = " ".join(proc.stdout.split())
+    assert "a 95% bootstrap interval" in said and "%%" not in said
+
+
 def test_compile_all_builds_every_variant_for_the_gpus_own_target_and_says_which_another_target_rules_out(tmp_path):
     from convsweep.variants import load_registry
 

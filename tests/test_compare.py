@@ -235,6 +235,25 @@ def test_previous_and_latest_select_per_job_and_are_the_default(db_url, capsys):
     assert "1 SAME, 1 SLOWER; 1 job only in B" in out
 
 
+def test_compare_alone_after_one_sweep_says_there_is_nothing_before_the_newest_and_what_to_do(db_url, capsys):
+    """After the first sweep every job has one measurement: `convsweep compare` said only that `previous`
+    selects no run. An empty database still says just that."""
+    open_store(db_url).dispose()
+    with pytest.raises(ConvsweepError, match=r"^compare: previous selects no ok or suspect run in the database$"):
+        compare(db_url, "previous", "latest")
+    two_commits(db_url, [stored("naive", "a" * 40, noisy(40.0, 10, 0.003, 1)),
+                         stored("tiled", "a" * 40, noisy(20.0, 10, 0.003, 2)),
+                         stored("tiled", "a" * 40, noisy(10.0, 10, 0.003, 3), status="incorrect")], [])
+    said = ("compare: every job in the database has one measurement only (2 jobs): nothing before the newest to "
+            "compare with: run the sweep again after an edit, or compare two selections (`convsweep compare A B`)")
+    with pytest.raises(ConvsweepError) as caught:
+        compare(db_url, "previous", "latest")
+    assert str(caught.value) == said
+    assert cli_main(["compare", "--db", db_url]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "compare: previous -> latest: each job's newest measurement against the one before it", f"convsweep: {said}"]
+
+
 def test_a_git_revision_selects_the_runs_measured_at_its_commit(db_url, tmp_path, monkeypatch):
     import subprocess
 

@@ -1403,3 +1403,25 @@ def test_migrating_a_0013_database_keeps_the_peak_floors_and_adds_the_measured_o
         assert row_counts(engine)["run"] == before["run"]
     finally:
         engine.dispose()
+
+
+def test_a_postgresql_url_without_the_postgres_extra_names_the_extra(monkeypatch, capsys):
+    """Without psycopg (`pip install -e .`, no extras) a PostgreSQL URL said only "No module named 'psycopg'"."""
+    import importlib.abc
+
+    class NoPsycopg(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.partition(".")[0] == "psycopg":
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.delitem(sys.modules, "psycopg", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [NoPsycopg(), *sys.meta_path])
+    url = "postgresql://someone:s3cret@127.0.0.1:1/convsweep"
+    with pytest.raises(StoreError) as caught:
+        open_store(url)
+    assert str(caught.value) == ("postgresql+psycopg://someone:***@127.0.0.1:1/convsweep needs the PostgreSQL driver "
+                                 "psycopg, which the postgres extra installs: pip install -e '.[postgres]' "
+                                 "(No module named 'psycopg')")
+    assert cli_main(["query", "--db", url, "runs"]) == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and "pip install -e '.[postgres]'" in said and "s3cret" not in said

@@ -97,7 +97,12 @@ def make_engine(url: URL, *, read_only: bool = False, **kwargs: Any) -> Engine:
             connect_args["prepare_threshold"] = 0
     try:
         engine = create_engine(url, connect_args=connect_args, **kwargs)
-    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+    except ImportError as exc:
+        if url.get_driver_name() == "psycopg":  # the driver resolve_url picks, which the postgres extra installs
+            raise StoreError(f"{show_url(url)} needs the PostgreSQL driver psycopg, which the postgres extra installs: "
+                             f"pip install -e '.[postgres]' ({one_line(exc)})") from None
+        raise StoreError(f"bad database URL {show_url(url)}: {one_line(exc)}") from None
+    except (ArgumentError, NoSuchModuleError) as exc:
         raise StoreError(f"bad database URL {show_url(url)}: {one_line(exc)}") from None
     if backend == "sqlite":
         _tune_sqlite(engine, read_only)
