@@ -292,7 +292,7 @@ def add_parser(sub, db_help: str) -> None:
     p = sub.add_parser("replay", help="judge search strategies offline against stored whole grids (no GPU)",
                        description="Replays each strategy against every job of EXPERIMENT whose whole grid is "
                                    "stored, once per seed, answering each setting it asks for from the stored "
-                                   "medians, and prints how often it came within 2%% of the grid's best and after "
+                                   "medians, and prints how often it came within 2% of the grid's best and after "
                                    "how many settings.")
     p.add_argument("--experiment", help="the experiment whose grids to replay (default: the grids file's)")
     p.add_argument("--strategy", default="grid,random,tpe,genetic",

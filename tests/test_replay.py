@@ -233,3 +233,11 @@ def test_replay_of_a_broken_grids_file_prints_no_verdict(tmp_path, capsys, name)
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1
     assert re.match(f"convsweep: {re.escape(str(path))}: {expected}", err.strip())
+
+
+def test_the_help_prints_its_percent_signs_once():
+    import subprocess
+    import sys
+
+    text = subprocess.run([sys.executable, "-m", "convsweep", "replay", "--help"], capture_output=True, text=True).stdout
+    assert "within 2% of the grid's best" in text and "%%" not in text
