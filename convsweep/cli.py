@@ -274,12 +274,16 @@ def cmd_watch(args) -> None:
 
 def cmd_report(args) -> None:
     from . import report
+    from .fileio import checked_directory
+    from .figures import draw
+    from .paths import RESULTS_DIR, results_directory
 
     if not (args.out or args.markdown or args.html or args.tables or args.draw):
         raise ConvsweepError("report: nothing to write: give --out, --markdown, --html, --tables or --draw")
-    figures = Path(args.figures) if args.figures else Path("results") / args.experiment / "figures"
+    figures = Path(args.figures) if args.figures else checked_directory(
+        results_directory(args.experiment, "figures"), below=RESULTS_DIR)
     if args.draw:
-        drawn = report.draw(args.db, args.experiment, figures, bench=args.bench)
+        drawn = draw(args.db, args.experiment, figures, bench=args.bench)
         for path in drawn.paths:
             print(path)
         for kind, why in drawn.skipped:
@@ -424,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and the one before it), sweep:N, commit:SHA, a git revision (HEAD~1, HEAD, or "
                                    "rev:NAME), experiment:NAME, results:DIR (a sweep's results directory), runs:LO-HI, "
                                    "or the bare value; with none, previous and latest. Each matched job gets the ratio "
-                                   "of B's median to A's over the stored samples, a 95%% bootstrap interval and a "
+                                   "of B's median to A's over the stored samples, a 95% bootstrap interval and a "
                                    "verdict. Exit status 1 when a verdict fails --fail-on (SUSPECT never does).")
     p.add_argument("a", nargs="?", help="the baseline selection (default: previous)")
     p.add_argument("b", nargs="?", help="the selection compared with it (default: latest)")
@@ -488,7 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("browse", help="open the result database in Datasette, read-only, with the named queries",
                        description="Serves the SQLite result database in Datasette (pip install -e '.[browse]'), "
                                    "read-only, with every db/queries/*.sql as a canned query titled by the question "
-                                   "it answers, until Ctrl-C. Datasette serves SQLite files only.")
+                                   "it answers, until Ctrl-C. Datasette serves SQLite files only. It serves only a "
+                                   "browser that opened the URL browse prints, whose token is new each run (other "
+                                   "users of this machine cannot read the database through it).")
     p.add_argument("--db", help=DB_HELP)
     p.add_argument("--port", type=positive_int, default=8001, help="the port to listen on (default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1",

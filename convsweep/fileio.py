@@ -83,12 +83,12 @@ def write_npy_atomic(path: str | os.PathLike, array: np.ndarray) -> None:
     write_atomic(path, buffer.getvalue())
 
 
-def make_directory(directory: str | os.PathLike, below: str | os.PathLike | None = None) -> Path:
-    """Make `directory` and what it lacks above it, for files written whole (write_atomic: a link at a
-    file's name is replaced, never written through), and return it. Refused with one line: a link on its
-    way that another user made (root's aside: a system's /home -> /usr/home), as whoever planted it chose
-    where the files go. `below`: the directory (results/) that `directory` was named under from stored
-    data: it must stay inside it, and each directory below it is one convsweep makes, never a link."""
+def checked_directory(directory: str | os.PathLike, below: str | os.PathLike | None = None) -> Path:
+    """`directory`, once sure that the files written into it land there (write_atomic then makes it, and
+    replaces a link at a file's name instead of writing through it). Refused with one line: a link on its way
+    that another user made (root's aside: a system's /home -> /usr/home), as whoever planted it chose where
+    the files go. `below`: the directory (results/) that `directory` was named under from stored data: it
+    must stay inside it, and each directory below it is one convsweep makes, never a link."""
     directory = Path(os.path.normpath(directory))
     made: set[Path] = set()
     if below is not None:
@@ -97,7 +97,8 @@ def make_directory(directory: str | os.PathLike, below: str | os.PathLike | None
         if inside.is_absolute() or ".." in inside.parts:
             raise ConvsweepError(f"{directory} is not inside {below}, where convsweep writes what stored data names")
         made = {below.joinpath(*inside.parts[:n]) for n in range(1, len(inside.parts) + 1)}
-    trusted = {os.geteuid(), 0} if hasattr(os, "geteuid") else None
+    own = _own_uid()
+    trusted = None if own is None else {own, 0}
     for step in [*reversed(directory.parents), directory]:
         if not step.is_symlink():
             continue
@@ -106,9 +107,9 @@ def make_directory(directory: str | os.PathLike, below: str | os.PathLike | None
             what = "a directory convsweep makes" if step in made else f"made by another user (uid {owner})"
             raise ConvsweepError(f"{step} is a link, {what}, to {os.readlink(step)}: convsweep writes no file "
                                  "through it; remove it" + (" or give --out" if step in made else ""))
-    directory.mkdir(parents=True, exist_ok=True)
     if below is not None and not directory.resolve().is_relative_to(below.resolve()):
-        raise ConvsweepError(f"{directory} leads out of {below}, to {directory.resolve()}: convsweep does not write there")
+        raise ConvsweepError(f"{directory} leads out of {below}, to {directory.resolve()}: convsweep does not "
+                             "write there")
     return directory
 
 

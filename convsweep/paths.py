@@ -7,7 +7,9 @@ is refused with one line before anything else happens.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
 
 from .errors import ConfigError
@@ -22,11 +24,37 @@ DB_DIR = ROOT / "db"
 QUERIES_DIR = DB_DIR / "queries"
 MIGRATIONS_DIR = DB_DIR / "migrations"
 DEFAULT_DB_URL = "sqlite:///db/results.sqlite"  # relative to where convsweep runs; $CONVSWEEP_DB overrides
+RESULTS_DIR = Path("results")  # relative to where convsweep runs: figures, reports, each experiment's files
+NAME_MAX_CHARS = 100  # a file-name component made of a stored name; the file system allows 255 bytes
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+_UNSAFE_CHARACTERS = re.compile(r"[^A-Za-z0-9._+-]+")
+_HASH_CHARS = 12
+# What safe_name appends: a name ending so is hashed too, so that no name taken as it is reads as another's.
+_HASHED = re.compile(rf"(?:.*-)?[0-9a-f]{{{_HASH_CHARS}}}")
 
 
 def cache_dir() -> Path:
     """Compiled kernels, upscaled images and reference logits: derived data, safe to delete."""
     return Path(os.environ.get("CONVSWEEP_CACHE") or Path.home() / ".cache" / "convsweep")
+
+
+def safe_name(name: str) -> str:
+    """A name that comes from stored data (an experiment, a variant) as one component of a file name: the
+    name itself where it is plain (letters, digits, '.', '_', '+', '-', not starting with '.', at most
+    NAME_MAX_CHARS), else its plain characters, cut, and a hash of the whole name, so two names stay two
+    files. Never empty, absolute, '.' or '..', and never holding a '/'."""
+    if len(name) <= NAME_MAX_CHARS and _SAFE_NAME.fullmatch(name) and not _HASHED.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+    kept = _UNSAFE_CHARACTERS.sub("_", name).lstrip("._+-")[:NAME_MAX_CHARS - _HASH_CHARS - 1].rstrip("._+-")
+    return f"{kept}-{digest}" if kept else digest
+
+
+def results_directory(*names: str) -> Path:
+    """RESULTS_DIR/<name>/...: each name (an experiment, 'figures') made safe, so a stored name never leads
+    out of it."""
+    return RESULTS_DIR.joinpath(*(safe_name(name) for name in names))
 
 
 def resolve_network_path(value: str | os.PathLike, relative_to: str | os.PathLike | None = None) -> Path:

@@ -19,11 +19,11 @@ from . import axes
 from .config import tunables_text
 from .document import Bullets, Figure, Heading, Paragraph, Table, to_html, to_markdown
 from .errors import ConvsweepError
-from .fileio import json_column, write_atomic
+from .fileio import checked_directory, json_column, write_atomic
 from .pareto import front_section
 from .floors import times_floor
-from .figures import FIGURES, KINDS, Plotted, plot
-from .reading import (BASELINE_VARIANT, PROVENANCE_COLUMNS, MissingData, fastest as fastest_rows, provenance,
+from .figures import FIGURES, KINDS, figure_files
+from .reading import (BASELINE_VARIANT, PROVENANCE_COLUMNS, fastest as fastest_rows, provenance,
                       whole_network)
 
 # What tells two runs of one variant apart besides its tunables, the sweep's axes: (column, heading). A
@@ -404,14 +404,6 @@ def _figure_text(kind: str) -> str:
     return (FIGURES[kind].description if kind in FIGURES else "") or kind
 
 
-def figure_files(directory: Path | None) -> list[Path]:
-    """The PNG figures in `directory`, in the order of figures.KINDS, then the others by name."""
-    if directory is None or not directory.is_dir():
-        return []
-    return sorted(directory.glob("*.png"), key=lambda p: (KINDS.index(p.stem) if p.stem in KINDS else len(KINDS),
-                                                          p.name))
-
-
 # -- cells -------------------------------------------------------------------------------------------
 def _number(value: Any) -> str:
     """Four significant digits, trailing zeros kept so a column reads evenly, never in exponent form."""
@@ -568,6 +560,9 @@ def _write_blocks(data: Experiment, blocks: list, markdown: Path | None, page: P
 
     done = Written()
     experiment = data.name
+    directories = [path.parent for path in (summary, markdown, page) if path is not None]
+    for directory in directories + ([tables] if tables is not None else []):
+        checked_directory(directory)  # a link another user made is refused, before any file is written
     if summary is not None:
         write_atomic(summary, summary_markdown(data) if data.runs else to_markdown(blocks, summary.parent))
         done.paths.append(summary)
@@ -581,20 +576,4 @@ def _write_blocks(data: Experiment, blocks: list, markdown: Path | None, page: P
         write_atomic(tables / "seeds.csv", render(SEEDS_CSV_COLUMNS, seeds_rows(data), "csv"))
         write_atomic(tables / "why.csv", render(data.why_columns, why_rows(data), "csv"))
         done.paths += [tables / "seeds.csv", tables / "why.csv"]
-    return done
-
-
-def draw(url: str | None, experiment: str, out: Path, bench: Path | None = None) -> Plotted:
-    """Every figure of `experiment` the database has data for, into `out` (made even when none is):
-    a kind without data is skipped with the reason, and a stale PNG of it is removed. `bench`: a
-    `convsweep bench --json` file, the roofline's ceilings."""
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        done = plot("all", url=url, experiment=experiment, out=out, bench=bench)
-    except MissingData as e:
-        done = Plotted(skipped=[("all", str(e))])
-    drawn = {path.stem for path in done.paths}
-    for kind in KINDS:
-        if kind not in drawn:
-            (out / f"{kind}.png").unlink(missing_ok=True)
     return done

@@ -3,8 +3,8 @@ captioned with the GPU and commit, shows the stored numbers, and is written as a
 a bad bench file and a missing matplotlib are one line."""
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from convsweep.errors import ConvsweepError
+from convsweep.fileio import canonical_hash
 from convsweep.figures import FIGURES, KINDS, FigureKind, figure, plot
 from convsweep.reading import MissingData, load_ceilings
 from convsweep.store import ingest_files, ingest_result, open_store
@@ -227,6 +228,7 @@ def _without_naive(url: str) -> str:
     for result in baseline_results():
         if result["spec"]["variants"]["conv1"] != "naive":
             result["spec"]["experiment"] = result["sweep"]["experiment"] = "lenet86-baseline-without-naive"
+            result["run_key"] = canonical_hash(result["spec"])  # ingest holds a run_key to its spec
             ingest_result(engine, result, None)
     engine.dispose()
     return f"sqlite:///{path}"
@@ -236,7 +238,7 @@ def cold(result: dict, op_time_ms: tuple[float, float]) -> dict:
     """The same job with the L2 written over before each conv layer (cache: cold), a job of its own."""
     result = measured(result, 23, COMMITS[1])
     result["spec"]["cache"] = "cold"
-    result["run_key"] = hashlib.sha256(json.dumps(result["spec"], sort_keys=True).encode()).hexdigest()
+    result["run_key"] = canonical_hash(result["spec"])
     result["measurement_id"] = uuid.uuid4().hex
     result["timings"]["op_time_ms"] = dict(zip(("conv1", "conv2"), op_time_ms))
     return result
@@ -300,6 +302,23 @@ def test_phases_bars_add_up_to_each_jobs_wall_time(url):
     assert "naive b1000 s1 pinned (5 settings)" in labels  # the failed setting's share of the job too
     # every setting's total_s (make_result: 6.2 s; none for the failed one) adds up to its job's bar
     assert ends[labels.index("naive b1000 s1 pinned (5 settings)")] == pytest.approx(4 * 6.2)
+
+
+def test_past_max_bars_jobs_a_bar_is_a_variants_mean_job_and_past_max_bars_variants_the_rest_share_one():
+    from convsweep.figures.drawing import MAX_BARS
+    from convsweep.figures.phases import variant_bars
+
+    jobs = {f"job{i}": {"variant": f"v{i % (MAX_BARS + 5):02d}", "phases": {"load": 1.0, "timed": float(i)},
+                        "total_s": 2.0 * i + 1.0} for i in range(3 * (MAX_BARS + 5))}
+    bars, note = variant_bars(jobs)
+    assert len(bars) == MAX_BARS and bars[-1]["label"] == "6 other variants: mean of 18 jobs"
+    assert [bar["label"].split(":")[0] for bar in bars[:-1]] == [f"v{k:02d}" for k in range(6, MAX_BARS + 5)]
+    v44 = [job for job in jobs.values() if job["variant"] == "v44"]  # jobs 44, 89 and 134
+    assert bars[-2]["phases"] == {"load": 1.0, "timed": pytest.approx((44 + 89 + 134) / 3)}
+    assert bars[-2]["total_s"] == pytest.approx(sum(job["total_s"] for job in v44) / 3)
+    assert note == (f" {len(jobs)} jobs, more than the {MAX_BARS} drawn one by one: each bar is a variant's mean job, "
+                    "each phase's seconds and the wall time over its jobs (how many in its label); the 6 variants "
+                    "with the least wall time in all share the last bar.")
 
 
 def test_tuning_ranks_the_settings_and_counts_the_ones_without_a_time(url):
@@ -448,3 +467,118 @@ def test_a_whole_network_variant_is_named_so_in_the_legend():
 
     assert whole_network_suffix("fp16_fused_network") == " (whole network)"
     assert whole_network_suffix("fp16_sliding_window") == "" and whole_network_suffix("gone_variant") == ""
+
+
+# -- where figures are written (issue 52): stored names stay inside results/, no link is written through ----------
+def two_variants(url: str, *experiments: str, **overrides) -> str:
+    engine = open_store(url)
+    for experiment in experiments:
+        for variant, op_ms in (("naive", (0.74, 1.76)), ("tiled", (0.5, 1.2))):
+            for batch in (100, 1000):
+                ingest_result(engine, make_result(variant, batch, op_time_ms=op_ms, experiment=experiment,
+                                                  floors=floors(batch), **overrides), None)
+    engine.dispose()
+    return url
+
+
+def files_under(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if not p.is_dir())
+
+
+def test_plot_all_keeps_stored_experiment_names_inside_the_results_directory(tmp_path, monkeypatch):
+    """A result file names its experiment: `plot all` wrote a name that is an absolute path as one."""
+    root = tmp_path / "root"
+    work, victim = root / "work", root / "victim"
+    work.mkdir(parents=True)
+    victim.mkdir()
+    names = [str(victim / "abs"), "../../escape", "../../../../x", ".hidden", "plain"]
+    url = two_variants(f"sqlite:///{tmp_path / 'db.sqlite'}", *names)
+    monkeypatch.chdir(work)
+    done = plot("op-time", url=url)
+    assert len(done.paths) == len(names)
+    assert all(p.parent == Path("results/figures") and not p.name.startswith(".") for p in done.paths)
+    assert Path("results/figures/plain-op-time.png") in done.paths
+    assert files_under(root) == sorted(work / p for p in done.paths)  # nothing in victim/, nothing beside
+    assert not list(tmp_path.glob("*.png"))  # nor above
+
+
+def test_a_link_planted_at_a_figures_name_is_replaced_never_written_through(tmp_path, monkeypatch):
+    url = two_variants(f"sqlite:///{tmp_path / 'db.sqlite'}", "plain")
+    monkeypatch.chdir(tmp_path)
+    figures = Path("results/plain/figures")
+    figures.mkdir(parents=True)
+    secrets = {name: tmp_path / f"secret-{k}" for k, name in enumerate(("op-time.png", ".op-time.png.partial"))}
+    for name, secret in secrets.items():
+        secret.write_text("precious\n")
+        (figures / name).symlink_to(secret)
+    done = plot("op-time", url=url, experiment="plain")
+    assert done.paths == [figures / "op-time.png"]
+    assert all(secret.read_text() == "precious\n" for secret in secrets.values())
+    assert not (figures / "op-time.png").is_symlink() and (figures / "op-time.png").read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize("planted", ["results/plain/figures", "results/plain"])
+def test_a_link_planted_where_plot_makes_a_directory_is_refused_in_one_line(tmp_path, monkeypatch, planted):
+    url = two_variants(f"sqlite:///{tmp_path / 'db.sqlite'}", "plain")
+    monkeypatch.chdir(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    Path(planted).parent.mkdir(parents=True, exist_ok=True)
+    Path(planted).symlink_to(elsewhere)
+    with pytest.raises(ConvsweepError, match=rf"^{planted} is a link, a directory convsweep makes, to {elsewhere}: "
+                                             "convsweep writes no file through it; remove it or give --out$"):
+        plot("op-time", url=url, experiment="plain")
+    assert files_under(elsewhere) == []
+    proc = convsweep("plot", "op-time", "--experiment", "plain", "--db", url)  # the command: one line, exit 2
+    assert proc.returncode == 2 and proc.stderr.startswith(f"convsweep: {planted} is a link")
+
+
+def test_an_out_directory_that_another_user_linked_is_refused(tmp_path, monkeypatch):
+    url = two_variants(f"sqlite:///{tmp_path / 'db.sqlite'}", "plain")
+    elsewhere, out = tmp_path / "elsewhere", tmp_path / "out"
+    elsewhere.mkdir()
+    out.symlink_to(elsewhere)
+    assert plot("op-time", url=url, experiment="plain", out=out).paths == [out / "op-time.png"]  # the user's own
+    (elsewhere / "op-time.png").unlink()
+    if os.geteuid() == 0:
+        os.lchown(out, 4242, 4242)
+    else:
+        monkeypatch.setattr("convsweep.fileio._own_uid", lambda: os.geteuid() + 1)
+    with pytest.raises(ConvsweepError, match=r"out is a link, made by another user \(uid \d+\)"):
+        plot("op-time", url=url, experiment="plain", out=out)
+    assert files_under(elsewhere) == []
+
+
+# -- long strings (issue 52: a 30,000-character GPU name crashed every figure) -------------------------------------
+LONG_GPU = "NVIDIA " + "H" * 30_000
+LONG_VARIANT = "tiled_" + "v" * 5_000
+
+
+def texts(fig) -> list[str]:
+    from matplotlib.text import Text
+
+    fig.canvas.draw()  # tick labels are made when drawn
+    return [t.get_text() for t in fig.findobj(Text) if t.get_text()]
+
+
+@pytest.mark.parametrize("kind", ["op-time", "speedup", "roofline", "phases"])
+def test_long_names_are_shortened_in_every_text_of_a_figure(tmp_path, kind):
+    url = two_variants(f"sqlite:///{tmp_path / 'db.sqlite'}", "e" * 2_000,
+                       environment={**make_result()["environment"], "gpu": LONG_GPU})
+    engine = open_store(url)
+    environment = {**make_result()["environment"], "gpu": LONG_GPU}
+    ingest_result(engine, make_result(LONG_VARIANT, 100, op_time_ms=(0.3, 0.6), experiment="e" * 2_000,
+                                      floors=floors(100), environment=environment))
+    engine.dispose()
+    done = plot(kind, url=url, experiment="e" * 2_000, out=tmp_path / "figures")
+    assert done.paths[0].read_bytes().startswith(PNG_MAGIC)
+    from convsweep.figures.drawing import CAPTION_MAX_CHARS, LABEL_MAX_CHARS
+
+    fig = figure(kind, "e" * 2_000, url)
+    found = texts(fig)
+    text = caption(fig)
+    assert max(len(t) for t in found if t not in {t.get_text() for t in fig.texts}) <= LABEL_MAX_CHARS
+    assert len(text) <= CAPTION_MAX_CHARS + 100  # the wrapping's line breaks
+    assert "Measured on NVIDIA HHH" in text and "HHH on 2026-11-22, at commit abc1230000" in text
+    assert "…" in fig.get_suptitle() and any(t.startswith("tiled_vvv") and "…" in t for t in found)
+    assert text.rstrip().endswith(".")  # the notes after the GPU's sentence are all there

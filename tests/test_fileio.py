@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convsweep.fileio import (canonical_hash, remove_stale_temporaries, write_atomic, write_json_atomic,
-                              write_npy_atomic)
+from convsweep.errors import ConvsweepError
+from convsweep.fileio import (canonical_hash, checked_directory, remove_stale_temporaries, write_atomic,
+                              write_json_atomic, write_npy_atomic)
 
 
 def temporaries(directory: Path) -> list[Path]:
@@ -244,3 +245,56 @@ def test_stale_temporaries_of_a_name_with_glob_characters(tmp_path):
     other.write_text("y")
     remove_stale_temporaries(tmp_path / "r[1].json")
     assert not mine.exists() and other.exists()
+
+
+# -- where files are written: checked_directory ----------------------------------------------------------------
+def foreign(link: Path, monkeypatch) -> Path:
+    """`link` as if another user had made it: its owner changed where we may (root), else we are someone else."""
+    if os.geteuid() == 0:
+        os.lchown(link, 4242, 4242)
+    else:
+        monkeypatch.setattr("convsweep.fileio._own_uid", lambda: os.geteuid() + 1)
+    return link
+
+
+def test_a_directory_and_the_users_own_links_are_taken_as_named(tmp_path):
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "results").symlink_to(tmp_path / "scratch")  # a user's results on another disk
+    assert checked_directory(tmp_path / "results" / "e" / "figures") == tmp_path / "results" / "e" / "figures"
+    assert checked_directory(tmp_path / "new" / "dir") == tmp_path / "new" / "dir"
+    assert not (tmp_path / "new").exists()  # checked, not made: the first file written makes it
+
+
+def test_a_link_another_user_made_is_refused_on_the_way(tmp_path, monkeypatch):
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "figures"
+    link.symlink_to(tmp_path / "elsewhere")
+    foreign(link, monkeypatch)
+    for target in (tmp_path / "figures", tmp_path / "figures" / "sub"):
+        with pytest.raises(ConvsweepError, match=r"figures is a link, made by another user \(uid \d+\), to .*else"):
+            checked_directory(target)
+
+
+def test_below_the_results_directory_every_directory_is_one_convsweep_makes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    Path("results/e").mkdir(parents=True)
+    Path("results/e/figures").symlink_to(tmp_path / "elsewhere")  # the user's own link, but where stored data names
+    refused = (r"^results/e/figures is a link, a directory convsweep makes, to .*elsewhere: convsweep writes no "
+               "file through it; remove it or give --out$")
+    with pytest.raises(ConvsweepError, match=refused):
+        checked_directory(Path("results/e/figures"), below=Path("results"))
+    assert checked_directory(Path("results/e/other"), below=Path("results")) == Path("results/e/other")
+    with pytest.raises(ConvsweepError, match="is not inside results"):
+        checked_directory(Path("results/../etc"), below=Path("results"))
+    with pytest.raises(ConvsweepError, match="is not inside results"):
+        checked_directory(Path("/etc"), below=Path("results"))
+
+
+def test_a_link_planted_at_the_files_name_is_replaced_never_written_through(tmp_path):
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    (tmp_path / "report.md").symlink_to(target)
+    write_atomic(tmp_path / "report.md", "# report\n")
+    assert target.read_text() == "keep me"
+    assert not (tmp_path / "report.md").is_symlink() and (tmp_path / "report.md").read_text() == "# report\n"

@@ -7,12 +7,14 @@ import base64
 import csv
 import hashlib
 import io
+import os
 
 import pytest
 
 from convsweep import axes, document, report
 from convsweep.cli import main
 from convsweep.errors import ConvsweepError
+from convsweep.figures import draw
 from convsweep.ncu import LaunchProfile
 from convsweep.store import ingest_result, open_store
 from store_fixtures import every_layer, integrity_results, make_job_file, make_result
@@ -200,9 +202,9 @@ def test_drawing_skips_kinds_without_data_and_none_is_no_error(tmp_path):
     figures = tmp_path / "figures"
     figures.mkdir()
     (figures / "op-time.png").write_bytes(PNG)  # from an earlier draw: stale now
-    done = report.draw(url, "failed-only", figures)
+    done = draw(url, "failed-only", figures)
     assert done.paths == [] and "no ok run" in done.skipped[0][1] and list(figures.iterdir()) == []
-    drawn = report.draw(url, EXPERIMENT, figures)
+    drawn = draw(url, EXPERIMENT, figures)
     assert {p.stem for p in drawn.paths} >= {"op-time", "speedup", "roofline", "phases", "tuning"}
     assert {kind for kind, _ in drawn.skipped} == {"streams", "formats", "history", "pareto"}
 
@@ -345,3 +347,60 @@ def test_a_suspect_run_is_listed_with_its_reasons_never_fastest_and_fast_checks_
     assert [row["checks"] for row in rows] == ["full", "full", "fast"]
     assert by_status[("naive", "suspect")]["× over naive"] == "" and by_status[("naive", "suspect")]["error"]
     assert by_status[("tiled", "ok")]["× over naive"] == "3.927"
+
+
+# -- where the report writes (issue 52): no link it did not make is written through or embedded -------------------
+def test_the_end_of_sweep_report_replaces_planted_links_and_never_embeds_one(tmp_path):
+    """What the report rule runs, into a results directory where links were planted at the names it writes."""
+    pytest.importorskip("matplotlib", reason="figures need matplotlib (a dependency of convsweep)")
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    fill(url)
+    out = tmp_path / "results" / EXPERIMENT
+    (out / "figures").mkdir(parents=True)
+    precious = {}
+    for name in ("report.md", "report.html", "summary.md", "figures/op-time.png", "figures/streams.png",
+                 "figures/zz-extra.png"):
+        precious[name] = tmp_path / f"precious-{name.replace('/', '-')}"
+        precious[name].write_bytes(PNG + name.encode())
+        (out / name).symlink_to(precious[name])
+    assert main(["report", "--experiment", EXPERIMENT, "--db", url, "--out", str(out / "summary.md"), "--figures",
+                 str(out / "figures"), "--draw", "--markdown", str(out / "report.md"), "--html",
+                 str(out / "report.html"), "--tables", str(out / "tables")]) == 0
+    assert all(path.read_bytes() == PNG + name.encode() for name, path in precious.items())  # every target kept
+    for name in ("report.md", "report.html", "summary.md", "figures/op-time.png"):
+        assert not (out / name).is_symlink() and (out / name).stat().st_size > 0
+    assert not (out / "figures" / "streams.png").exists()  # a stale kind's name: the link went, not its target
+    page = (out / "report.html").read_text()
+    assert base64.b64encode(PNG + b"figures/zz-extra.png").decode() not in page and "zz-extra" not in page
+    assert "zz-extra" not in (out / "report.md").read_text()
+
+
+def test_the_report_refuses_a_link_planted_where_it_makes_the_figures_directory(tmp_path, monkeypatch, capsys):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    fill(url)
+    monkeypatch.chdir(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "results" / EXPERIMENT).mkdir(parents=True)
+    (tmp_path / "results" / EXPERIMENT / "figures").symlink_to(elsewhere)
+    assert main(["report", "--experiment", EXPERIMENT, "--db", url, "--draw", "--markdown", "report.md"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"convsweep: results/{EXPERIMENT}/figures is a link, a directory convsweep makes, to {elsewhere}: convsweep "
+        "writes no file through it; remove it or give --out")
+    assert list(elsewhere.iterdir()) == [] and not (tmp_path / "report.md").exists()
+
+
+def test_the_report_refuses_an_output_directory_another_user_linked(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    fill(url)
+    elsewhere, out = tmp_path / "elsewhere", tmp_path / "out"
+    elsewhere.mkdir()
+    out.symlink_to(elsewhere)
+    if os.geteuid() == 0:
+        os.lchown(out, 4242, 4242)
+    else:
+        monkeypatch.setattr("convsweep.fileio._own_uid", lambda: os.geteuid() + 1)
+    for where in ({"markdown": out / "report.md"}, {"tables": out}, {"summary": out / "summary.md"}):
+        with pytest.raises(ConvsweepError, match=r"out is a link, made by another user \(uid \d+\)"):
+            report.write(url, EXPERIMENT, **where)
+    assert list(elsewhere.iterdir()) == []

@@ -1,12 +1,14 @@
 """What every figure is drawn with: a Figure on the Agg canvas, its sizes, the title and wrapped
-caption, log axes with plain tick labels, side legends, each series' color and line, and the PNG
-written whole.
+caption, log axes with plain tick labels, side legends, each series' color and line, how much a figure
+draws one by one before it groups or picks (and its text, before it is shortened), and the PNG written
+whole.
 
 matplotlib is imported only inside these functions, when a figure is drawn, and figures go to the
 Agg canvas directly, never through pyplot, so a caller's backend is left alone.
 """
 from __future__ import annotations
 
+import io
 import math
 import textwrap
 from collections.abc import Iterable, Sequence
@@ -16,6 +18,7 @@ from typing import Any
 
 from ..axes import set_apart
 from ..errors import ConvsweepError
+from ..fileio import write_atomic
 
 DPI = 120
 PANEL_WIDTH_IN = 5.0
@@ -25,6 +28,21 @@ CAPTION_FONT_PT = 8
 CAPTION_CHARS_PER_INCH = 16  # DejaVu Sans at 8 pt averages about 4.4 pt a character (17 let a line of wide ones run off)
 BATCH_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 VARIANT_LINESTYLES = ("-", "--", ":", "-.")
+
+# Past these sizes a figure groups or picks what it draws, and its caption says so, so that its time and
+# memory stop growing with the store: each bar, panel, tick label and legend entry costs layout time, and a
+# figure tall or wide enough to hold thousands of them, memory (issue 52: 10,000 jobs' phases took 198 s).
+MAX_BARS = 40  # bars in one panel, one per job (phases) before one per variant
+MAX_COLUMNS = 4  # panels side by side (tuning's and streams' batches, pareto's cells)
+MAX_ROWS = 3  # rows of panels (tuning's conv layers, pareto's cells)
+MAX_BAR_GROUPS = 12  # groups of bars along one axis (speedup's batches)
+MAX_TICK_LABELS = 30  # labels along one axis: batches measured, commits
+MAX_LEGEND_ENTRIES = 24
+# Text from stored data (a GPU, variant, experiment or layer name) is shortened in the middle to these.
+LABEL_MAX_CHARS = 80  # a title, axis label, tick label, legend entry or note in a panel
+CAPTION_SENTENCE_MAX_CHARS = 600  # one sentence of a caption (the longest convsweep writes is about 350)
+CAPTION_MAX_CHARS = 3000
+ELLIPSIS = "…"
 
 
 def matplotlib_classes() -> tuple[type, type]:
@@ -52,9 +70,11 @@ def figure_width(panels: int) -> float:
 
 def finish(fig, title: str, caption: str):
     """Title the figure and write the caption under the axes, wrapped to the figure's width, with
-    room kept for it so that nothing overlaps."""
+    room kept for it so that nothing overlaps. Every text is shortened first (shorten_texts)."""
     fig.suptitle(title, fontsize=13, fontweight="bold")
-    text = "\n".join(textwrap.wrap(caption, int(fig.get_figwidth() * CAPTION_CHARS_PER_INCH), break_on_hyphens=False))
+    shorten_texts(fig)
+    text = "\n".join(textwrap.wrap(caption_text(caption), int(fig.get_figwidth() * CAPTION_CHARS_PER_INCH),
+                                   break_on_hyphens=False))
     lines = text.count("\n") + 1
     height = (lines * CAPTION_FONT_PT * 1.3 + 10) / 72 / fig.get_figheight()
     fig.text(0.01, 0.006, text, ha="left", va="bottom", fontsize=CAPTION_FONT_PT, color="0.2")
@@ -74,20 +94,107 @@ def runs_note(shown: Sequence[dict[str, Any]], experiment: str, stored: Sequence
 
 
 def save(fig, path: Path) -> None:
-    """Write the PNG through a temporary name, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
+    """Write the PNG whole (write_atomic: a reader never sees half a file, and a link planted at its name
+    is replaced, never written through)."""
+    png = io.BytesIO()
     # zlib's fastest level: a quarter less time per figure than the default, and no larger files here
-    fig.savefig(partial, format="png", pil_kwargs={"compress_level": 1})
-    partial.replace(path)
+    fig.savefig(png, format="png", pil_kwargs={"compress_level": 1})
+    write_atomic(path, png.getvalue())
+
+
+# -- text and sizes --------------------------------------------------------------------------------------
+def shorten(text: str, limit: int = LABEL_MAX_CHARS) -> str:
+    """`text` cut to `limit` characters in its middle, where it is longer: its start and end stay, so two
+    labels that differ at their end (a job id) stay apart."""
+    if len(text) <= limit:
+        return text
+    head = (limit - len(ELLIPSIS) + 1) // 2
+    return text[:head] + ELLIPSIS + text[len(text) - (limit - len(ELLIPSIS) - head):]
+
+
+def caption_text(caption: str) -> str:
+    """A caption with each sentence shortened (a 30,000-character GPU name cuts its own sentence only), then
+    the whole."""
+    return shorten(". ".join(shorten(sentence, CAPTION_SENTENCE_MAX_CHARS) for sentence in caption.split(". ")),
+                   CAPTION_MAX_CHARS)
+
+
+def shorten_texts(fig) -> None:
+    """Shorten every text of the figure (titles, axis and tick labels, legend entries, notes in panels): the one
+    place that holds a long stored name (a GPU's, a variant's) from stretching the layout past what it can
+    solve. Tick labels are made when drawn, so each axis's formatters are wrapped."""
+    from matplotlib.text import Text
+
+    for artist in fig.findobj(Text):
+        if len(artist.get_text()) > LABEL_MAX_CHARS:
+            artist.set_text(shorten(artist.get_text()))
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):  # axes that share one ticker wrap it once
+            if not getattr(axis.get_major_formatter(), "shortens", False):
+                axis.set_major_formatter(_shortening(axis.get_major_formatter()))
+            if not getattr(axis.get_minor_formatter(), "shortens", False):
+                axis.set_minor_formatter(_shortening(axis.get_minor_formatter()))
+
+
+def _shortening(formatter):
+    """A tick formatter that shortens what `formatter` writes."""
+    from matplotlib.ticker import Formatter
+
+    class Shortened(Formatter):
+        shortens = True
+
+        def __call__(self, x, pos=None):
+            return shorten(formatter(x, pos))
+
+        def format_ticks(self, values):
+            return [shorten(label) for label in formatter.format_ticks(values)]
+
+        def set_locs(self, locs):
+            formatter.set_locs(locs)
+
+        def get_offset(self):
+            return formatter.get_offset()
+
+    return Shortened()
+
+
+def spread(values: Sequence, most: int) -> list:
+    """At most `most` of `values` (in their order), evenly spread from the first to the last, both kept."""
+    values = list(values)
+    if len(values) <= most:
+        return values
+    if most <= 1:
+        return values[-1:]
+    return [values[round(k * (len(values) - 1) / (most - 1))] for k in range(most)]
+
+
+def listed(values: Sequence, most: int = 10) -> str:
+    """'1, 2, 4' or, past `most` values, '1, 2, 4, ... and 997 more'."""
+    shown = ", ".join(str(v) for v in values[:most])
+    return shown + (f" and {len(values) - most:,} more" if len(values) > most else "")
+
+
+def picked_note(shown: int, total: int, what: str, how: str = "evenly spread from the first to the last") -> str:
+    """'4 of 200 batches shown, evenly spread from the first to the last.' where a figure picked, else ''."""
+    return f" {shown} of {total:,} {what} shown, {how}." if shown < total else ""
 
 
 # -- axes ------------------------------------------------------------------------------------------------
+def many_batches_note(batches: Sequence[int]) -> str:
+    """What batch_axis and the lines over it do past MAX_TICK_LABELS batches, for a caption; else ''."""
+    return (f" {len(batches):,} batches, more than the {MAX_TICK_LABELS} marked one by one: each line runs through all "
+            "of them, unmarked, ticks at round numbers." if len(batches) > MAX_TICK_LABELS else "")
+
+
 def batch_axis(ax, batches: Sequence[int]) -> None:
-    """A log x axis marked at the batches measured, and only there."""
-    ax.set_xscale("log")
-    ax.set_xticks(list(batches), [str(b) for b in batches])
-    ax.set_xticks([], minor=True)
+    """A log x axis marked at the batches measured, and only there; past MAX_TICK_LABELS of them, at round
+    numbers."""
+    if len(batches) > MAX_TICK_LABELS:
+        plain_log(ax, "x")
+    else:
+        ax.set_xscale("log")
+        ax.set_xticks(list(batches), [str(b) for b in batches])
+        ax.set_xticks([], minor=True)
     ax.set_xlabel("batch (images)")
     if len(batches) == 1:
         ax.set_xlim(batches[0] / 2, batches[0] * 2)
@@ -129,6 +236,13 @@ def panel_legend(fig, axes: Iterable, title: str) -> None:
 
 
 def side_legend(fig, handles: list, labels: list[str], title: str | None = None) -> None:
+    """A legend beside the panels; past MAX_LEGEND_ENTRIES, the first of them and how many more."""
+    if len(labels) > MAX_LEGEND_ENTRIES:
+        from matplotlib.lines import Line2D
+
+        more = len(labels) - MAX_LEGEND_ENTRIES + 1
+        handles = [*handles[:MAX_LEGEND_ENTRIES - 1], Line2D([], [], linestyle="none")]
+        labels = [*labels[:MAX_LEGEND_ENTRIES - 1], f"{ELLIPSIS} and {more:,} more"]
     fig.legend(handles, labels, loc="outside right upper", title=title, fontsize=8, title_fontsize=8,
                frameon=False)
 

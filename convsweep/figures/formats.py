@@ -6,8 +6,8 @@ from typing import Any
 
 from ..axes import BY_NAME, columns as axis_columns
 from ..reading import PROVENANCE_COLUMNS, Ceilings, MissingData, fastest, provenance
-from .drawing import (BATCH_MARKERS, PANEL_HEIGHT_IN, batch_axis, figure_width, finish, new_figure, panel_legend,
-                      plain_log, runs_note)
+from .drawing import (BATCH_MARKERS, MAX_TICK_LABELS, PANEL_HEIGHT_IN, batch_axis, figure_width, finish,
+                      many_batches_note, new_figure, panel_legend, plain_log, runs_note)
 from .rows import fetch
 
 # The formats in the axis's order (fp32, fp16, u8, u8-source): the most bytes a pixel first.
@@ -49,7 +49,7 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
         cells = sorted(((b, run) for (f, b), run in best.items() if f == name), key=lambda cell: cell[0])
         color, marker = f"C{k % 10}", BATCH_MARKERS[k % len(BATCH_MARKERS)]
         ax.plot([b for b, _ in cells], [run["forward_ms"] for _, run in cells], label=name, color=color,
-                marker=marker, linestyle="-", alpha=0.9)
+                marker=marker if len(batches) <= MAX_TICK_LABELS else "", linestyle="-", alpha=0.9)
         floors = [(b, run["forward_floor_ms"]) for b, run in cells if run["forward_floor_ms"]]
         if floors:
             ax.plot(*zip(*floors), label=f"{name} floor", color=color, linestyle="--", alpha=0.7)
@@ -68,7 +68,7 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
             "shipped bytes up at the GPU's measured host-to-device rate, the compute, the logits down, pipelined "
             "over the chunks (the longest stage plus the others' share of the smallest chunk)."
             + (" Where a cell has several runs (variants, streams, host memories, settings), the fastest is "
-               "shown with its floor." if several else ""))
+               "shown with its floor." if several else "") + many_batches_note(batches))
     return finish(fig, f"End-to-end time by input format: {experiment}",
                   f"{provenance(rows)} {runs_note(rows, experiment)} {note}")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..reading import Ceilings, MissingData, provenance
-from .drawing import PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure
+from .drawing import MAX_TICK_LABELS, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure
 
 MAX_PANELS = 12  # jobs drawn, one small panel each: those with steps first, then the most measured
 COLUMNS = 3
@@ -55,8 +55,9 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
         _panel(ax, timed[job], slots)
     for ax in axes.flat[len(shown):]:
         ax.set_visible(False)
+    every = -(-len(ticks) // MAX_TICK_LABELS)  # past MAX_TICK_LABELS commits, every n-th named
     for ax in axes.flat[:len(shown)]:
-        ax.set_xticks(range(len(ticks)), ticks, rotation=90, fontsize=7)
+        ax.set_xticks(range(0, len(ticks), every), ticks[::every], rotation=90, fontsize=7)
         ax.tick_params(labelbottom=True)
     for row in axes:
         row[0].set_ylabel("Op Time (ms)")
@@ -67,7 +68,8 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
             + (f" ({left} more without steps left out: `convsweep query regressions` lists every step)" if left else "")
             + f", {sum(p['status'] == 'ok' for p in drawn)} ok measurements. Each point: one measurement's median "
             "Op Time (its conv layers' op times added up, pass by pass), its bar the 95% bootstrap interval over its "
-            "samples; x: the commits in the order measured (* a dirty tree). "
+            "samples; x: the commits in the order measured (* a dirty tree"
+            + (f"; {len(ticks):,} of them, every {every}th named" if every > 1 else "") + "). "
             + ("Hollow: suspect runs, whose times the integrity checks doubt, never counted for a step. "
                if any(p["status"] == "suspect" for p in drawn) else "")
             + f"Vertical lines: {len(steps)} step{'s' * (len(steps) != 1)}, change points ruptures' Pelt proposed on "

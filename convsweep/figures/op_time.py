@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..reading import Ceilings, fastest, provenance
-from .drawing import (PANEL_HEIGHT_IN, batch_axis, figure_width, finish, new_figure, panel_legend, plain_log,
-                      runs_note, series_styles)
+from .drawing import (MAX_TICK_LABELS, PANEL_HEIGHT_IN, batch_axis, figure_width, finish, many_batches_note,
+                      new_figure, panel_legend, plain_log, runs_note, series_styles)
 from .rows import conv_layers, timed_layers
 
 
@@ -16,12 +16,16 @@ def draw(stored: list[dict[str, Any]], experiment: str, ceilings: Ceilings | Non
     layers = conv_layers(best.values())
     batches = sorted({r["batch"] for r in best.values()})
     styles = series_styles(rows)
+    markers = {"marker": "o", "markersize": 7} if len(batches) <= MAX_TICK_LABELS else {"marker": ""}  # else a line
     fig, axes = new_figure(1, len(layers), figure_width(len(layers)), PANEL_HEIGHT_IN + 1.2)
+    lines: dict[tuple[int, str], list[tuple[int, float]]] = {}
+    for (i, series, b), r in best.items():
+        lines.setdefault((i, series), []).append((b, r["op_time_ms"]))
     for ax, (index, layer) in zip(axes[0], layers):
         for series, style in styles.items():
-            points = sorted((b, r["op_time_ms"]) for (i, v, b), r in best.items() if i == index and v == series)
+            points = sorted(lines.get((index, series), []))
             if points:
-                ax.plot(*zip(*points), marker="o", markersize=7, linestyle=style.linestyle, label=series,
+                ax.plot(*zip(*points), **markers, linestyle=style.linestyle, label=series,
                         **style.marker_colors())
         batch_axis(ax, batches)
         plain_log(ax, "y")
@@ -31,6 +35,6 @@ def draw(stored: list[dict[str, Any]], experiment: str, ceilings: Ceilings | Non
     panel_legend(fig, axes[0], title="variant")
     note = ("Op time: the GPU time of the layer's kernels (nsys, else CUDA events), median over the timed passes."
             + (" Where a variant and batch have several runs (tunable settings, streams, host memory), the fastest "
-               "is shown." if several else ""))
+               "is shown." if several else "") + many_batches_note(batches))
     return finish(fig, f"Op time per variant and batch: {experiment}",
                   f"{provenance(rows)} {runs_note(rows, experiment, stored)} {note}")

@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..reading import Ceilings, MissingData, provenance
-from .drawing import LEGEND_WIDTH_IN, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure, plain_log, side_legend, \
-    variant_colors
+from .drawing import (LEGEND_WIDTH_IN, MAX_COLUMNS, MAX_ROWS, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure,
+                      picked_note, plain_log, side_legend, spread, variant_colors)
 
 FRONT_COLOR = "0.2"
 LOG_SPAN = 10  # an axis whose values span this factor or more is logarithmic
-MAX_COLUMNS = 4  # panels a row: more wrap, so that a sweep of many cells stays a page wide
 
 
 def pareto_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
@@ -38,12 +37,17 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
     keys = sorted({(r["layer_index"], r["layer"], r["batch"], r["cell"]) for r in measured},
                   key=lambda k: (k[2], str(k[3]), k[0]))
     several_cells = len({k[3] for k in keys}) > 1
-    panels = [(k, [r for r in measured if (r["layer_index"], r["layer"], r["batch"], r["cell"]) == k]) for k in keys]
+    by_key: dict[tuple, list[dict[str, Any]]] = {}
+    for r in measured:
+        by_key.setdefault((r["layer_index"], r["layer"], r["batch"], r["cell"]), []).append(r)
+    panels = [(k, by_key[k]) for k in keys]
     alone = sum(len(points) < 2 for _, points in panels)  # a front of one setting among one says nothing
     panels = [(k, points) for k, points in panels if len(points) >= 2]
     if not panels:
         raise MissingData(f"experiment {experiment!r} has no conv layer and batch with two settings or more that "
                           "have an energy per pass: there is no front to draw")
+    fronts_drawn = len(panels)
+    panels = spread(panels, MAX_COLUMNS * MAX_ROWS)  # more panels wrap: a sweep of many cells stays a page
     colors = variant_colors(r["variant"] for _, points in panels for r in points)
     cols = min(MAX_COLUMNS, len(panels))
     rows_n = -(-len(panels) // cols)
@@ -66,7 +70,8 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
             "setting's timed passes, its bar the 95% bootstrap interval over them; y: the run's energy per pass, the "
             "whole GPU's over the timed part (idle gaps included), so the whole pass's, not the layer's. Ringed and "
             "joined by the step line: the front, the settings no other beats on both op time and energy "
-            "(`convsweep query pareto` lists them)." + (f" {left_out}." if left_out else ""))
+            "(`convsweep query pareto` lists them)." + (f" {left_out}." if left_out else "")
+            + picked_note(len(panels), fronts_drawn, "conv layers and batches with a front"))
     return finish(fig, f"Op time against energy per pass: {experiment}", f"{provenance(measured)} {note}")
 
 

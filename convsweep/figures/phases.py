@@ -7,7 +7,8 @@ from typing import Any
 from ..axes import cell_text, order_by
 from ..axes import columns as axis_columns
 from ..reading import PROVENANCE_COLUMNS, Ceilings, MissingData, provenance
-from .drawing import LEGEND_WIDTH_IN, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure, runs_note, side_legend
+from .drawing import (LEGEND_WIDTH_IN, MAX_BARS, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure, runs_note,
+                      side_legend)
 from .rows import fetch
 
 # Where a job's wall time goes, in the order it is spent; other phase names follow, sorted.
@@ -38,7 +39,7 @@ def job_phases(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     counted: set[int] = set()
     for row in rows:
         job = jobs.setdefault(row["job_id"], {"label": f"{row['variant']} {cell_text(row)}", "runs": set(),
-                                              "phases": {}, "total_s": 0.0})
+                                              "variant": row["variant"], "phases": {}, "total_s": 0.0})
         job["runs"].add(row["run_id"])
         if row["run_id"] not in counted:
             counted.add(row["run_id"])
@@ -49,28 +50,63 @@ def job_phases(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None = None):
-    """Each job's wall time as a stacked bar of its phases (start, load, compile, ..., nsys)."""
+    """Each job's wall time as a stacked bar of its phases (start, load, compile, ..., nsys); past MAX_BARS jobs,
+    each variant's mean job."""
     jobs = job_phases(rows)
     if not any(job["phases"] for job in jobs.values()):
         raise MissingData(f"experiment {experiment!r} has no run with stored phases")
     names = [p for p in PHASE_ORDER if any(p in j["phases"] for j in jobs.values())]
     names += sorted({p for j in jobs.values() for p in j["phases"]} - set(names))
-    labels = _job_labels(jobs)
-    height_in = max(PANEL_HEIGHT_IN + 1.2, 2.2 + 0.32 * len(jobs))
+    grouped = len(jobs) > MAX_BARS
+    if grouped:
+        bars, grouped_note = variant_bars(jobs)
+    else:
+        labels = _job_labels(jobs)
+        bars, grouped_note = [{**job, "label": labels[job_id]} for job_id, job in jobs.items()], ""
+    height_in = max(PANEL_HEIGHT_IN + 1.2, 2.2 + 0.32 * len(bars))
     fig, axes = new_figure(1, 1, PANEL_WIDTH_IN * 1.6 + LEGEND_WIDTH_IN, height_in)
     ax = axes[0][0]
-    _bars(ax, jobs, labels, names)
-    ax.set_xlabel("wall time (s)")
-    ax.set_ylabel("job (variant and cell, as its id names them)")
+    _bars(ax, bars, names)
+    ax.set_xlabel("wall time (s)" + (", a mean job" if grouped else ""))
+    ax.set_ylabel("variant (its jobs' mean)" if grouped else "job (variant and cell, as its id names them)")
     ax.invert_yaxis()
     ax.margins(y=0.01)
     ax.grid(True, axis="x", alpha=0.3)
     side_legend(fig, *ax.get_legend_handles_labels(), title="phase")
     note = ("Phases as each job recorded them; a job of several settings shares its start, load, compile and "
             "nsys time among them, and its bar adds them up. "
-            f"'{UNACCOUNTED_PHASE}': wall time that no recorded phase covers.")
+            f"'{UNACCOUNTED_PHASE}': wall time that no recorded phase covers.{grouped_note}")
     return finish(fig, f"Where each job's wall time went: {experiment}",
                   f"{provenance(rows)} {runs_note(rows, experiment)} {note}")
+
+
+def variant_bars(jobs: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """Past MAX_BARS jobs, one bar per variant: its mean job (each phase's seconds and the wall time over its
+    jobs), by name; past MAX_BARS variants, those with the most wall time in all, the rest as one bar. And the
+    caption's sentence saying so."""
+    by_variant: dict[str, list[dict[str, Any]]] = {}
+    for job in jobs.values():
+        by_variant.setdefault(job["variant"], []).append(job)
+    kept = set(sorted(by_variant, key=lambda v: -sum(job["total_s"] for job in by_variant[v]))[:MAX_BARS - 1]
+               if len(by_variant) > MAX_BARS else by_variant)
+    groups = [(variant, by_variant[variant]) for variant in sorted(kept)]
+    rest = [job for variant, group in by_variant.items() if variant not in kept for job in group]
+    if rest:
+        groups.append((f"{len(by_variant) - len(kept):,} other variants", rest))
+    bars = []
+    for name, group in groups:
+        phases: dict[str, float] = {}
+        for job in group:
+            for phase, seconds in job["phases"].items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
+        bars.append({"label": f"{name}: mean of {len(group):,} job{'s' * (len(group) != 1)}",
+                     "phases": {phase: seconds / len(group) for phase, seconds in phases.items()},
+                     "total_s": sum(job["total_s"] for job in group) / len(group)})
+    note = (f" {len(jobs):,} jobs, more than the {MAX_BARS} drawn one by one: each bar is a variant's mean job, each "
+            "phase's seconds and the wall time over its jobs (how many in its label)"
+            + (f"; the {len(by_variant) - len(kept):,} variants with the least wall time in all share the last bar"
+               if rest else "") + ".")
+    return bars, note
 
 
 def _job_labels(jobs: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -85,22 +121,21 @@ def _job_labels(jobs: dict[str, dict[str, Any]]) -> dict[str, str]:
     return labels
 
 
-def _bars(ax, jobs: dict[str, dict[str, Any]], labels: dict[str, str], names: list[str]) -> None:
-    """One stacked bar per job: its phases in `names` order, then the wall time no phase covers."""
+def _bars(ax, bars: list[dict[str, Any]], names: list[str]) -> None:
+    """One stacked bar per job (or variant): its phases in `names` order, then the wall time no phase covers."""
     from matplotlib import colormaps
 
     palette = colormaps["tab20"]
-    ids = list(jobs)
-    left = [0.0] * len(ids)
+    left = [0.0] * len(bars)
     for k, name in enumerate([*names, UNACCOUNTED_PHASE]):
         if name == UNACCOUNTED_PHASE:
-            widths = [max(0.0, jobs[j]["total_s"] - sum(jobs[j]["phases"].values())) for j in ids]
+            widths = [max(0.0, bar["total_s"] - sum(bar["phases"].values())) for bar in bars]
             color = "0.85"
         else:
-            widths = [jobs[j]["phases"].get(name, 0.0) for j in ids]
+            widths = [bar["phases"].get(name, 0.0) for bar in bars]
             color = palette(2 * k % 20 + 2 * k // 20 % 2)  # the dark shades first, then the light ones
         if any(widths):
-            ax.barh(range(len(ids)), widths, left=left, color=color, label=PHASE_LABELS.get(name, name),
+            ax.barh(range(len(bars)), widths, left=left, color=color, label=PHASE_LABELS.get(name, name),
                     edgecolor="white", linewidth=0.5)
             left = [a + b for a, b in zip(left, widths)]
-    ax.set_yticks(range(len(ids)), [labels[j] for j in ids], fontsize=8)
+    ax.set_yticks(range(len(bars)), [bar["label"] for bar in bars], fontsize=8)

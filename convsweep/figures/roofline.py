@@ -27,14 +27,19 @@ def draw(stored: list[dict[str, Any]], experiment: str, ceilings: Ceilings | Non
     layers = conv_layers(best.values())
     styles = series_styles(rows)
     batches = sorted({r["batch"] for r in best.values()})
-    markers = {b: BATCH_MARKERS[i % len(BATCH_MARKERS)] for i, b in enumerate(batches)}
+    # A marker per batch while the markers last; past them, every point a small dot of its variant's colour.
+    marked = len(batches) <= len(BATCH_MARKERS)
+    markers = {b: BATCH_MARKERS[i] for i, b in enumerate(batches)} if marked else {}
     sources = sorted({roofline_bytes(r)[1] for r in best.values()})
     fig, axes = new_figure(1, len(layers), figure_width(len(layers)), PANEL_HEIGHT_IN + 1.6,
                            sharex=True, sharey=True)
     for ax, (index, layer) in zip(axes[0], layers):
-        for (i, variant, batch), row in sorted(best.items()):
-            if i == index:
-                _point(ax, row, markers[batch], batches.index(batch), styles[variant])
+        if marked:
+            for (i, variant, batch), row in sorted(best.items()):
+                if i == index:
+                    _point(ax, row, markers[batch], batches.index(batch), styles[variant])
+        else:
+            _dots(ax, [row for (i, _, _), row in best.items() if i == index], styles)
         ax.set_title(f"{layer} (op time {index + 1})", fontsize=10)
         ax.set_xlabel(f"arithmetic intensity (FLOP/byte, {' or '.join(sources)})")
         plain_log(ax, "x")
@@ -49,7 +54,9 @@ def draw(stored: list[dict[str, Any]], experiment: str, ceilings: Ceilings | Non
         meanings += "; a black rim marks a point over DRAM bytes"
     note = (f"Intensity: the layer's FLOPs over its {' or '.join(sources)} ({meanings}). "
             + _ceilings_note(ceilings, rows)
-            + (" Where a variant and batch have several runs, the fastest is shown." if several else ""))
+            + (" Where a variant and batch have several runs, the fastest is shown." if several else "")
+            + ("" if marked else f" {len(batches):,} batches, more than the {len(BATCH_MARKERS)} a marker tells apart: "
+               "each variant's batches are dots of its colour."))
     return finish(fig, f"Roofline per conv layer: {experiment}",
                   f"{provenance(rows)} {runs_note(rows, experiment, stored)} {note}")
 
@@ -72,6 +79,20 @@ def _point(ax, row: dict[str, Any], marker: str, place: int, style: SeriesStyle)
     ax.plot(row["flops"] / nbytes, row["flops"] / (row["op_time_ms"] * 1e6), ls="", marker=marker,
             markersize=max(8.0, 13.0 - 2.5 * place), markeredgewidth=2.0 if source == NCU_BYTES else 1.0,
             zorder=3 + place, **colors)
+
+
+def _dots(ax, rows: list[dict[str, Any]], styles: dict[str, SeriesStyle]) -> None:
+    """Many batches: each series' points as one line of small dots (a rim where the bytes were measured)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["series"], roofline_bytes(row)[1]), []).append(row)
+    for (series, source), points in sorted(groups.items()):
+        colors = styles[series].marker_colors()
+        if source == NCU_BYTES:
+            colors["markeredgecolor"] = "black"
+        ax.plot([r["flops"] / roofline_bytes(r)[0] for r in points],
+                [r["flops"] / (r["op_time_ms"] * 1e6) for r in points], ls="", marker="o", markersize=3,
+                markeredgewidth=0.5, alpha=0.8, zorder=3, **colors)
 
 
 def _draw_ceilings(axes, ceilings: Ceilings, rows: Iterable[dict[str, Any]]) -> list:
@@ -103,7 +124,7 @@ def _legend(fig, styles: dict[str, SeriesStyle], markers: dict[int, str], roof_h
     handles += [Line2D([], [], ls="", marker=m, markersize=8, color="0.4") for m in markers.values()]
     labels = list(styles) + [f"batch {b}" for b in markers]
     side_legend(fig, handles + roof_handles, labels + [h.get_label() for h in roof_handles],
-                title="variant, batch, ceiling")
+                title="variant, batch, ceiling" if markers else "variant, ceiling")
 
 
 def _ceilings_note(ceilings: Ceilings | None, rows: Sequence[dict[str, Any]]) -> str:

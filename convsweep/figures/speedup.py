@@ -5,8 +5,8 @@ from typing import Any
 
 from ..axes import series_values
 from ..reading import BASELINE_VARIANT, Ceilings, MissingData, fastest, provenance
-from .drawing import (PANEL_HEIGHT_IN, SeriesStyle, figure_width, finish, new_figure, panel_legend, plain_log,
-                      runs_note, series_styles)
+from .drawing import (MAX_BAR_GROUPS, MAX_BARS, PANEL_HEIGHT_IN, SeriesStyle, figure_width, finish, listed,
+                      new_figure, panel_legend, picked_note, plain_log, runs_note, series_styles, spread)
 from .rows import conv_layers, timed_layers
 
 
@@ -28,18 +28,19 @@ def draw(stored: list[dict[str, Any]], experiment: str, ceilings: Ceilings | Non
     speedups = {(i, v, b): baseline[i, series_values(r), b] / r["op_time_ms"] for (i, v, b), r in best.items()
                 if r["variant"] != BASELINE_VARIANT and (i, series_values(r), b) in baseline}
     layers = conv_layers(best.values())
-    batches = sorted({b for *_, b in baseline})
+    compared = sorted({b for *_, b in baseline})
+    batches = spread(compared, MAX_BAR_GROUPS)
     fig, axes = new_figure(1, len(layers), figure_width(len(layers)), PANEL_HEIGHT_IN + 1.4, sharey=True)
     for ax, (index, layer) in zip(axes[0], layers):
         _bars(ax, speedups, index, batches, others, styles)
         ax.set_title(f"{layer} (op time {index + 1})", fontsize=10)
     axes[0][0].set_ylabel(f"speedup over {BASELINE_VARIANT} (×, log scale)")
     panel_legend(fig, axes[0], title="variant")
-    unmatched = sorted({b for (_, _, b) in best if b not in batches})
+    unmatched = sorted({b for (_, _, b) in best} - set(compared))
     note = (f"Speedup: the {BASELINE_VARIANT} variant's op time over the variant's, same layer, batch and L2 state; "
             "bars above 1× are faster, below slower."
-            + (f" Batches without a {BASELINE_VARIANT} run are left out: {', '.join(map(str, unmatched))}."
-               if unmatched else "")
+            + (f" Batches without a {BASELINE_VARIANT} run are left out: {listed(unmatched)}." if unmatched else "")
+            + picked_note(len(batches), len(compared), f"batches with a {BASELINE_VARIANT} run")
             + (" Where a variant and batch have several runs, the fastest of each is compared." if several else ""))
     return finish(fig, f"Speedup over {BASELINE_VARIANT} per variant and batch: {experiment}",
                   f"{provenance(rows)} {runs_note(rows, experiment, stored)} {note}")
@@ -57,8 +58,9 @@ def _bars(ax, speedups: dict[tuple, float], index: int, batches: list[int], seri
             continue
         bars = ax.bar([x - 0.4 + width * (k + 0.5) for x in xs], [v - 1 for v in values], width=width * 0.9,
                       bottom=1, color=styles[name].color, hatch=styles[name].hatch, edgecolor="white", label=name)
-        ax.bar_label(bars, labels=[f"{v:.3g}×" for v in values], fontsize=7, padding=2,
-                     rotation=90 if len(series) > 3 else 0)
+        if len(series) * len(batches) <= MAX_BARS:  # more: no room for a label on each
+            ax.bar_label(bars, labels=[f"{v:.3g}×" for v in values], fontsize=7, padding=2,
+                         rotation=90 if len(series) > 3 else 0)
     ax.axhline(1, color="0.3", linewidth=0.8)
     plain_log(ax, "y")
     ax.set_xticks(range(len(batches)), [str(b) for b in batches])

@@ -5,8 +5,8 @@ from typing import Any
 
 from ..axes import columns as axis_columns
 from ..reading import PROVENANCE_COLUMNS, Ceilings, MissingData, fastest, provenance
-from .drawing import (BATCH_MARKERS, PANEL_HEIGHT_IN, VARIANT_LINESTYLES, figure_width, finish, new_figure,
-                      panel_legend, plain_log, runs_note)
+from .drawing import (BATCH_MARKERS, MAX_COLUMNS, PANEL_HEIGHT_IN, VARIANT_LINESTYLES, figure_width, finish,
+                      new_figure, panel_legend, picked_note, plain_log, runs_note, spread)
 from .rows import fetch
 
 def stream_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
@@ -31,7 +31,8 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
         raise MissingData(f"experiment {experiment!r} has no ok runs at several stream counts "
                           "(sweeps/streams.yaml measures 1/2/4/8)")
     # A column per batch measured at several stream counts: one point per line says nothing here.
-    batches = sorted({b for (_, b, _), streams in counts.items() if len(streams) > 1})
+    every_batch = sorted({b for (_, b, _), streams in counts.items() if len(streams) > 1})
+    batches = spread(every_batch, MAX_COLUMNS)
     memories = sorted({m for _, _, m in counts}, key=_memory_order)
     variants = sorted({v for v, _, _ in counts})
     fig, axes = new_figure(2, len(batches), figure_width(len(batches)), 2 * PANEL_HEIGHT_IN + 1.0, sharex=True)
@@ -49,7 +50,7 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
     note = ("Forward: first host-to-device copy start to last device-to-host copy end, median over the timed passes. "
             "Overlap: the share of copy time hidden under kernels (nsys; none without it)."
             + (" Where a cell has several runs (tunable settings, chunk sizes), the fastest is shown."
-               if several else ""))
+               if several else "") + picked_note(len(batches), len(every_batch), "batches at several stream counts"))
     return finish(fig, f"Forward time and overlap against streams: {experiment}",
                   f"{provenance(rows)} {runs_note(rows, experiment)} {note}")
 

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..reading import Ceilings, MissingData, provenance
-from .drawing import (LEGEND_WIDTH_IN, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure, plain_log, runs_note,
-                      side_legend, variant_colors)
+from .drawing import (LEGEND_WIDTH_IN, MAX_COLUMNS, MAX_ROWS, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure,
+                      picked_note, plain_log, runs_note, side_legend, spread, variant_colors)
 from ..axes import series_suffix
 
 LABELLED_SETTINGS_MAX = 24  # a tuning panel names each setting up to this many, else ranks only
@@ -20,8 +20,10 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
     if not panels:
         raise MissingData(f"experiment {experiment!r} has no tunable grid: every variant ran at one setting "
                           "(sweeps/tuning.yaml sweeps some)")
-    layers = sorted({(i, layer) for i, layer, _ in panels})
-    batches = sorted({b for *_, b in panels})
+    every_layer, every_batch = sorted({(i, layer) for i, layer, _ in panels}), sorted({b for *_, b in panels})
+    layers, batches = spread(every_layer, MAX_ROWS), spread(every_batch, MAX_COLUMNS)
+    panels = {(i, layer, b): settings for (i, layer, b), settings in panels.items()
+              if (i, layer) in layers and b in batches}
     every = [s for settings in panels.values() for s in settings.values()]
     colors = variant_colors(s["variant"] for s in every)
     names = tunable_names(every)
@@ -38,7 +40,9 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
     _legend(fig, colors, names)
     note = ("Each setting's op time (the fastest of its ok runs), ranked from the fastest; settings that were "
             "incorrect or failed have no time and are counted in each panel's title. A setting is named by "
-            "its values, in the order its variant's tunables have in the legend.")
+            "its values, in the order its variant's tunables have in the legend."
+            + picked_note(len(layers), len(every_layer), "conv layers with a grid")
+            + picked_note(len(batches), len(every_batch), "batches with a grid"))
     return finish(fig, f"Tuning landscape: op time per setting: {experiment}",
                   f"{provenance(rows)} {runs_note(rows, experiment)} {note}")
 
