@@ -1,4 +1,5 @@
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,19 @@ def _gpu_turn(request):
         return
     with gpu_turn(Path(directory), alone=request.node.get_closest_marker("alone") is not None):
         yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The skips, one line per reason with how many it covers (`-ra` printed one per test file and line: 211
+    lines of the same GPU reason on a machine without one)."""
+    reasons = Counter(_skip_reason(report) for report in terminalreporter.stats.get("skipped", []))
+    if reasons:
+        terminalreporter.section("skipped, by reason")
+        for reason, count in reasons.most_common():
+            terminalreporter.line(f"{count:5d}  {reason}")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return text.removeprefix("Skipped: ")
