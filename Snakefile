@@ -6,14 +6,16 @@ import sys
 from snakemake.utils import min_version, validate
 
 sys.path.insert(0, workflow.basedir)  # plan with this checkout's convsweep, whatever is installed
+from convsweep.outcome import shorten_failures
 from convsweep.plan import SweepPlan
 
 min_version("8.0")
 
 
 # `--configfile sweeps/x.yaml` runs that sweep alone; experiments.yaml is the default, not a base.
+# A missing, empty or unreadable one is convsweep's one line, before Snakemake's loader (which YAML aliases can stall).
 if not workflow.overwrite_configfiles:
-    SweepPlan.check_configfile("experiments.yaml")  # before Snakemake's loader, which YAML aliases can stall
+    SweepPlan.check_configfile("experiments.yaml")
 
     configfile: "experiments.yaml"
 
@@ -21,11 +23,15 @@ if not workflow.overwrite_configfiles:
 # convsweep's check first: it stops at a bad key with one line (file: key.path: what was expected);
 # Snakemake's validate then applies the same schema and defaults: workflow/schemas/experiments.schema.yaml
 # with the axes of convsweep/axes.py added, written to a file.
-plan = SweepPlan.for_snakefile(config, workflow.configfiles, checkout=workflow.basedir)
+# The plan reads `workflow` for where the jobs run: a machine without a GPU leaves the GPU jobs out, and says
+# so before any job runs (SweepPlan.left_out).
+plan = SweepPlan.for_snakefile(config, workflow.configfiles, checkout=workflow.basedir, workflow=workflow)
 validate(config, plan.schema_file)
 RESULTS = plan.results_dir
 # Every rule's `convsweep` is this checkout's (a shell function: see SweepPlan.shell_prefix).
 shell.prefix(plan.shell_prefix(workflow.deployment_settings.deployment_method))
+# A job that fails is two lines of the terminal, its id and why, and its log (convsweep.outcome.BriefFailures).
+shorten_failures(workflow)
 
 
 wildcard_constraints:
@@ -35,15 +41,17 @@ wildcard_constraints:
 
 
 # A database that cannot take the results stops the sweep before any job runs; then each job's spec
-# is written to the file its command names.
+# is written to the file its command names, and each experiment's record of the jobs left out.
 onstart:
     plan.check_store()
     plan.write_specs()
+    plan.write_not_run()
 
 
 # Whatever happened, the terminal ends with what the sweep stored and what did not finish, and why
 # (convsweep.outcome); the results of the jobs that finished are stored even when others failed.
 # Only the experiments asked for: `snakemake results/E/summary.md` leaves the others' files alone.
+# Jobs left out by the machine end the sweep with status 1, as a failed job would.
 onsuccess:
     plan.finish(workflow.dag_settings.targets)
 
@@ -60,8 +68,8 @@ include: "workflow/rules/report.smk"
 
 
 # Each experiment's ingest record, summary and report, and any result file missing since it was
-# ingested (SweepPlan.targets says why).
+# ingested (SweepPlan.targets says why). A function: where the jobs run is known once Snakemake runs it.
 rule all:
     input:
-        plan.targets(),
+        lambda w: plan.targets(),
     default_target: True

@@ -6,10 +6,14 @@ First, where an experiment's ingest could not run (one of its jobs failed, so Sn
 it), the results of the jobs that did finish are stored here, and its report is written over them
 (the make_report rule's command): no finished job waits for another, and `snakemake --report` finds
 every file it lists.
+
+Also here: the record of the jobs a machine left out of a sweep (NotRun, `not-run.json`), and what a job
+that fails says on the terminal while the sweep runs (BriefFailures): a line with its id and why, and its log.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -26,6 +30,7 @@ PREFIX = "convsweep: "  # how a job's one-line failure starts (cli.main)
 # A reason is cut here so the table stays about a terminal wide; the log, or `convsweep query
 # failures`, has all of it.
 REASON_CHARS = 80
+MORE_REASON_CHARS = 40  # a reason as a `more on` line names it, where several reasons have files
 # A job's last words are at the end of its log; a long log (a compiler's output, say) is read from here.
 LOG_TAIL_BYTES = 64 * 1024
 # A stored setting's statuses in the order the counts name them; suspect (its times cannot be trusted: the
@@ -36,8 +41,14 @@ NAMED_AT_ZERO = ("ok", "failed", "incorrect")
 PROBLEMS = ("suspect", "failed", "incorrect")  # statuses whose settings are rows of the table, with their reason
 # Rows in the order a reader acts on them: what to rerun first, then what was stored as a result.
 WHAT_ORDER = ("did not finish", "not stored", "report not made", "failed", "incorrect", "suspect",
-              "profile did not finish", "profile skipped", "winners not confirmed")
+              "profile did not finish", "profile skipped", "winners not confirmed",
+              "not run", "profile not run", "winners not run")
 UNFINISHED = {"run": "did not finish", "profile": "profile did not finish", "winners": "winners not confirmed"}
+NOT_RUN = {"run": "not run", "profile": "profile not run", "winners": "winners not run"}  # left out by the machine
+NOT_RUN_FORMAT = "not-run-1"
+# `CONVSWEEP_GPU_JOBS=run snakemake` runs the GPU jobs even on a machine that shows no GPU (convsweep.plan): each
+# compiles its kernels, stores a kernel that does not compile as failed, and stops where it needs the GPU.
+GPU_JOBS_ENV = "CONVSWEEP_GPU_JOBS"
 LATEST_RUNS = "SELECT job_id, status, error, checks FROM latest_run WHERE experiment = :experiment"
 
 
@@ -49,6 +60,7 @@ class JobFiles:
     result: Path
     log: Path
     kind: str = "run"  # run (run_job), profile (profile_kernels: Nsight Compute) or winners (confirm_winners)
+    not_run: str | None = None  # why this machine left it out of the sweep (NotRun), else None: it was asked for
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class ExperimentFiles:
     reports: list[Path]
     report_log: Path
     report_command: list[str] = field(default_factory=list)  # make_report's, as arguments: no shell
+    not_run_file: Path | None = None  # NotRun's file, where jobs were left out
 
 
 @dataclass
@@ -75,9 +88,40 @@ class Outcome:
     statuses: Counter = field(default_factory=Counter)
     problems: Counter = field(default_factory=Counter)
     fast_checks: int = 0  # settings measured with `checks: fast` (no caching test)
-    where: list[Path] = field(default_factory=list)  # the logs of the jobs that did not finish, the files not stored
+    # Per problem, where to read more: the logs of jobs that did not finish, the files not stored, the not-run record
+    where: dict[tuple, list[Path]] = field(default_factory=dict)
+    retry: bool = False  # some job did not finish that `snakemake` again would run (not one the machine left out)
     report: Path | None = None  # the report, when it is up to date
     partial: bool = False  # the report is over the jobs that finished, written at the end of the sweep
+
+
+@dataclass(frozen=True)
+class NotRun:
+    """The jobs of an experiment that this machine left out of the sweep, and why (`results/<experiment>/not-run.json`,
+    written before any job runs): the end-of-sweep table and the report say they were not run. No file: every job
+    was asked for. `jobs` holds (kind, id) pairs, kind as JobFiles has it (run, profile or winners)."""
+
+    reason: str
+    jobs: tuple[tuple[str, str], ...]
+
+    def write(self, path: Path) -> None:
+        from .fileio import write_json_atomic
+
+        write_json_atomic(path, {"format": NOT_RUN_FORMAT, "reason": self.reason,
+                                 "jobs": [{"kind": kind, "id": job_id} for kind, job_id in self.jobs]})
+
+    @classmethod
+    def read(cls, path: Path) -> "NotRun | None":
+        """The record at `path`; None where there is none. A file of another format raises ConvsweepError."""
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise ConvsweepError(f"{path}: cannot read it ({e})") from None
+        if not isinstance(data, dict) or data.get("format") != NOT_RUN_FORMAT:
+            raise ConvsweepError(f"{path}: expected a {NOT_RUN_FORMAT} record of the jobs not run")
+        return cls(data["reason"], tuple((job["kind"], job["id"]) for job in data["jobs"]))
 
 
 def last_reason(log: Path) -> str | None:
@@ -163,15 +207,24 @@ def collect(url: str, experiment: ExperimentFiles, not_stored: dict[Path, str]) 
                     outcome.problems[("setting", row["status"], _cut(row["error"] or "no reason stored"))] += 1
     for job in experiment.jobs:
         if job.result in not_stored:
-            outcome.problems[("job", "not stored", _cut(not_stored[job.result].removeprefix(f"{job.result}: ")))] += 1
-            outcome.where.append(job.result)
+            key = ("job", "not stored", _cut(not_stored[job.result].removeprefix(f"{job.result}: ")))
+            outcome.problems[key] += 1
+            outcome.where.setdefault(key, []).append(job.result)
+        elif not job.result.exists() and job.not_run is not None:
+            key = ("job", NOT_RUN[job.kind], _cut(job.not_run))
+            outcome.problems[key] += 1
+            if experiment.not_run_file is not None:
+                outcome.where[key] = [experiment.not_run_file]
         elif not job.result.exists():
+            outcome.retry |= job.kind == "run"
             if not job.log.exists():
                 why = "waits for its cell's jobs" if job.kind == "winners" else "not started"
+                key = ("job", UNFINISHED[job.kind], why)
             else:
-                why = _cut(last_reason(job.log) or "stopped without a `convsweep:` line: see its log")
-                outcome.where.append(job.log)
-            outcome.problems[("job", UNFINISHED[job.kind], why)] += 1
+                key = ("job", UNFINISHED[job.kind],
+                       _cut(last_reason(job.log) or "stopped without a `convsweep:` line: see its log"))
+                outcome.where.setdefault(key, []).append(job.log)
+            outcome.problems[key] += 1
         elif job.kind == "profile" and (skipped := _profile_skipped(job.result)):
             outcome.problems[("job", "profile skipped", _cut(skipped))] += 1
     results = [job.result for job in experiment.jobs]
@@ -221,27 +274,44 @@ def render(outcome: Outcome) -> str:
     rows = [[f"{n} {unit}{'s' * (n != 1)}", what, why] for (unit, what, why), n in
             sorted(outcome.problems.items(), key=lambda item: (WHAT_ORDER.index(item[0][1]), -item[1]))]
     table = tabulate(rows, headers=["count", "what", "why"], tablefmt="simple")
-    more = []
-    if outcome.where:
-        more.append(str(outcome.where[0]) + (f" (and {len(outcome.where) - 1} more in {outcome.where[0].parent})"
-                                             if len(outcome.where) > 1 else ""))
-    if any(what in PROBLEMS for _, what, _ in outcome.problems):
-        more.append("`convsweep query failures`")
-    lines = [head, *("  " + line for line in table.splitlines())]
-    if more:
-        lines.append(f"  more: {'; '.join(more)}")
+    lines = [head, *("  " + line for line in table.splitlines()), *_more(outcome)]
     if outcome.report and outcome.partial:
         over = (f"over the {outcome.finished} job{'s' * (outcome.finished != 1)} that finished" if outcome.finished
                 else "saying nothing is stored yet")
         lines.append(f"  report {over}: {outcome.report}")
-    if outcome.finished < outcome.jobs:
+    if outcome.retry:
         lines.append("  `snakemake` again retries what did not finish; `convsweep query summary` shows what is stored")
     return "\n".join(lines)
 
 
-def finish_sweep(url: str, experiments: list[ExperimentFiles], out: TextIO | None = None) -> None:
-    """Store what finished where ingest did not run, then print each experiment's outcome. A database or
-    a folder that cannot be read is one line for its experiment, never a traceback in Snakemake's hook."""
+def _more(outcome: Outcome) -> list[str]:
+    """Where to read more, for each reason that has a file: a log of a job that stopped for that reason (the
+    first, and how many more), the result not stored, or the record of the jobs not run. A `more:` line alone
+    where the reasons' files are one; else a line per reason, naming it."""
+    keys = sorted(outcome.where, key=lambda k: (WHAT_ORDER.index(k[1]), -outcome.problems[k]))
+    said: dict[str, tuple] = {}  # what to read -> the first reason it is for
+    for key in keys:
+        files = outcome.where[key]
+        more = f" (and {len(files) - 1} more in {files[0].parent})" if len(files) > 1 else ""
+        said.setdefault(f"{files[0]}{more}", key)
+    failures = "`convsweep query failures`" if any(what in PROBLEMS for _, what, _ in outcome.problems) else None
+    if len(said) <= 1:
+        more = "; ".join(filter(None, [*said, failures]))
+        return [f"  more: {more}"] if more else []
+    lines = [f"  more on {what}, {_cut_to(why, MORE_REASON_CHARS)}: {files}" for files, (_, what, why) in said.items()]
+    return lines + ([f"  more: {failures}"] if failures else [])
+
+
+def _cut_to(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars - 1].rstrip() + "…"
+
+
+def finish_sweep(url: str, experiments: list[ExperimentFiles], out: TextIO | None = None,
+                 cpu_sweep: str = "snakemake --configfile sweeps/cpu.yaml") -> int:
+    """Store what finished where ingest did not run, then print each experiment's outcome, and where the machine
+    left jobs out, a line saying how many and what runs them (`cpu_sweep`: the command of the CPU sweep). A
+    database or a folder that cannot be read is one line for its experiment, never a traceback in Snakemake's
+    hook. Returns how many jobs were left out and have no result."""
     out = out or sys.stderr
     blocks = []
     for experiment in experiments:
@@ -253,4 +323,94 @@ def finish_sweep(url: str, experiments: list[ExperimentFiles], out: TextIO | Non
             blocks.append(f"{PREFIX}{experiment.name}: cannot tell what was stored: {e}")
         except OSError as e:  # a results folder it may not read, say
             blocks.append(f"{PREFIX}{experiment.name}: cannot tell what was stored: {e.strerror or e} ({e.filename})")
+    not_run = sum(1 for e in experiments for job in e.jobs if job.not_run and not job.result.exists())
+    if not_run:
+        blocks.append(f"{PREFIX}{_count(not_run, 'job')} {'was' if not_run == 1 else 'were'} not run: `snakemake` on a "
+                      f"machine with an NVIDIA GPU runs {'it' if not_run == 1 else 'them'}; `{cpu_sweep}` runs the CPU "
+                      "sweep alone")
     print("\n".join(blocks), file=out, flush=True)
+    return not_run
+
+
+class BriefFailures(logging.Formatter):
+    """Snakemake's terminal, shortened for a sweep (the formatter of its console handler, and a filter on it):
+    a job that fails is two lines, its id (experiment/log name) with why it stopped (its log's last `convsweep:`
+    line) and its log, instead of Snakemake's block and the exception before it, which each print its whole
+    command; the banner that names the host and Snakemake's version is left out. Snakemake's log file under
+    .snakemake/log/ keeps all of it. Any other record is formatted by `formatter`, Snakemake's own."""
+
+    def __init__(self, formatter: logging.Formatter):
+        super().__init__()
+        self.snakemakes = formatter
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        event = str(getattr(record, "event", "") or "")
+        if event == "workflow_started":
+            return False
+        # A job's command that exited non-zero: its block (below) says what the terminal needs.
+        return not (event == "error" and getattr(record, "exception", None) == "RuleException"
+                    and "CalledProcessError" in str(record.msg))
+
+    def format(self, record: logging.LogRecord) -> str:
+        if str(getattr(record, "event", "") or "") == "job_error" and (said := failed_job(getattr(record, "log", ()))):
+            return said
+        return self.snakemakes.format(record)
+
+
+def failed_job(logs) -> str | None:
+    """A failed job in two lines: `convsweep: failed: <experiment>/<log name>: <why>` and its log. None for a
+    job without a log (Snakemake's block says what it has)."""
+    if not logs:
+        return None
+    log = Path(str(logs[0]))
+    why = _cut(last_reason(log) or "stopped without a `convsweep:` line: see its log")
+    return f"{PREFIX}failed: {log.parent.parent.name}/{log.stem}: {why}\n  log: {log}"
+
+
+def shorten_failures(workflow) -> None:
+    """Make Snakemake's console handler a BriefFailures one, unless --verbose, --printshellcmds or --show-failed-logs
+    asks for Snakemake's own blocks. Its log file keeps everything, and a logger plugin's output is its own;
+    Snakemake 8, which has no logger manager, prints as it does."""
+    settings = getattr(workflow, "output_settings", None)
+    manager = getattr(workflow, "logger_manager", None)
+    if manager is None or settings is None or settings.verbose or settings.printshellcmds or settings.show_failed_logs:
+        return
+    for handler in manager.logger.handlers:
+        if handler.name == "DefaultStreamHandler" and not isinstance(handler.formatter, (BriefFailures, type(None))):
+            brief = BriefFailures(handler.formatter)
+            handler.setFormatter(brief)
+            handler.addFilter(brief)
+
+
+def machine_block(machine, cpu_jobs: int, gpu_jobs: int, left_out: bool, profilers: set[str], ncu: set[str],
+                  cpu_sweep: str) -> str:
+    """The block a sweep starts with: what this machine has (a provenance.Machine) and so what the sweep does with
+    its `cpu_jobs` and `gpu_jobs` (runs, profiles and confirmations that need a GPU); `profilers` and `ncu` are
+    what its GPU jobs ask for, which a machine without nsys or ncu changes (job.run_job, convsweep.ncu)."""
+    lines = [f"{PREFIX}{'' if machine.no_gpu else 'this machine: '}{machine.describe()}"]
+    if left_out:
+        lines += [f"  so this sweep runs its {_count(cpu_jobs, 'job')} on the CPU and leaves out the {gpu_jobs} that "
+                  f"need{'s' * (gpu_jobs == 1)} a GPU; its end says what was not run, and `snakemake` exits 1",
+                  f"  `{cpu_sweep}` runs the CPU sweep alone; `snakemake` on a machine with an NVIDIA GPU runs "
+                  "the rest"]
+    elif not gpu_jobs:
+        lines.append(f"  so this sweep runs its {_count(cpu_jobs, 'job')}, all on the CPU")
+    elif machine.no_gpu:
+        lines.append(f"  {GPU_JOBS_ENV}=run: this sweep runs its {_count(gpu_jobs, 'GPU job')} anyway; each stops "
+                     "where it needs the GPU")
+    else:
+        notes = []
+        if not machine.nsys and profilers & {"auto", "nsys"}:
+            notes.append("without nsys, " + " and ".join(
+                said for asked, said in (("auto", "profiler: auto jobs are timed with CUDA events"),
+                                         ("nsys", "profiler: nsys jobs stop")) if asked in profilers))
+        if not machine.ncu and ncu:
+            notes.append("without ncu, " + " and ".join(
+                said for asked, said in (("auto", "ncu: auto profiles are skipped"), ("true", "ncu: true ones stop"))
+                if asked in ncu))
+        lines.append("  so this sweep runs all of its jobs" + "".join(f"; {note}" for note in notes))
+    return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"

@@ -24,11 +24,16 @@ from typing import TYPE_CHECKING
 from .compile import LAYERS_SOURCE, kernel_sources
 from .config import Config, JobSpec, expand_config, validate
 from .errors import ConvsweepError
+from .outcome import GPU_JOBS_ENV
 from .paths import ROOT, check_same_checkout, resolve_network_path
 from .variants import get_variant
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
+
+    from .provenance import Machine
+
+CPU_SWEEP = ROOT / "sweeps" / "cpu.yaml"  # the sweep a machine without a GPU runs whole
 
 
 def release_scheduler_timer() -> None:
@@ -108,9 +113,13 @@ def _shown(path: Path) -> str:
 
 
 class SweepPlan:
-    def __init__(self, config: dict, config_path: str | Path = "experiments.yaml", checkout: str | Path | None = None):
+    def __init__(self, config: dict, config_path: str | Path = "experiments.yaml", checkout: str | Path | None = None,
+                 workflow=None, probe=None):
         if checkout is not None:  # the Snakefile's own directory: plan with its convsweep, or not at all
             check_same_checkout(checkout)
+        # Snakemake's workflow, for the Snakefile's plan: where its jobs run; and what asks what the machine has
+        # (provenance.probe_machine, or a test's stand-in): see left_out.
+        self._workflow, self._probe = workflow, probe
         self.config = Config(Path(config_path), validate(config, str(config_path)))
         # Expanded now, so a bad variant or tunable stops the workflow while it is parsed,
         # with one line, instead of inside some rule's input function.
@@ -121,12 +130,13 @@ class SweepPlan:
         self._new_stamp: int | None = None  # store_id's, for a store that has none yet: check_store writes it
 
     @classmethod
-    def for_snakefile(cls, config: dict, configfiles: list, checkout: str | Path) -> "SweepPlan":
+    def for_snakefile(cls, config: dict, configfiles: list, checkout: str | Path, workflow=None) -> "SweepPlan":
         """The plan the Snakefile runs. A config or checkout it cannot use stops Snakemake with one line:
         SystemExit, whose message Snakemake prints alone, where an exception would also get the lines of
         the Snakefile and convsweep it came through."""
         try:
-            return cls(config, configfiles[-1] if configfiles else "experiments.yaml", checkout=checkout)
+            return cls(config, configfiles[-1] if configfiles else "experiments.yaml", checkout=checkout,
+                       workflow=workflow)
         except ConvsweepError as e:
             raise SystemExit(f"convsweep: {e}") from None
 
@@ -134,15 +144,22 @@ class SweepPlan:
     def check_configfile(path: str | Path) -> None:
         """Read the default config file with convsweep's bounded loader before Snakemake's own reads it:
         Snakemake's update_config walks every repetition of a YAML alias, so a bomb of mappings would
-        stall it before the plan ever saw the config."""
+        stall it before the plan ever saw the config. A missing or empty file, or one that is not a
+        mapping, is convsweep's one line too, where Snakemake would name its own directive."""
         from .yamlio import read_yaml_file
 
-        if not Path(path).is_file():
-            return  # Snakemake says so itself
+        path = Path(path)
+        if not path.is_file():
+            raise SystemExit(f"convsweep: {path}: no such file in {Path.cwd()}: `snakemake` runs the {path} of "
+                             f"the directory it runs in, or the sweep `--configfile FILE` names")
         try:
-            read_yaml_file(Path(path))
+            data = read_yaml_file(path)
         except ConvsweepError as e:
             raise SystemExit(f"convsweep: {e}") from None
+        if not isinstance(data, dict):
+            got = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
+            raise SystemExit(f"convsweep: {path}: {got}: a sweep file names its experiments under `experiments:` "
+                             f"({_shown(CPU_SWEEP)} is one)")
 
     @staticmethod
     def shell_prefix(deployment_methods=()) -> str:
@@ -209,14 +226,18 @@ class SweepPlan:
         return self._by_id[(experiment, job_id)]
 
     def run_files(self, experiment: str) -> list[str]:
-        return [self.run_file(experiment, job_id) for job_id in self._job_ids(experiment)]
+        """The results ingest_results stores: every job's, less those this machine leaves out (left_out)."""
+        return [self.run_file(experiment, job_id) for job_id in self._job_ids(experiment)
+                if self.runs_here(experiment, job_id)]
 
     def run_file(self, experiment: str, job_id: str) -> str:
         return f"{self.results_dir}/{experiment}/runs/{job_id}.json"
 
     def profile_files(self, experiment: str) -> list[str]:
-        """The Nsight Compute profile of each GPU job of an experiment with `ncu: true` (none otherwise)."""
-        return [self.profile_file(experiment, job_id) for job_id in self._profiled_job_ids(experiment)]
+        """The Nsight Compute profile of each GPU job of an experiment with `ncu: true` or `auto` (none otherwise,
+        nor where this machine leaves the GPU jobs out)."""
+        return [] if self.left_out else [self.profile_file(experiment, job_id)
+                                         for job_id in self._profiled_job_ids(experiment)]
 
     def profile_file(self, experiment: str, job_id: str) -> str:
         return f"{self.results_dir}/{experiment}/ncu/{job_id}.json"
@@ -238,8 +259,8 @@ class SweepPlan:
         confirms winners (after runs/: a confirmation names stored runs). Folders
         rather than the files, so the command stays one line however many jobs there are."""
         return [f"{self.results_dir}/{experiment}/runs"] + (
-            [f"{self.results_dir}/{experiment}/ncu"] if self._profiled_job_ids(experiment) else []) + (
-            [f"{self.results_dir}/{experiment}/winners"] if self.winner_groups(experiment) else [])
+            [f"{self.results_dir}/{experiment}/ncu"] if self.profile_files(experiment) else []) + (
+            [f"{self.results_dir}/{experiment}/winners"] if self.winners_files(experiment) else [])
 
     @cached_property
     def _winner_groups(self) -> dict[str, dict[str, list[JobSpec]]]:
@@ -265,7 +286,9 @@ class SweepPlan:
         return f"{self.results_dir}/{experiment}/winners/{group}.json"
 
     def winners_files(self, experiment: str) -> list[str]:
-        return [self.winners_file(experiment, group) for group in self.winner_groups(experiment)]
+        """The confirm jobs' files ingest_results stores: none where this machine leaves the GPU jobs out."""
+        return [] if self.left_out else [self.winners_file(experiment, group)
+                                         for group in self.winner_groups(experiment)]
 
     def winners_inputs(self, experiment: str, group: str) -> list[str]:
         """A confirm job's inputs: the result files of its cell's jobs."""
@@ -305,15 +328,69 @@ class SweepPlan:
         missing from an experiment that was ingested before. Snakemake remakes a missing file only when
         a target needs it, never while the outputs made from it are up to date, so a deleted result would
         otherwise never be measured again, nor a failed ingest retried. Only the missing results are
-        named (a fresh sweep has none ingested), so the `all` job that Snakemake prints stays short."""
+        named (a fresh sweep has none ingested), so the `all` job that Snakemake prints stays short.
+        Where this machine leaves jobs out (left_out): an experiment with none left to run has no targets,
+        and left_out_flag is one (removed here, so each `snakemake` makes it again and ends with the table)."""
         targets = []
         for experiment in self.experiments:
+            if not self.run_files(experiment):
+                continue
             ingested = self.ingested_file(experiment)
             if os.path.exists(ingested):
                 targets += [f for f in self.run_files(experiment) + self.profile_files(experiment)
                             + self.winners_files(experiment) if not os.path.exists(f)]
             targets += [ingested, *self.report_files(experiment)]
+        if self.left_out:
+            Path(self.left_out_flag).unlink(missing_ok=True)
+            targets.append(self.left_out_flag)
         return targets
+
+    @property
+    def left_out_flag(self) -> str:
+        """What rule note_jobs_left_out makes: a file that stands in the DAG for the jobs left out."""
+        return f"{self.results_dir}/not-run.flag"
+
+    def runs_here(self, experiment: str, job_id: str) -> bool:
+        """Whether the sweep runs this job (run_job) on this machine: all do, but the GPU jobs where it has no GPU."""
+        return not self.left_out or not self.gpus(experiment, job_id)
+
+    @cached_property
+    def left_out(self) -> str | None:
+        """Why this sweep leaves its GPU jobs out (a job's words for this machine), or None: it runs them all.
+        Decided when Snakemake first asks for the jobs' files (its executor known), and said, before any job
+        runs, with what the machine has. None outside a sweep, in a job's own Snakemake, for a cluster's
+        executor (its nodes run the jobs) and where CONVSWEEP_GPU_JOBS=run asks for them."""
+        workflow = self._workflow
+        if workflow is None or workflow.remote_exec or workflow.subprocess_exec or not workflow.local_exec:
+            return None
+        from .gpu import count_devices
+        from .provenance import probe_machine
+
+        asked = os.environ.get(GPU_JOBS_ENV, "").strip()
+        if asked not in ("", "run"):
+            raise SystemExit(f"convsweep: {GPU_JOBS_ENV}={asked}: expected `run` (the GPU jobs run on a machine "
+                             f"that shows no GPU) or nothing")
+        machine = self._probe() if self._probe else probe_machine(count_devices)
+        left_out = machine.no_gpu if machine.no_gpu and asked != "run" and self._gpu_units() else None
+        quiet = {getattr(q, "name", q) for q in getattr(workflow.output_settings, "quiet", None) or ()}
+        if workflow.executor_plugin is not None and "ALL" not in quiet:  # a run or a dry run, not --quiet all
+            print(self.machine_block(machine, left_out), file=sys.stderr, flush=True)
+        return left_out
+
+    def _gpu_units(self) -> int:
+        """The sweep's jobs that need a GPU: its GPU cells' run jobs, profiles and confirmations."""
+        return (sum(1 for job in self.jobs if self.gpus(job.experiment, job.job_id))
+                + sum(len(self._profiled_job_ids(e)) + len(self.winner_groups(e)) for e in self.experiments))
+
+    def machine_block(self, machine: "Machine", left_out: str | None) -> str:
+        """What this machine has and what the sweep therefore does (convsweep.outcome.machine_block)."""
+        from .outcome import machine_block
+
+        gpu_jobs = [job for job in self.jobs if self.gpus(job.experiment, job.job_id)]
+        profilers = {job.profiler for job in gpu_jobs if job.timer == "events"}  # nsys times no graph replay
+        ncu = {self.ncu(e) for e in self.experiments if self._profiled_job_ids(e)}
+        return machine_block(machine, len(self.jobs) - len(gpu_jobs), self._gpu_units(), bool(left_out),
+                             profilers, ncu, f"snakemake --configfile {_shown(CPU_SWEEP)}")
 
     def spec_file(self, experiment: str, job_id: str) -> str:
         """The job's spec, which its command names (write_specs writes it before any job runs)."""
@@ -323,6 +400,33 @@ class SweepPlan:
         """The job spec a job command reads: `convsweep jobs --json`'s line less the settings, with the sweep."""
         job = self.job(experiment, job_id)
         return {**job.to_dict(), "sweep": job.sweep, "job_id": job.job_id}
+
+    def write_not_run(self) -> None:
+        """Called from onstart: each experiment's record of the jobs this machine leaves out (convsweep.outcome.NotRun),
+        which the end of the sweep and the report read; where none is left out, an old record is removed."""
+        from .outcome import NotRun
+
+        for experiment in self.experiments:
+            path = Path(self.not_run_file(experiment))
+            left = self._not_run(experiment)
+            try:
+                if left:
+                    NotRun(self.left_out, tuple(left)).write(path)
+                else:
+                    path.unlink(missing_ok=True)
+            except OSError as e:
+                raise SystemExit(f"convsweep: cannot write {path}: {e.strerror or e}") from None
+
+    def not_run_file(self, experiment: str) -> str:
+        return f"{self.results_dir}/{experiment}/not-run.json"
+
+    def _not_run(self, experiment: str) -> list[tuple[str, str]]:
+        """(kind, id) of each of the experiment's jobs this machine leaves out, as convsweep.outcome names kinds."""
+        if not self.left_out:
+            return []
+        return ([("run", job_id) for job_id in self._job_ids(experiment) if not self.runs_here(experiment, job_id)]
+                + [("profile", job_id) for job_id in self._profiled_job_ids(experiment)]
+                + [("winners", group) for group in self.winner_groups(experiment)])
 
     def write_specs(self) -> None:
         """Write every job's spec to its spec_file, so that a job's command is a short line naming a file
@@ -404,8 +508,11 @@ class SweepPlan:
         release_scheduler_timer()
         experiments = self.targeted_experiments(targets)
         self._forget_records_of_another_store(experiments)
-        finish_sweep(self.db_url, [self._experiment_files(e) for e in experiments])
+        not_run = finish_sweep(self.db_url, [self._experiment_files(e) for e in experiments],
+                               cpu_sweep=f"snakemake --configfile {_shown(CPU_SWEEP)}")
         skip_final_collection()
+        if not_run:  # what was asked did not all run: the status says so, as for a job that failed
+            raise SystemExit(1)
 
     def _forget_records_of_another_store(self, experiments: list[str]) -> None:
         """Remove the ingest records made before this sweep when its store was new (store_id): they were made
@@ -443,18 +550,23 @@ class SweepPlan:
         from .outcome import ExperimentFiles, JobFiles
 
         logs = Path(self.results_dir, experiment, "logs")
+        why = dict.fromkeys(self._not_run(experiment), self.left_out)
         return ExperimentFiles(
             name=experiment,
-            jobs=[JobFiles(job_id, Path(self.run_file(experiment, job_id)), logs / f"{job_id}.log")
+            jobs=[JobFiles(job_id, Path(self.run_file(experiment, job_id)), logs / f"{job_id}.log",
+                           not_run=why.get(("run", job_id)))
                   for job_id in self._job_ids(experiment)]
-            + [JobFiles(job_id, Path(self.profile_file(experiment, job_id)), logs / f"ncu-{job_id}.log", kind="profile")
+            + [JobFiles(job_id, Path(self.profile_file(experiment, job_id)), logs / f"ncu-{job_id}.log", kind="profile",
+                        not_run=why.get(("profile", job_id)))
                for job_id in self._profiled_job_ids(experiment)]
-            + [JobFiles(group, Path(self.winners_file(experiment, group)), logs / f"{group}.log", kind="winners")
+            + [JobFiles(group, Path(self.winners_file(experiment, group)), logs / f"{group}.log", kind="winners",
+                        not_run=why.get(("winners", group)))
                for group in self.winner_groups(experiment)],
             ingested=Path(self.ingested_file(experiment)),
             reports=[Path(f) for f in self.report_files(experiment)],
             report_log=logs / "report.log",
-            report_command=self.report_argv(experiment))
+            report_command=self.report_argv(experiment),
+            not_run_file=Path(self.not_run_file(experiment)) if why else None)
 
     def report_argv(self, experiment: str) -> list[str]:
         """make_report's command (workflow/rules/report.smk) as arguments, for a report over the jobs that

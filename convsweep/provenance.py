@@ -7,9 +7,13 @@ NVML comes from nvidia-ml-py (`pynvml`) and the driver's libnvidia-ml; where eit
 from __future__ import annotations
 
 import functools
+import os
 import platform
+import shutil
 import subprocess
+from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from importlib import metadata
 
 from .compile import nvrtc_version
@@ -220,3 +224,68 @@ def _nvml_uuid(cuda_uuid: str | None) -> str | None:
     if not cuda_uuid:
         return None
     return cuda_uuid if cuda_uuid.startswith(("GPU-", "MIG-")) else f"GPU-{cuda_uuid}"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What this machine offers a sweep's jobs: the GPUs CUDA sees (none: `no_gpu` says why, in the words a
+    job would stop with), the NVIDIA driver, and the profilers a job would find."""
+
+    devices: int  # CUDA devices visible to a job started here (CUDA_VISIBLE_DEVICES counts)
+    no_gpu: str | None
+    gpu_names: tuple[str, ...] = ()  # NVML's, one per GPU of the host; empty where NVML cannot tell
+    driver: str | None = None  # the NVIDIA driver's version (NVML)
+    nsys: str | None = None  # its version, or its path where the version cannot be read
+    ncu: str | None = None  # its path
+
+    def describe(self) -> str:
+        """One line: the GPUs and driver (or why there is none), nsys, ncu."""
+        if self.no_gpu:
+            gpu = self.no_gpu
+        else:
+            names = sorted(set(self.gpu_names))
+            counted = [f"{self.gpu_names.count(n)} x {n}" if self.gpu_names.count(n) > 1 else n for n in names]
+            gpu = ", ".join(counted) or f"{self.devices} CUDA device{'s' * (self.devices != 1)}"
+            if self.gpu_names and self.devices != len(self.gpu_names):
+                gpu += f" ({self.devices} visible to CUDA)"
+            gpu += f", driver {self.driver or 'unknown'}"
+        return f"{gpu}; nsys: {self.nsys or 'not found'}; ncu: {self.ncu or 'not found'}"
+
+
+def probe_machine(devices: Callable[[], int]) -> Machine:
+    """What this machine has, asked without a CUDA context (cuInit, NVML, PATH), so the Snakemake process that
+    asks never holds a GPU that a timed job wants. `devices`: gpu.count_devices (gpu sits above this module),
+    or a test's stand-in."""
+    from .errors import MachineError
+
+    try:
+        count, no_gpu = devices(), None
+    except MachineError as e:
+        count, no_gpu = 0, str(e)
+    names, driver = _nvml_view() if count else ((), None)
+    nsys = find_nsys()
+    # ncu.find_ncu's lookup: that module sits below this one (README's package table).
+    ncu = shutil.which(os.environ.get("NCU") or "ncu")
+    return Machine(count, no_gpu, names, driver, (nsys_version(nsys) or nsys) if nsys else None, ncu)
+
+
+def _nvml_view() -> tuple[tuple[str, ...], str | None]:
+    """NVML's names of this host's GPUs and the driver's version; ((), None) without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no nvidia-ml-py, or no driver library
+        return (), None
+    try:
+        names = tuple(_text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                      for i in range(pynvml.nvmlDeviceGetCount()))
+        return names, _text(pynvml.nvmlSystemGetDriverVersion())
+    except pynvml.NVMLError:
+        return (), None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

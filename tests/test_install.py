@@ -53,13 +53,14 @@ def test_a_snakefile_plans_and_runs_its_own_checkout(tmp_path):
     (work / "experiments.yaml").write_text(yaml.safe_dump({"experiments": {"e": {
         "network": "networks/lenet86.yaml", "variants": ["reference", "naive"], "batches": [8], "repeats": 1,
         "warmup": 0, "profiler": "events"}}}))
+    env = {**os.environ, "CONVSWEEP_GPU_JOBS": "run"}  # planned and run as on a GPU machine, without one too
     plan = subprocess.run([SNAKEMAKE, "--snakefile", str(clone / "Snakefile"), "--directory", str(work), "-n",
-                           "--cores", "1"], capture_output=True, text=True, timeout=300)
+                           "--cores", "1"], capture_output=True, text=True, timeout=300, env=env)
     out = plan.stdout + plan.stderr
     assert plan.returncode == 0, out[-3000:]
     assert f"{clone}/kernels/naive.cu" in out and f"{ROOT}/kernels/" not in out
     run = subprocess.run([SNAKEMAKE, "--snakefile", str(clone / "Snakefile"), "--directory", str(work), "--cores", "1",
-                          "--until", "ingest_results"], capture_output=True, text=True, timeout=600)
+                          "--until", "ingest_results"], capture_output=True, text=True, timeout=600, env=env)
     results = [json.loads(p.read_text()) for p in (work / "results" / "e" / "runs").glob("*.json")]
     ran = sorted(r["job"]["variants"]["conv1"] for r in results)
     if ran == ["reference"]:  # a machine without a GPU: the naive job got as far as opening one, in the clone's code

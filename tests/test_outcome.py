@@ -2,14 +2,18 @@
 import dataclasses
 import io
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, text
 from store_fixtures import integrity_results, make_result, write_results
 
-from convsweep.outcome import REASON_CHARS, ExperimentFiles, JobFiles, finish_sweep, last_reason
+from convsweep.errors import ConvsweepError
+from convsweep.outcome import (REASON_CHARS, BriefFailures, ExperimentFiles, JobFiles, NotRun, finish_sweep,
+                               last_reason)
 from convsweep.store import ingest_files, open_store
 
 NO_GPU = "no NVIDIA GPU or driver on this machine (cuInit: CUDA_ERROR_NO_DEVICE)"
@@ -204,3 +208,83 @@ def test_a_confirmation_that_waits_for_its_cell_or_failed_is_a_row_of_its_own(tm
     assert [" ".join(line.split()) for line in lines[3:6]] == [f"1 job did not finish {NO_GPU}",
                                                               "1 job winners not confirmed waits for its cell's jobs",
                                                               f"1 job winners not confirmed {NO_GPU}"]
+
+
+def test_each_reason_points_at_a_log_of_a_job_that_stopped_for_it(tmp_path, db_url):
+    """Two reasons, each with its logs: a `more` line per reason names one of its own jobs' logs (the table used to
+    name the first log of all, whatever its reason)."""
+    nsys = "profiler: nsys asked for but nsys is not on PATH or $NSYS"
+    experiment = experiment_files(tmp_path / "results", [], {"a-b100-x": f"convsweep: {nsys}\n",
+                                                             "b-b100-x": f"convsweep: {NO_GPU}\n",
+                                                             "c-b100-x": f"convsweep: {NO_GPU}\n"})
+    lines = said(db_url, experiment).splitlines()
+    logs = tmp_path / "results" / "e" / "logs"
+    assert [" ".join(line.split()) for line in lines[3:5]] == [f"2 jobs did not finish {NO_GPU}",
+                                                              f"1 job did not finish {nsys}"]
+    assert lines[5:7] == [f"  more on did not finish, no NVIDIA GPU or driver on this machine…: "
+                          f"{logs / 'b-b100-x.log'} (and 1 more in {logs})",
+                          f"  more on did not finish, profiler: nsys asked for but nsys is no…: "
+                          f"{logs / 'a-b100-x.log'}"]
+
+
+def test_jobs_the_machine_left_out_are_rows_with_their_record_and_the_sweep_says_what_runs_them(tmp_path, db_url):
+    finished = [make_result("reference", 100, experiment="e")]
+    experiment = experiment_files(tmp_path / "results", finished, {"naive-b100-x": None})
+    record = tmp_path / "results" / "e" / "not-run.json"
+    NotRun(NO_GPU, (("run", "naive-b100-x"), ("profile", "naive-b100-x"))).write(record)
+    assert NotRun.read(record) == NotRun(NO_GPU, (("run", "naive-b100-x"), ("profile", "naive-b100-x")))
+    logs = tmp_path / "results" / "e" / "logs"
+    experiment = dataclasses.replace(
+        experiment, not_run_file=record,
+        jobs=[dataclasses.replace(experiment.jobs[0]),
+              dataclasses.replace(experiment.jobs[1], not_run=NO_GPU),
+              JobFiles("naive-b100-x", tmp_path / "results" / "e" / "ncu" / "naive-b100-x.json",
+                       logs / "ncu-naive-b100-x.log", kind="profile", not_run=NO_GPU)])
+    out = io.StringIO()
+    assert finish_sweep(db_url, [experiment], out=out, cpu_sweep="snakemake --configfile sweeps/cpu.yaml") == 2
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "convsweep: e: 1 of 2 jobs finished; settings stored: 1 ok, 0 failed, 0 incorrect"
+    assert [" ".join(line.split()) for line in lines[3:5]] == [f"1 job not run {NO_GPU}",
+                                                              f"1 job profile not run {NO_GPU}"]
+    assert lines[5] == f"  more: {record}"
+    assert not any("retries" in line for line in lines)  # `snakemake` again here would not run them
+    assert lines[-1] == ("convsweep: 2 jobs were not run: `snakemake` on a machine with an NVIDIA GPU runs them; "
+                         "`snakemake --configfile sweeps/cpu.yaml` runs the CPU sweep alone")
+    record.write_text('{"format": "something-else"}')
+    with pytest.raises(ConvsweepError, match="not-run.json: expected a not-run-1 record"):
+        NotRun.read(record)
+    assert NotRun.read(tmp_path / "none.json") is None
+
+
+class SnakemakesFormatter(logging.Formatter):
+    def format(self, record):
+        return f"snakemake's: {record.getMessage()}"
+
+
+def record(msg: str, **extra) -> logging.LogRecord:
+    made = logging.LogRecord("snakemake.logging", logging.ERROR, __file__, 1, msg, None, None)
+    made.__dict__.update(extra)
+    return made
+
+
+def test_a_failed_job_is_two_lines_on_snakemakes_terminal(tmp_path):
+    """BriefFailures, as Snakemake's console handler uses it: a job's error block becomes its id, why and log; the
+    exception before it (the command, again) and the host banner are left out; anything else is Snakemake's."""
+    log = tmp_path / "results" / "lenet86" / "logs" / "naive-b100-s1-pageable-0123456789.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(f"naive-b100: 1 of 1 valid settings\nconvsweep: {NO_GPU}\n")
+    brief = BriefFailures(SnakemakesFormatter())
+    error = record("Error in rule run_job, jobid: 4", event="job_error", log=[str(log)], shellcmd="convsweep ...")
+    assert brief.filter(error) and brief.format(error) == (
+        f"convsweep: failed: lenet86/naive-b100-s1-pageable-0123456789: {NO_GPU}\n  log: {log}")
+    killed = record("Error in rule run_job, jobid: 5", event="job_error", log=[str(tmp_path / "gone.log")])
+    assert brief.format(killed).startswith("convsweep: failed: ") and "stopped without a `convsweep:` line" in \
+        brief.format(killed)
+    command = record("RuleException:\nCalledProcessError in file infer.smk, line 24:\nCommand 'set -euo ...' "
+                     "returned non-zero exit status 2.", event="error", exception="RuleException")
+    assert not brief.filter(command) and not brief.filter(record("Workflow has started!", event="workflow_started"))
+    other = record("WorkflowError:\nAt least one job did not complete successfully.", event="error",
+                   exception="WorkflowError")
+    assert brief.filter(other) and brief.format(other) == f"snakemake's: {other.getMessage()}"
+    no_log = record("Error in rule all, jobid: 0", event="job_error", log=[])
+    assert brief.format(no_log) == "snakemake's: Error in rule all, jobid: 0"

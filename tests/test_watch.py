@@ -124,7 +124,8 @@ def processes_in(checkout: Path) -> list[str]:
 def test_watch_re_measures_a_save_compares_it_and_stops_cleanly(tmp_path):
     checkout = setup_checkout(tmp_path)
     env = {**os.environ, "CONVSWEEP_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(checkout),
-           "CONVSWEEP_PROGRESS": "0"}
+           "CONVSWEEP_PROGRESS": "0",
+           "CONVSWEEP_GPU_JOBS": "run"}  # its jobs fail without a GPU, as jobs, which is what it checks
     env.pop("CONVSWEEP_DB", None)
     first = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "sweep.yaml"],
                            cwd=checkout, env=env, capture_output=True, text=True, timeout=600)

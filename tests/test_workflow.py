@@ -1,7 +1,9 @@
 """A real Snakemake sweep on the CPU (the reference variant), into SQLite and PostgreSQL.
 
-A job the machine cannot run (no GPU: the naive jobs here, with every GPU hidden) fails and writes
-nothing: the sweep goes on, stores and tells what finished, and the next `snakemake` runs it again.
+A machine without a GPU (every GPU hidden here) leaves the GPU jobs out of the sweep and says so first.
+Asked to run them anyway (CONVSWEEP_GPU_JOBS=run), a job the machine cannot run (the naive jobs here)
+fails and writes nothing: the sweep goes on, stores and tells what finished, and the next `snakemake`
+runs it again.
 """
 import json
 import os
@@ -22,10 +24,13 @@ from checkout_copy import copy_checkout
 from convsweep.errors import ConvsweepError
 from convsweep.outcome import REASON_CHARS
 from convsweep.paths import ROOT
-from convsweep.plan import SweepPlan, release_scheduler_timer
+from convsweep.plan import GPU_JOBS_ENV, SweepPlan, release_scheduler_timer
 
 SNAKEMAKE = shutil.which("snakemake")
 pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
+# The GPU jobs run whatever the machine has: those of kernels that do not compile finish anywhere, the others
+# fail where there is no GPU, as the tests of failures, edits and plans want.
+EVERY_JOB = {**os.environ, GPU_JOBS_ENV: "run"}
 
 
 def sweep_config(url: str, variants=("reference", "naive")) -> dict:
@@ -65,13 +70,19 @@ def runs(url: str) -> list:
 
 
 def check_sweep(tmp_path: Path, config_db_url: str, env: dict):
-    # No GPU to be seen, on any machine: the naive jobs cannot run, which the sweep must survive and tell.
-    env = {**env, "CUDA_VISIBLE_DEVICES": ""}
+    # No GPU to be seen, on any machine, and the GPU jobs asked for: the naive jobs cannot run, which the sweep
+    # must survive and tell, each in two lines (Snakemake's own block, and its command, in its log file alone).
+    env = {**env, "CUDA_VISIBLE_DEVICES": "", GPU_JOBS_ENV: "run"}
     (tmp_path / "experiments.yaml").write_text(yaml.safe_dump(sweep_config(config_db_url)))
     url = env.get("CONVSWEEP_DB", config_db_url)
     exp_dir = tmp_path / "results" / "cpu-sweep"
     first = snakemake(tmp_path, env=env)
-    assert first.returncode != 0 and "Error in rule run_job" in first.stderr, first.stderr[-3000:]
+    failed = re.findall(r"^convsweep: failed: cpu-sweep/(naive-b\d+)-\S+: no NVIDIA GPU or driver on this machine .*\n"
+                        r"  log: (results/cpu-sweep/logs/naive-\S+\.log)$", first.stderr, re.M)
+    assert first.returncode != 0, first.stderr[-3000:]
+    assert sorted(job for job, _ in failed) == ["naive-b16", "naive-b64"], first.stderr[-3000:]
+    assert "Error in rule" not in first.stderr and "convsweep run-job" not in first.stderr, first.stderr[-3000:]
+    assert "Error in rule run_job" in next((tmp_path / ".snakemake" / "log").glob("*.log")).read_text()
     rows = runs(url)
     assert [(r.variant, r.status) for r in rows] == [("reference", "ok"), ("reference", "ok")]
     assert not list(exp_dir.glob("runs/naive-*.json"))
@@ -138,7 +149,9 @@ def test_a_failed_ingest_is_tried_again(tmp_path):
     bad.write_text('{"format": 3, "job_')
     for _ in range(2):
         failed = snakemake(tmp_path)
-        assert failed.returncode != 0 and "Error in rule ingest_results" in failed.stderr, failed.stderr[-3000:]
+        assert failed.returncode != 0 and re.search(r"^convsweep: failed: cpu-sweep/ingest: .*\n  log: "
+                                                    r"results/cpu-sweep/logs/ingest\.log$", failed.stderr, re.M), \
+            failed.stderr[-3000:]
         assert not (exp_dir / "ingested.json").exists()
         assert re.search(r"\n  1 job +not stored +not valid JSON: ", failed.stderr), failed.stderr[-3000:]
     bad.unlink()  # measured again, stored, reported
@@ -170,7 +183,8 @@ def test_lint_is_clean(tmp_path):
 
 
 @pytest.mark.parametrize("experiment, expected", [
-    ({"variants": ["naive"], "batches": [100], "streamz": [1]}, "experiments.e: unknown key ('streamz' was unexpected)"),
+    ({"variants": ["naive"], "batches": [100], "streamz": [1]}, "experiments.e.streamz: unknown key; did you mean "
+                                                                "'streams'?"),
     ({"variants": ["nieve"], "batches": [100]}, "experiments.e.variants[0]: unknown variant 'nieve'"),
     ({"network": "networks/conv256.yaml", "dataset": "random", "variants": ["tf32_sliding_window"], "batches": [1]},
      "experiments.e.variants[0]: layer conv1 of conv256.yaml: variant 'tf32_sliding_window' cannot handle B=1 C=256"),
@@ -180,7 +194,7 @@ def test_bad_config_stops_the_workflow_with_one_line(tmp_path, experiment, expec
     proc = snakemake(tmp_path, "--dry-run")
     assert proc.returncode != 0
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("Using workflow")]
-    assert len(said) == 1 and said[0].startswith(f"convsweep: experiments.yaml: {expected}"), said
+    assert len(said) == 1 and re.match(rf"convsweep: experiments\.yaml:\d+: {re.escape(expected)}", said[0]), said
     assert not (tmp_path / "results").exists()
 
 
@@ -255,7 +269,7 @@ def test_plain_snakemake_uses_the_default_profile(tmp_path):
     lock) and a job timed on the CPU alone; failures do not stop the sweep, an interrupted one
     resumes. A copy of the checkout, so a sweep already run in this one changes nothing here."""
     clone = copy_checkout(tmp_path / "clone")
-    proc = subprocess.run([SNAKEMAKE, "-n"], capture_output=True, text=True, cwd=clone, timeout=300)
+    proc = subprocess.run([SNAKEMAKE, "-n"], capture_output=True, text=True, cwd=clone, timeout=300, env=EVERY_JOB)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "Using workflow specific profile profiles/default" in out
@@ -294,13 +308,14 @@ def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
     small_sweep(work, {"with-broken": {"variants": ["reference", "broken"]},
                        "victim": {"variants": ["reference"], "batches": [16, 32]},
                        "bystander": {"variants": ["reference"], "batches": [24]}})
-    env = {**os.environ, "CONVSWEEP_CACHE": str(tmp_path / "cache")}  # compiles take real time
+    env = {**EVERY_JOB, "CONVSWEEP_CACHE": str(tmp_path / "cache")}  # compiles take real time
     cmd = [SNAKEMAKE, "--snakefile", str(checkout / "Snakefile"), "--directory", str(work), "--cores", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     killed = kill_when_running("specs/reference-b32-", proc, work)
     out = proc.communicate(timeout=900)[0]
     assert killed, out[-3000:]
-    assert proc.returncode != 0 and "Error in rule run_job" in out, out[-3000:]
+    assert proc.returncode != 0 and re.search(r"^convsweep: failed: victim/reference-b32-\S+: stopped without a "
+                                              r"`convsweep:` line: see its log\n  log: ", out, re.M), out[-3000:]
     summary = (work / "results" / "with-broken" / "summary.md").read_text()
     assert "## Failed or incorrect" in summary and "undefined_name" in summary  # the report shows why
     assert (work / "results" / "bystander" / "summary.md").is_file()
@@ -348,16 +363,19 @@ def test_editing_a_kernel_re_measures_exactly_the_jobs_that_use_it(tmp_path):
     add_broken_variants(checkout, "broken_a", "broken_b")
     work = tmp_path / "work"
     small_sweep(work, {"e": {"variants": ["reference", "broken_a", "broken_b"]}})
-    first = run_in(checkout, work)
+
+    def dry_run() -> dict[str, int]:
+        return planned(run_in(checkout, work, "-n", env=EVERY_JOB))
+
+    first = run_in(checkout, work, env=EVERY_JOB)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert planned(run_in(checkout, work, "-n")) == {}
+    assert dry_run() == {}
 
     kernel = checkout / "kernels" / "broken_a.cu"
     kernel.write_text(kernel.read_text() + "// edited: one more line\n")
     # ... and the confirmation of its cell (the one cell of both broken variants: reference runs on the CPU)
-    assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "confirm_winners": 1, "ingest_results": 1,
-                                                      "make_report": 1, "all": 1}
-    second = run_in(checkout, work)
+    assert dry_run() == {"run_job": 1, "confirm_winners": 1, "ingest_results": 1, "make_report": 1, "all": 1}
+    second = run_in(checkout, work, env=EVERY_JOB)
     assert second.returncode == 0, second.stderr[-3000:]
     rows = history(work)
     measured = {}
@@ -373,19 +391,17 @@ def test_editing_a_kernel_re_measures_exactly_the_jobs_that_use_it(tmp_path):
                                  "broken_b: one thread per output element, and a syntax error")
     assert edited != text_before
     registry.write_text(edited)
-    assert planned(run_in(checkout, work, "-n")) == {}
+    assert dry_run() == {}
     entries = yaml.safe_load(edited)
     entries["broken_b"]["constraints"] = [*entries["broken_b"].get("constraints", []), "B >= 1"]
     registry.write_text(yaml.safe_dump(entries))
-    assert planned(run_in(checkout, work, "-n")) == {"run_job": 1, "confirm_winners": 1, "ingest_results": 1,
-                                                      "make_report": 1, "all": 1}
+    assert dry_run() == {"run_job": 1, "confirm_winners": 1, "ingest_results": 1, "make_report": 1, "all": 1}
     registry.write_text(edited)
 
     # A shared header is an input of every job whose kernels include it (layers.cu: every GPU job)
     header = checkout / "kernels" / "common.cuh"
     header.write_text(header.read_text() + "// edited\n")
-    assert planned(run_in(checkout, work, "-n")) == {"run_job": 2, "confirm_winners": 1, "ingest_results": 1,
-                                                      "make_report": 1, "all": 1}
+    assert dry_run() == {"run_job": 2, "confirm_winners": 1, "ingest_results": 1, "make_report": 1, "all": 1}
 
 
 def test_a_sweep_killed_halfway_resumes_with_every_job_stored_once(tmp_path):
@@ -460,7 +476,7 @@ def test_the_rule_takes_its_gpu_resource_from_the_plan(tmp_path):
     """What Snakemake hands the executor: gpu=0 for the reference job, gpu=1 for the naive one;
     gpu_jobs alike, so the profile's limit counts GPU jobs only (the reference job never waits)."""
     small_sweep(tmp_path, {"e": {"variants": ["reference", "naive"]}})
-    out = run_in(ROOT, tmp_path, "-n").stdout
+    out = run_in(ROOT, tmp_path, "-n", env=EVERY_JOB).stdout
     blocks = [block.split("\n\n", 1)[0] for block in out.split("rule run_job:")[1:]]
     asked = dict(re.search(r"job=([a-z_]+)-b.*\bgpu=(\d+)", block, re.S).groups() for block in blocks)
     assert asked == {"reference": "0", "naive": "1"}, out[-3000:]
@@ -472,7 +488,7 @@ def test_a_job_timed_on_the_cpu_runs_alone(tmp_path):
     """The reference job asks for every core (Snakemake caps threads at --cores), so no other job shares the
     host while it times; a GPU job asks for one. On a cluster (no --cores) each job asks for one."""
     small_sweep(tmp_path, {"e": {"variants": ["reference", "naive"]}})
-    out = run_in(ROOT, tmp_path, "-n", "--cores", "3").stdout
+    out = run_in(ROOT, tmp_path, "-n", "--cores", "3", env=EVERY_JOB).stdout
     blocks = [block.split("\n\n", 1)[0] for block in out.split("rule run_job:")[1:]]
     threads = {re.search(r"job=([a-z_]+)-b", block).group(1): re.search(r"threads: (\d+)", block) for block in blocks}
     assert threads["reference"] and threads["reference"].group(1) == "3", out[-3000:]
@@ -602,7 +618,7 @@ def test_a_deleted_database_is_filled_again_from_the_result_files(tmp_path):
 def test_a_deleted_database_is_filled_again_when_another_job_fails(tmp_path):
     """A job that fails keeps the ingest rule from running: the end of the sweep stores what finished, which
     the record made for the deleted database would have claimed stored already."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU: the naive job fails, on any machine
+    env = {**EVERY_JOB, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, and asked for: the naive job fails, on any machine
     (tmp_path / "experiments.yaml").write_text(yaml.safe_dump(sweep_config("sqlite:///db/results.sqlite",
                                                                            ["reference"])))
     assert snakemake(tmp_path, env=env).returncode == 0
@@ -623,8 +639,8 @@ def test_nan_in_the_sweep_file_stops_the_sweep_with_one_line_before_any_job(tmp_
     assert ".nan" in (tmp_path / "experiments.yaml").read_text()
     proc = snakemake(tmp_path)
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("Using workflow")]
-    assert proc.returncode != 0 and said == ["convsweep: experiments.yaml: experiments.cpu-sweep.stopping.max_noise: "
-                                             "expected a finite number, got .nan"], said
+    assert proc.returncode != 0 and said == ["convsweep: experiments.yaml:11: experiments.cpu-sweep.stopping."
+                                             "max_noise: expected a finite number, got .nan"], said
     assert not (tmp_path / "results").exists() and not (tmp_path / "db").exists()
 
 
@@ -664,3 +680,158 @@ def test_a_postgresql_database_made_again_is_another_store(empty_pg_url):
         admin.dispose()
     assert store_identity(empty_pg_url) not in (None, first)
     assert store_identity("postgresql://nobody@127.0.0.1:1/none") is None  # unreachable: check_store says so
+
+
+# --- a machine without a GPU (issue 54) ----------------------------------------------------------
+
+NO_GPU = {key: value for key, value in os.environ.items() if key != GPU_JOBS_ENV} | {"CUDA_VISIBLE_DEVICES": ""}
+# The sweep below printed 10,068 bytes before issue 54 on a machine without a GPU (its 3 GPU jobs failed, each a
+# block of Snakemake's with its command twice; the first word of the missing GPU in the table at its end), and
+# 4,900 since: the GPU jobs are left out, and the block that says so is the first thing convsweep prints.
+NO_GPU_BUDGET_BYTES = 7_000
+
+
+def test_a_machine_without_a_gpu_says_so_first_runs_no_gpu_job_and_exits_1(tmp_path):
+    """A fresh clone's `snakemake` on a machine without a GPU (issue 54: 38 GPU jobs failed one by one, 103 KB of
+    terminal, the missing GPU named 15 minutes in): the first lines say what the machine has and what the sweep
+    does, with the CPU sweep's command; no GPU job runs (nor its profile or confirmation); the end says what was
+    not run and why, and the sweep exits 1, again the next time."""
+    clone = copy_checkout(tmp_path / "clone")
+    small_sweep(clone, {"mixed": {"variants": ["reference", "naive", "fused_conv_relu_pool"], "ncu": "auto"},
+                        "gpu-only": {"variants": ["naive"]}})
+    first = subprocess.run([SNAKEMAKE], capture_output=True, text=True, cwd=clone, env=NO_GPU, timeout=600)
+    out = first.stdout + first.stderr
+    assert first.returncode == 1, out[-3000:]
+    lines = first.stderr.splitlines()
+    block = next(i for i, line in enumerate(lines) if line.startswith("convsweep: "))
+    assert block <= 3 and lines[block].startswith("convsweep: no NVIDIA GPU or driver on this machine (")
+    assert "; nsys: " in lines[block] and "; ncu: " in lines[block]
+    assert lines[block + 1] == ("  so this sweep runs its 1 job on the CPU and leaves out the 6 that need a GPU; its "
+                                "end says what was not run, and `snakemake` exits 1")  # 3 runs, 2 profiles, a confirm
+    assert lines[block + 2].startswith("  `snakemake --configfile sweeps/cpu.yaml` runs the CPU sweep alone")
+    assert not any("rule " in line for line in lines[:block])  # said before any job
+    assert [started(first, rule) for rule in ("run_job", "profile_kernels", "confirm_winners")] == [1, 0, 0]
+    results = clone / "results"
+    assert [p.name.split("-b")[0] for p in results.glob("*/runs/*.json")] == ["reference"]
+    assert not [p for p in results.glob("*/logs/*") if "reference" not in p.name and p.stem not in ("ingest", "report")]
+    assert len(out.encode()) < NO_GPU_BUDGET_BYTES, out
+
+    mixed = first.stderr[first.stderr.index("convsweep: mixed: "):].splitlines()
+    assert mixed[0] == "convsweep: mixed: 1 of 3 jobs finished; settings stored: 1 ok, 0 failed, 0 incorrect"
+    rows = [line.split("  no NVIDIA GPU or driver on this machine (")[0].split() for line in mixed[3:6]]
+    assert rows == [["2", "jobs", "not", "run"], ["2", "jobs", "profile", "not", "run"],
+                    ["1", "job", "winners", "not", "run"]], mixed
+    assert mixed[6:8] == ["  more: results/mixed/not-run.json", "  report over the 1 job that finished: "
+                                                                   "results/mixed/report.md"], mixed
+    assert "convsweep: gpu-only: 0 of 1 jobs finished; settings stored: 0 ok, 0 failed, 0 incorrect" in first.stderr
+    assert "retries" not in first.stderr  # `snakemake` again would run nothing more here
+    assert mixed[-1] == ("convsweep: 6 jobs were not run: `snakemake` on a machine with an NVIDIA GPU runs them; "
+                         "`snakemake --configfile sweeps/cpu.yaml` runs the CPU sweep alone")
+    from convsweep.outcome import NotRun
+
+    not_run = NotRun.read(results / "mixed" / "not-run.json")
+    assert not_run.reason.startswith("no NVIDIA GPU or driver on this machine (")
+    assert sorted(kind for kind, _ in not_run.jobs) == ["profile", "profile", "run", "run", "winners"]
+    specs = {p.stem for p in (results / "mixed" / "specs").glob("*.json")}
+    assert {job_id for kind, job_id in not_run.jobs if kind == "run"} == \
+        {job_id for job_id in specs if not job_id.startswith(("reference", "winners"))}
+
+    again = subprocess.run([SNAKEMAKE], capture_output=True, text=True, cwd=clone, env=NO_GPU, timeout=600)
+    assert again.returncode == 1 and started(again, "run_job") == 0, (again.stdout + again.stderr)[-3000:]
+    assert "Nothing to be done" not in again.stderr and "convsweep: 6 jobs were not run: " in again.stderr
+
+
+def test_a_failed_job_is_two_lines_and_verbose_brings_snakemakes_block_back(tmp_path):
+    """A failed job's id, its reason and its log, where Snakemake printed a block and an exception that each held
+    its whole command; `--verbose` asks for Snakemake's own output, which prints them as it always did."""
+    small_sweep(tmp_path, {"e": {"variants": ["naive"]}})
+    env = {**EVERY_JOB, "CUDA_VISIBLE_DEVICES": ""}
+    brief = snakemake(tmp_path, env=env)
+    log = next((tmp_path / "results" / "e" / "logs").glob("naive-*.log")).relative_to(tmp_path)
+    lines = brief.stderr.splitlines()
+    failed = [i for i, line in enumerate(lines) if line.startswith("convsweep: failed: ")]
+    assert len(failed) == 1, brief.stderr[-3000:]
+    assert lines[failed[0]].startswith(f"convsweep: failed: e/{log.stem}: no NVIDIA GPU or driver on this machine ")
+    assert lines[failed[0] + 1] == f"  log: {log}" and len(lines[failed[0]]) < 160
+    assert "RuleException" not in brief.stderr and "    shell:" not in brief.stderr and "run-job" not in brief.stderr
+    assert "SNAKEMAKE\n=========" not in brief.stderr  # the host banner: in .snakemake/log/ alone
+    verbose = snakemake(tmp_path, "--verbose", env=env)
+    assert verbose.returncode != 0 and "Error in rule run_job:" in verbose.stderr, verbose.stderr[-3000:]
+    assert "convsweep: failed: " not in verbose.stderr
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "experiments.yaml: no such file in "), ("", "experiments.yaml: empty: "),
+    ("# nothing yet\n", "experiments.yaml: empty: "),
+    ("- naive\n", "experiments.yaml: a list, not a mapping: "),
+])
+def test_a_missing_or_empty_experiments_yaml_is_one_line(tmp_path, content, expected):
+    """Snakemake's configfile directive said it in its own words (`WorkflowError in file Snakefile, line 18`)."""
+    if content is not None:
+        (tmp_path / "experiments.yaml").write_text(content)
+    proc = snakemake(tmp_path, "--dry-run")
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("Using workflow")]
+    assert proc.returncode != 0 and len(said) == 1 and said[0].startswith(f"convsweep: {expected}"), said
+
+
+class FakeWorkflow:
+    """What SweepPlan.left_out reads of Snakemake's workflow: where the jobs run, and whether it runs them."""
+
+    def __init__(self, local_exec=True, remote_exec=False):
+        self.local_exec, self.remote_exec, self.subprocess_exec = local_exec, remote_exec, False
+        self.executor_plugin = object()  # a run (or a dry run): the plan says what it does
+        self.output_settings = type("OutputSettings", (), {"quiet": set()})()
+
+
+def machine(gpu: bool, nsys=None, ncu=None):
+    from convsweep.provenance import Machine
+
+    if gpu:
+        return Machine(1, None, ("NVIDIA H100 80GB HBM3",), "550.54.15", nsys, ncu)
+    return Machine(0, "no NVIDIA GPU or driver on this machine (cuInit: CUDA_ERROR_NO_DEVICE)", nsys=nsys, ncu=ncu)
+
+
+def never_asked():
+    raise AssertionError("the machine was probed")
+
+
+MIXED = {"results_dir": "results", "experiments": {"e": {"variants": ["reference", "naive"], "batches": [8],
+                                                         "ncu": "auto"}}}
+
+
+def test_a_gpu_machine_runs_every_job_and_says_what_it_lacks(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(GPU_JOBS_ENV, raising=False)
+    plan = SweepPlan(MIXED, ROOT / "experiments.yaml", workflow=FakeWorkflow(), probe=lambda: machine(True))
+    assert plan.left_out is None
+    assert len(plan.run_files("e")) == 2 and len(plan.profile_files("e")) == 1
+    assert plan.targets() == ["results/e/ingested.json", "results/e/summary.md", "results/e/report.md"]
+    assert capsys.readouterr().err.splitlines() == [
+        "convsweep: this machine: NVIDIA H100 80GB HBM3, driver 550.54.15; nsys: not found; ncu: not found",
+        "  so this sweep runs all of its jobs; without nsys, profiler: auto jobs are timed with CUDA events; "
+        "without ncu, ncu: auto profiles are skipped"]
+    plan.write_not_run()
+    assert not (tmp_path / "results" / "e" / "not-run.json").exists()
+
+
+def test_without_a_gpu_the_plan_leaves_the_gpu_jobs_out_but_where_a_cluster_runs_them(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(GPU_JOBS_ENV, raising=False)
+    plan = SweepPlan(MIXED, ROOT / "experiments.yaml", workflow=FakeWorkflow(), probe=lambda: machine(False))
+    assert plan.left_out == "no NVIDIA GPU or driver on this machine (cuInit: CUDA_ERROR_NO_DEVICE)"
+    assert [Path(f).name.split("-b")[0] for f in plan.run_files("e")] == ["reference"]
+    assert plan.profile_files("e") == [] and plan.result_folders("e") == ["results/e/runs"]
+    assert plan.targets()[-1] == "results/not-run.flag"
+    assert "leaves out the 2 that need a GPU" in capsys.readouterr().err
+    plan.write_not_run()
+    from convsweep.outcome import NotRun
+
+    assert [kind for kind, _ in NotRun.read(tmp_path / "results" / "e" / "not-run.json").jobs] == ["run", "profile"]
+
+    for workflow in (FakeWorkflow(local_exec=False), FakeWorkflow(remote_exec=True)):  # a cluster's nodes, a job step
+        plan = SweepPlan(MIXED, ROOT / "experiments.yaml", workflow=workflow, probe=never_asked)
+        assert plan.left_out is None and len(plan.run_files("e")) == 2
+    monkeypatch.setenv(GPU_JOBS_ENV, "run")
+    plan = SweepPlan(MIXED, ROOT / "experiments.yaml", workflow=FakeWorkflow(), probe=lambda: machine(False))
+    assert plan.left_out is None and len(plan.run_files("e")) == 2
+    assert "CONVSWEEP_GPU_JOBS=run: this sweep runs its 2 GPU jobs anyway" in capsys.readouterr().err
