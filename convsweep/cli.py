@@ -442,8 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.05,
                    help="the change that counts: SLOWER/FASTER beyond it, SAME within it (default: %(default)s)")
     p.add_argument("--cpu", action="store_true",
-                   help="also compare the jobs timed on the CPU (the float64 reference): left out by default, "
-                        "since a shared host moves their times by tens of percent between runs")
+                   help="also compare the jobs timed on the CPU (the `reference` variant, numpy float32): left out "
+                        "by default, since a shared host moves their times by tens of percent between runs")
     p.add_argument("--format", choices=("table", "json"), default="table", help="(default: %(default)s)")
     p.add_argument("--fail-on", choices=("slower", "unsure", "never"), default="slower",
                    help="the gate: exit 1 on SLOWER, on SLOWER or UNSURE, or never (default: %(default)s)")

@@ -13,7 +13,7 @@ convsweep.stats: the ratio of medians over the stored samples, its bootstrap int
 against a threshold. B's runs
 may come from a database of their own (another machine's or session's file); A's come from `db`.
 
-Jobs timed on the CPU (the float64 reference) are left out unless asked for: their times are the
+Jobs timed on the CPU (the `reference` variant, numpy float32) are left out unless asked for: their times are the
 host's, and on a shared host they move by tens of percent between two runs of one sweep (the lent
 H100's: -21.5% and +21.8% at batch 1000) while the samples within a run agree, so the interval
 over the samples cannot see it and a verdict would blame the code.

@@ -222,6 +222,17 @@ def test_speedup_without_the_naive_baseline_says_so(url):
         figure("speedup", "lenet86-baseline-without-naive", _without_naive(url))
 
 
+def test_a_listed_baseline_that_failed_is_not_told_to_be_added():
+    """`add naive to its variants` misled where naive was listed and failed, or was left out for want of a GPU."""
+    from convsweep.figures.speedup import _why_no_baseline
+
+    failed = [{"variant": "naive", "status": "failed", "op_time_ms": None}]
+    assert _why_no_baseline(failed, "e") == "its naive runs did not finish ok (`convsweep query failures`)"
+    said = _why_no_baseline([{"variant": "reference", "status": "ok", "op_time_ms": 20.0}], "e")
+    assert "add naive to its variants, or, where it is listed, run it on a GPU" in said
+    assert "results/e/not-run.json" in said
+
+
 def _without_naive(url: str) -> str:
     path = Path(url.removeprefix("sqlite:///")).with_name("no-naive.sqlite")
     engine = open_store(f"sqlite:///{path}")

@@ -20,7 +20,7 @@ def draw(stored: list[dict[str, Any]], experiment: str, ceilings: Ceilings | Non
                 if r["variant"] == BASELINE_VARIANT}
     if not baseline:
         raise MissingData(f"experiment {experiment!r} has no ok {BASELINE_VARIANT} run: the speedup is over the "
-                          f"{BASELINE_VARIANT} baseline; add {BASELINE_VARIANT} to its variants")
+                          f"{BASELINE_VARIANT} baseline; {_why_no_baseline(stored, experiment)}")
     styles = series_styles(rows)
     others = sorted({r["series"] for r in rows if r["variant"] != BASELINE_VARIANT})
     if not others:
@@ -67,3 +67,12 @@ def _bars(ax, speedups: dict[tuple, float], index: int, batches: list[int], seri
     ax.set_xlabel("batch (images)")
     ax.margins(y=0.15)
     ax.grid(True, axis="y", which="both", alpha=0.3)
+
+
+def _why_no_baseline(stored: list[dict[str, Any]], experiment: str) -> str:
+    """What to do about a missing baseline: its runs that failed, or one that never ran (a listed variant that
+    a machine without a GPU left out stores nothing, as one not listed)."""
+    if any(r["variant"] == BASELINE_VARIANT for r in stored):
+        return f"its {BASELINE_VARIANT} runs did not finish ok (`convsweep query failures`)"
+    return (f"no {BASELINE_VARIANT} run is stored: add {BASELINE_VARIANT} to its variants, or, where it is listed, "
+            f"run it on a GPU (results/{experiment}/not-run.json says why it was left out)")
