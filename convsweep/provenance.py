@@ -264,7 +264,7 @@ def probe_machine(devices: Callable[[], int]) -> Machine:
         count, no_gpu = 0, str(e)
     names, driver = _nvml_view() if count else ((), None)
     nsys = find_nsys()
-    # ncu.find_ncu's lookup: that module sits below this one (README's package table).
+    # ncu.find_ncu's lookup: that module sits below this one (docs/layout.md's package table).
     ncu = shutil.which(os.environ.get("NCU") or "ncu")
     return Machine(count, no_gpu, names, driver, (nsys_version(nsys) or nsys) if nsys else None, ncu)
 

@@ -195,7 +195,7 @@ def test_ci_run_stops_the_servers_when_it_is_terminated(tmp_path):
 
 @pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not a git checkout: git check-ignore has no .gitignore to read")
 def test_the_report_snakemake_writes_at_the_root_is_ignored_and_only_there():
-    """README: `snakemake --report report.html` writes a self-contained page of several MB into the root."""
+    """docs/results.md: `snakemake --report report.html` writes a self-contained page of several MB into the root."""
     def ignored(path: str) -> bool:
         return subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "--no-index", path]).returncode == 0
 

@@ -1,4 +1,4 @@
-"""README's package table as tests: it lists every module, and each imports only down its rows; the
+"""The package table of docs/layout.md as tests: it lists every module, and each imports only down its rows; the
 modules everyone imports for their names stay light; no import cycle, no module past MAX_LINES in the
 package, and no migration imports it."""
 from __future__ import annotations
@@ -228,12 +228,12 @@ def test_migration_imports_no_live_code(path):
     assert not live and not relative, f"{path.name} imports {live or 'relatively, at line ' + str(relative)}"
 
 
-# -- README's package table: every module in it, every import down it --------------------------------
+# -- docs/layout.md's package table: every module in it, every import down it -------------------------
 
 def readme_layers() -> list[list[str]]:
-    """The rows of README's package table, bottom first, each the modules its first cell names:
+    """The rows of docs/layout.md's package table, bottom first, each the modules its first cell names:
     `errors` is convsweep.errors, `bench/` the package convsweep.bench and every module in it."""
-    section = (ROOT / "README.md").read_text(encoding="utf-8").split("### The package", 1)[1]
+    section = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8").split("## The package", 1)[1]
     lines = section.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("| `"))
     rows = []
@@ -243,7 +243,7 @@ def readme_layers() -> list[list[str]]:
         names = []
         for name in re.findall(r"`([^`]+)`", line.split("|")[1]):
             dotted = "convsweep." + name.strip("/").replace("/", ".")
-            assert dotted in MODULES, f"README's package table names `{name}`: no such module"
+            assert dotted in MODULES, f"docs/layout.md's package table names `{name}`: no such module"
             names += [dotted] + ([m for m in MODULES if m.startswith(dotted + ".")] if name.endswith("/") else [])
         rows.append(names)
     return rows
@@ -252,16 +252,16 @@ def readme_layers() -> list[list[str]]:
 def test_readme_lists_every_module_once():
     listed = [m for row in readme_layers() for m in row]
     twice = sorted({m for m in listed if listed.count(m) > 1})
-    assert not twice, f"in two rows of README's package table: {twice}"
+    assert not twice, f"in two rows of docs/layout.md's package table: {twice}"
     missing = sorted(set(MODULES) - set(listed) - {"convsweep"})
-    assert not missing, f"README's package table lacks {missing}"
+    assert not missing, f"docs/layout.md's package table lacks {missing}"
 
 
 def test_imports_follow_readme_layers():
     """Each module imports only modules of its own row of the table or of the rows above it (the table
     is written from the bottom up). The package's own __init__ is left out: it only re-exports names."""
     row_of = {m: i for i, row in enumerate(readme_layers()) for m in row}
-    upward = [f"{m} ({MODULES[m].relative_to(ROOT)}:{line}) imports {target}, from a later row of README's table"
+    upward = [f"{m} ({MODULES[m].relative_to(ROOT)}:{line}) imports {target}, from a later row of the layout table"
               for m, targets in import_graph().items() if m in row_of
               for target, line in targets.items() if row_of.get(target, -1) > row_of[m]]
     assert not upward, "\n".join(upward)

@@ -29,7 +29,7 @@ What each cheats -> what catches it -> the verdict:
 - redteam_approx: 4 images in 1000 off by 3e-5 (the logits by 1.6-1.9e-5 against fp32's 1e-5) -> every
   timed pass's logits against float64 -> incorrect.
 - redteam_low_mantissa: weights cut to a few mantissa bits, fp16-class -> caught where the cut leaves the fp16
-  tolerance; the widths it lets through are measured (README, "What a number guarantees").
+  tolerance; the widths it lets through are measured (docs/guarantees.md).
 - redteam_out_of_bounds: a bug, not a cheat: writes past the end of its output -> `sanitize: true`,
   compute-sanitizer's memcheck -> incorrect.
 - SideStreamNetwork: more convs after each layer on a stream the pass never joins -> the probe for work
@@ -284,7 +284,7 @@ def test_recognising_the_seeds_batch_gains_nothing_and_its_module_scope_write_is
 @pytest.mark.gpu
 def test_weights_cut_far_below_half_precision_are_caught_and_what_passes_is_measured(redteam, capsys):
     """The fp16 class's tolerance (1e-2 normwise, accuracy within 0.5 points) against weights cut to a few
-    mantissa bits on both conv layers: printed as a table (README, "What a number guarantees")."""
+    mantissa bits on both conv layers: printed as a table (docs/guarantees.md, "What a number does not guarantee")."""
     rows = []
     for bits in (0, 1, 2, 3, 4, 6, 10):
         run = spec("redteam_low_mantissa", checks="fast", variants={"conv1": "redteam_low_mantissa",

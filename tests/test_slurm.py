@@ -1,5 +1,5 @@
 """The CPU sweep through a real SLURM cluster (snakemake-executor-plugin-slurm) into PostgreSQL, as
-the README's "On a cluster" section runs it. .ci/run starts a single-node cluster with
+docs/cluster.md runs it. .ci/run starts a single-node cluster with
 .ci/start-slurm.sh and a PostgreSQL server with .ci/start-postgres.sh; without either this skips."""
 import importlib.util
 import os

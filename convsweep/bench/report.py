@@ -295,7 +295,7 @@ def format_report(result: dict) -> str:
             f"(median of events, after {result.get('warmup')} warm-up passes)",
             "inputs: NOT fresh. Each row times one fixed input again and again, checked against float64 before "
             "and after; a kernel that memoizes would win here. The numbers a sweep stores are the ones held to "
-            "inputs no kernel has seen (README, \"What a number guarantees\"): `convsweep run-job` a variant "
+            "inputs no kernel has seen (docs/guarantees.md): `convsweep run-job` a variant "
             "to rank it.",
             f"measured rates (the floors'): device copy {_ms(c.get('dtod_GBps'), 0)} GB/s (read + write); "
             f"pinned H2D {_ms(c.get('h2d_GBps'), 1)} GB/s, D2H {_ms(c.get('d2h_GBps'), 1)} GB/s"]

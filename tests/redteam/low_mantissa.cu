@@ -3,7 +3,7 @@
 // storing its weights in a narrower format would): registered as fp16-class, whose tolerance (1e-2 normwise,
 // the accuracy within 0.5 points of the reference's) the gate holds it to.
 // Not a cheat the gate must catch at every width: tests/test_redteam.py measures which widths it catches, and
-// README's "What a number guarantees" says what each precision class's tolerance lets through.
+// docs/guarantees.md says what each precision class's tolerance lets through.
 // Tunables: BLOCK (threads per block), MANTISSA_BITS (0 to 23: the weight's mantissa bits kept).
 #include "../../kernels/common.cuh"
 
