@@ -51,7 +51,8 @@ onstart:
 # Whatever happened, the terminal ends with what the sweep stored and what did not finish, and why
 # (convsweep.outcome); the results of the jobs that finished are stored even when others failed.
 # Only the experiments asked for: `snakemake results/E/summary.md` leaves the others' files alone.
-# Jobs left out by the machine end the sweep with status 1, as a failed job would.
+# Jobs left out by the machine, or a sweep in which no setting finished ok, end it with status 1 after the table,
+# as a failed job would (convsweep.outcome.finish_sweep); some settings ok and others failed is status 0.
 onsuccess:
     plan.finish(workflow.dag_settings.targets)
 

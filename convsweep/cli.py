@@ -96,6 +96,7 @@ def _job_spec(data: dict):
 def cmd_run_job(args) -> None:
     from .config import tunables_text
     from .job import run_job
+    from .outcome import settings_not_ok
 
     # A fresh process: the job takes its GPU's lock (a free one among several) before CUDA starts.
     result = run_job(_job_spec(_read_spec(args)), Path(args.out), process_age=process_age())
@@ -107,6 +108,9 @@ def cmd_run_job(args) -> None:
     if fastest is not None:
         ops = ", ".join(f"{k} {v:.3f} ms" for k, v in fastest.timings.op_time_ms.items() if v is not None)
         best = f"; fastest: {ops}" + (f" ({tunables_text(fastest.params)})" if len(measurements) > 1 else "")
+    if said := settings_not_ok(measurements):  # whole: the table at the end of the sweep points at this log
+        print("\n".join(said))
+    # The job's last line: `convsweep watch` shows it for a job that finished.
     print(f"{result.job_id}: {len(measurements)} settings in {result.total_s:.1f} s: "
           + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items())) + best)
 

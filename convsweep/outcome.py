@@ -1,14 +1,16 @@
 """What a sweep left behind, said at the end of every `snakemake` (the Snakefile's onsuccess and
 onerror): per experiment, the stored settings by status, the jobs that did not finish, each distinct
-reason with its count, and where to read more.
+reason with its count, and where to read more (the log of a job the row describes, which holds the
+reason whole); and the sweep's exit status (finish_sweep).
 
 First, where an experiment's ingest could not run (one of its jobs failed, so Snakemake never started
 it), the results of the jobs that did finish are stored here, and its report is written over them
 (the make_report rule's command): no finished job waits for another, and `snakemake --report` finds
 every file it lists.
 
-Also here: the record of the jobs a machine left out of a sweep (NotRun, `not-run.json`), and what a job
-that fails says on the terminal while the sweep runs (BriefFailures): a line with its id and why, and its log.
+Also here: the record of the jobs a machine left out of a sweep (NotRun, `not-run.json`), what a job
+that fails says on the terminal while the sweep runs (BriefFailures): a line with its id and why, and its log,
+and the reasons a finished job writes whole in its log (settings_not_ok).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ PREFIX = "convsweep: "  # how a job's one-line failure starts (cli.main)
 # failures`, has all of it.
 REASON_CHARS = 80
 MORE_REASON_CHARS = 40  # a reason as a `more on` line names it, where several reasons have files
+FAILURES = "`convsweep query failures`"  # every stored setting's reason, whole
 # A job's last words are at the end of its log; a long log (a compiler's output, say) is read from here.
 LOG_TAIL_BYTES = 64 * 1024
 # A stored setting's statuses in the order the counts name them; suspect (its times cannot be trusted: the
@@ -195,16 +198,23 @@ def collect(url: str, experiment: ExperimentFiles, not_stored: dict[Path, str]) 
     of the jobs whose result is stored), the rest from the result files and the logs."""
     runs = [job for job in experiment.jobs if job.kind == "run"]
     outcome = Outcome(experiment.name, jobs=len(runs), finished=sum(job.result.exists() for job in runs))
-    stored = {job.job_id for job in runs if job.result.exists() and job.result not in not_stored}
+    stored = {job.job_id: job.log for job in runs if job.result.exists() and job.result not in not_stored}
     if stored:
         from .query import fetch_dicts
 
+        logs: dict[tuple, dict[Path, None]] = {}  # a setting's row -> its jobs' logs, in order, each once
         for row in fetch_dicts(url, LATEST_RUNS, {"experiment": experiment.name})[1]:
             if row["job_id"] in stored:
                 outcome.statuses[row["status"]] += 1
                 outcome.fast_checks += row["checks"] == "fast"
                 if row["status"] != "ok":
-                    outcome.problems[("setting", row["status"], _cut(row["error"] or "no reason stored"))] += 1
+                    key = ("setting", row["status"], _cut(row["error"] or "no reason stored"))
+                    outcome.problems[key] += 1
+                    logs.setdefault(key, {})[stored[row["job_id"]]] = None
+        # run-job writes each reason whole in its log; a log that is gone (results brought from elsewhere) is not named
+        for key, found in logs.items():
+            if existing := [log for log in found if log.exists()]:
+                outcome.where[key] = existing
     for job in experiment.jobs:
         if job.result in not_stored:
             key = ("job", "not stored", _cut(not_stored[job.result].removeprefix(f"{job.result}: ")))
@@ -274,7 +284,8 @@ def render(outcome: Outcome) -> str:
     rows = [[f"{n} {unit}{'s' * (n != 1)}", what, why] for (unit, what, why), n in
             sorted(outcome.problems.items(), key=lambda item: (WHAT_ORDER.index(item[0][1]), -item[1]))]
     table = tabulate(rows, headers=["count", "what", "why"], tablefmt="simple")
-    lines = [head, *("  " + line for line in table.splitlines()), *_more(outcome)]
+    table_lines = ["  " + line for line in table.splitlines()]
+    lines = [head, *table_lines, *_more(outcome, max(map(len, table_lines)))]
     if outcome.report and outcome.partial:
         over = (f"over the {outcome.finished} job{'s' * (outcome.finished != 1)} that finished" if outcome.finished
                 else "saying nothing is stored yet")
@@ -284,22 +295,32 @@ def render(outcome: Outcome) -> str:
     return "\n".join(lines)
 
 
-def _more(outcome: Outcome) -> list[str]:
-    """Where to read more, for each reason that has a file: a log of a job that stopped for that reason (the
-    first, and how many more), the result not stored, or the record of the jobs not run. A `more:` line alone
-    where the reasons' files are one; else a line per reason, naming it."""
+def _more(outcome: Outcome, width: int) -> list[str]:
+    """Where to read more, for each reason that has a file: a log of a job that stopped for that reason or whose
+    settings it describes (the first, and how many more), the result not stored, or the record of the jobs not run.
+    A `more:` line alone where the reasons' files are one; else a line per reason, naming it. `convsweep query
+    failures` (every stored setting's reason) ends the last line where it fits the table's `width`, and is a line of
+    its own only where a setting's row has no log to name."""
     keys = sorted(outcome.where, key=lambda k: (WHAT_ORDER.index(k[1]), -outcome.problems[k]))
     said: dict[str, tuple] = {}  # what to read -> the first reason it is for
     for key in keys:
         files = outcome.where[key]
         more = f" (and {len(files) - 1} more in {files[0].parent})" if len(files) > 1 else ""
         said.setdefault(f"{files[0]}{more}", key)
-    failures = "`convsweep query failures`" if any(what in PROBLEMS for _, what, _ in outcome.problems) else None
+    settings = [key for key in outcome.problems if key[1] in PROBLEMS]
+    unnamed = any(key not in outcome.where for key in settings)
     if len(said) <= 1:
-        more = "; ".join(filter(None, [*said, failures]))
-        return [f"  more: {more}"] if more else []
-    lines = [f"  more on {what}, {_cut_to(why, MORE_REASON_CHARS)}: {files}" for files, (_, what, why) in said.items()]
-    return lines + ([f"  more: {failures}"] if failures else [])
+        lines = [f"  more: {file}" for file in said]
+    else:
+        lines = [f"  more on {what}, {_cut_to(why, MORE_REASON_CHARS)}: {file}" for file, (_, what, why) in said.items()]
+    if not settings:
+        return lines
+    fits = bool(lines) and len(f"{lines[-1]}; {FAILURES}") <= width
+    if fits or (unnamed and len(lines) == 1):
+        lines[-1] += f"; {FAILURES}"
+    elif unnamed or not lines:
+        lines.append(f"  more: {FAILURES}")
+    return lines
 
 
 def _cut_to(text: str, chars: int) -> str:
@@ -311,14 +332,16 @@ def finish_sweep(url: str, experiments: list[ExperimentFiles], out: TextIO | Non
     """Store what finished where ingest did not run, then print each experiment's outcome, and where the machine
     left jobs out, a line saying how many and what runs them (`cpu_sweep`: the command of the CPU sweep). A
     database or a folder that cannot be read is one line for its experiment, never a traceback in Snakemake's
-    hook. Returns how many jobs were left out and have no result."""
+    hook. Returns the sweep's exit status: 1 where jobs were left out and have no result, or where jobs ran and no
+    setting of any experiment finished ok (a line says so), else 0; some settings ok and others failed is 0."""
     out = out or sys.stderr
-    blocks = []
+    blocks, outcomes = [], []
     for experiment in experiments:
         try:
             outcome = collect(url, experiment, store_finished(url, experiment))
             report_what_finished(experiment, outcome)
             blocks.append(render(outcome))
+            outcomes.append(outcome)
         except ConvsweepError as e:
             blocks.append(f"{PREFIX}{experiment.name}: cannot tell what was stored: {e}")
         except OSError as e:  # a results folder it may not read, say
@@ -328,8 +351,28 @@ def finish_sweep(url: str, experiments: list[ExperimentFiles], out: TextIO | Non
         blocks.append(f"{PREFIX}{_count(not_run, 'job')} {'was' if not_run == 1 else 'were'} not run: `snakemake` on a "
                       f"machine with an NVIDIA GPU runs {'it' if not_run == 1 else 'them'}; `{cpu_sweep}` runs the CPU "
                       "sweep alone")
+    # Only where every experiment could be read (one that could not may hold the ok ones), and some job was run.
+    ran = any(job.kind == "run" and job.not_run is None for e in experiments for job in e.jobs)
+    nothing_ok = ran and len(outcomes) == len(experiments) and not any(o.statuses["ok"] for o in outcomes)
+    if nothing_ok:
+        blocks.append(f"{PREFIX}no setting finished ok, so `snakemake` exits 1")
     print("\n".join(blocks), file=out, flush=True)
-    return not_run
+    return 1 if not_run or nothing_ok else 0
+
+
+def settings_not_ok(measurements) -> list[str]:
+    """What `convsweep run-job` writes in its log before its last line: a line per distinct reason a setting is not
+    ok, whole (the table cuts it to a cell and points at this log), with how many settings, their status and the
+    tunables of the first. `measurements`: a result file's (record.Measurement)."""
+    from .config import tunables_text
+
+    said: dict[tuple[str, str], list] = {}
+    for m in measurements:
+        if m.status != "ok":
+            said.setdefault((m.status, m.error or "no reason stored"), []).append(m)
+    return [f"{_count(len(which), 'setting')} {status} ({tunables_text(which[0].params)}"
+            f"{f' and {len(which) - 1} more' if len(which) > 1 else ''}): {error}"
+            for (status, error), which in said.items()]
 
 
 class BriefFailures(logging.Formatter):

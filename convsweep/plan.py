@@ -508,11 +508,11 @@ class SweepPlan:
         release_scheduler_timer()
         experiments = self.targeted_experiments(targets)
         self._forget_records_of_another_store(experiments)
-        not_run = finish_sweep(self.db_url, [self._experiment_files(e) for e in experiments],
-                               cpu_sweep=f"snakemake --configfile {_shown(CPU_SWEEP)}")
+        status = finish_sweep(self.db_url, [self._experiment_files(e) for e in experiments],
+                              cpu_sweep=f"snakemake --configfile {_shown(CPU_SWEEP)}")
         skip_final_collection()
-        if not_run:  # what was asked did not all run: the status says so, as for a job that failed
-            raise SystemExit(1)
+        if status:  # jobs left out, or none of what ran finished ok: the status says so, as for a failed job
+            raise SystemExit(status)
 
     def _forget_records_of_another_store(self, experiments: list[str]) -> None:
         """Remove the ingest records made before this sweep when its store was new (store_id): they were made

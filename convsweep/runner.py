@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
+import sys
 import time
 from contextlib import AbstractContextManager
 from collections.abc import Callable
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .compile import LAYERS_SOURCE, CompiledModule, compile_all, compile_source, compile_variant
-from .errors import DeviceError, ShapeError
+from .errors import CompileError, DeviceError, ShapeError
 from .gpu import DeviceArray, Gpu, count_devices
 from .layers import LAYER_KINDS
 from .network import Network, Step
@@ -272,6 +274,48 @@ class GpuNetwork:
             self.gpu.copy(logits.rows(0, n), cur, stream)
 
 
+# NVRTC's `file(line): ` where a line of its message starts, as `file:line: `: the form editors and terminals open.
+NVRTC_WHERE = re.compile(r"^(\S+)\((\d+)\): ", re.M)
+
+
+@contextlib.contextmanager
+def compile_all_telling(requests: list, arch: str, workers: int | None = None):
+    """compile_all (convsweep.compile), and once its builds are waited for, NVRTC's whole message for each build that
+    failed, on stderr (the job's log): a setting stores the compiler's first error alone, the log keeps the rest."""
+    with compile_all(requests, arch, workers) as pending:
+        yield _TellingBuilds(pending)
+
+
+class _TellingBuilds:
+    """compile_all's PendingBuilds, whose first wait also tells the compile errors."""
+
+    def __init__(self, pending):
+        self._pending, self._told = pending, False
+
+    def wait(self) -> dict:
+        results = self._pending.wait()
+        if not self._told:
+            self._told = True
+            tell_compile_errors({request: result for request, result in results.items()
+                                 if isinstance(result, CompileError)}, sys.stderr)
+        return results
+
+
+def tell_compile_errors(failed: dict, out) -> None:
+    """Each distinct compiler message of `failed` (BuildRequest -> CompileError) once, under a line naming the build
+    (its name and macros) and how many more said the same; its lines indented, each place as file:line."""
+    said: dict[str, list] = {}
+    for request, error in failed.items():
+        said.setdefault(error.log or str(error), []).append(request)
+    for message, requests in said.items():
+        first, others = requests[0], len(requests) - 1
+        macros = ",".join(f"{k}={v}" for k, v in first.macros) or "no macros"
+        more = f"; {others} more build{'s' * (others != 1)} said the same" if others else ""
+        lines = [line.rstrip() for line in NVRTC_WHERE.sub(r"\1:\2: ", message).splitlines()]
+        print(f"NVRTC's whole message for {first.name} ({macros}{more}):", file=out)
+        print("\n".join(f"  {line}" if line else "" for line in lines), file=out, flush=True)
+
+
 @dataclass(frozen=True)
 class Backend:
     """What builds, runs and watches kernels: the GPU, a conv layer's op, a whole network, the parallel
@@ -281,7 +325,8 @@ class Backend:
     gpu: Callable[[], Gpu] = Gpu
     conv_op: Callable[..., ConvOp] = ConvOp
     network: Callable[..., GpuNetwork] = GpuNetwork
-    compile_all: Callable[..., AbstractContextManager] = compile_all
+    # compile_all, with each failed build's whole message in the job log (a fake's builds say nothing)
+    compile_all: Callable[..., AbstractContextManager] = compile_all_telling
     monitor: Callable[..., GpuMonitor] = GpuMonitor  # (CUDA uuid, PCI bus id) -> a context manager
     clock: Callable[[], float] = time.perf_counter  # seconds; what the stopping rule and the energy window read
     # (gpu, monitor, run spec, clock) -> what watches a setting's timed passes (timing.gpu_observers)

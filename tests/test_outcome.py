@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,8 @@ from sqlalchemy import create_engine, text
 from store_fixtures import integrity_results, make_result, write_results
 
 from convsweep.errors import ConvsweepError
-from convsweep.outcome import (REASON_CHARS, BriefFailures, ExperimentFiles, JobFiles, NotRun, finish_sweep,
-                               last_reason)
+from convsweep.outcome import (FAILURES, REASON_CHARS, BriefFailures, ExperimentFiles, JobFiles, NotRun, finish_sweep,
+                               last_reason, settings_not_ok)
 from convsweep.store import ingest_files, open_store
 
 NO_GPU = "no NVIDIA GPU or driver on this machine (cuInit: CUDA_ERROR_NO_DEVICE)"
@@ -241,7 +242,7 @@ def test_jobs_the_machine_left_out_are_rows_with_their_record_and_the_sweep_says
               JobFiles("naive-b100-x", tmp_path / "results" / "e" / "ncu" / "naive-b100-x.json",
                        logs / "ncu-naive-b100-x.log", kind="profile", not_run=NO_GPU)])
     out = io.StringIO()
-    assert finish_sweep(db_url, [experiment], out=out, cpu_sweep="snakemake --configfile sweeps/cpu.yaml") == 2
+    assert finish_sweep(db_url, [experiment], out=out, cpu_sweep="snakemake --configfile sweeps/cpu.yaml") == 1
     lines = out.getvalue().splitlines()
     assert lines[0] == "convsweep: e: 1 of 2 jobs finished; settings stored: 1 ok, 0 failed, 0 incorrect"
     assert [" ".join(line.split()) for line in lines[3:5]] == [f"1 job not run {NO_GPU}",
@@ -254,6 +255,105 @@ def test_jobs_the_machine_left_out_are_rows_with_their_record_and_the_sweep_says
     with pytest.raises(ConvsweepError, match="not-run.json: expected a not-run-1 record"):
         NotRun.read(record)
     assert NotRun.read(tmp_path / "none.json") is None
+
+
+def with_logs(experiment: ExperimentFiles) -> ExperimentFiles:
+    """Each finished job's log written, as run-job leaves it."""
+    for job in experiment.jobs:
+        if job.result.exists():
+            job.log.write_text(f"{job.job_id}: 1 of 1 valid settings\n{job.job_id}: 1 settings in 0.9 s: 1 failed\n")
+    return experiment
+
+
+COMPILE_ERROR = "compile failed: tiled.cu(12): error: identifier TILE undefined"  # make_result's
+
+
+def test_a_settings_row_points_at_the_log_of_its_job(tmp_path, db_url, monkeypatch):
+    """Issue 54: the row of a setting that failed says where its reason is whole, its job's log (run-job writes it
+    there), by the path the rules name it; `convsweep query failures` stays on the line, which keeps to the
+    table's width. The reason in the cell is still cut to REASON_CHARS."""
+    monkeypatch.chdir(tmp_path)
+    experiment = with_logs(experiment_files(Path("results"), [make_result("broken", 100, status="failed",
+                                                                          experiment="e")], {}))
+    lines = said(db_url, experiment).splitlines()
+    assert lines[0] == "convsweep: e: 1 of 1 jobs finished; settings stored: 0 ok, 1 failed, 0 incorrect"
+    assert " ".join(lines[3].split()) == f"1 setting failed {COMPILE_ERROR}"
+    log = experiment.jobs[0].log
+    assert str(log).startswith("results/e/logs/broken-b100-") and log.is_file()
+    assert lines[4] == f"  more: {log}; {FAILURES}" and len(lines[4]) <= max(map(len, lines[1:4]))
+
+
+def test_each_settings_reason_points_at_its_own_jobs_logs(tmp_path, db_url, monkeypatch):
+    """Rows of several jobs: a `more on` line per reason names the first log of a job it describes and how many more;
+    the hint, where it does not fit the table's width, is left out (every row names a log)."""
+    monkeypatch.chdir(tmp_path)
+    finished = [make_result("naive", 100, experiment="e"),
+                make_result("broken", 100, status="failed", experiment="e"),
+                make_result("broken", 1000, status="failed", experiment="e"),
+                make_result("fp16", 100, status="incorrect", experiment="e")]
+    experiment = with_logs(experiment_files(Path("results"), finished, {}))
+    lines = said(db_url, experiment).splitlines()
+    logs = {job.job_id.split("-s1-")[0]: job.log for job in experiment.jobs}
+    assert [" ".join(line.split()[:4]) for line in lines[3:5]] == ["2 settings failed compile",
+                                                                    "1 setting incorrect max_rel_err"]
+    assert lines[5:] == [f"  more on failed, compile failed: tiled.cu(12): error: id…: {logs['broken-b100']} "
+                         f"(and 1 more in results/e/logs)",
+                         f"  more on incorrect, max_rel_err 0.5 exceeds tolerance 1e-05…: {logs['fp16-b100']}"]
+
+
+def test_a_sweep_in_which_no_setting_finished_ok_exits_1_after_its_table(tmp_path, db_url):
+    """Issue 54: a sweep whose every stored setting failed (or was incorrect) ended with status 0. Its table is printed
+    and a line says why the status is 1; one ok setting anywhere in the sweep is today's status 0."""
+    failed = experiment_files(tmp_path / "results", [make_result("broken", 100, status="failed", experiment="e"),
+                                                     make_result("fp16", 100, status="incorrect", experiment="e")], {})
+    out = io.StringIO()
+    assert finish_sweep(db_url, [failed], out=out) == 1
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "convsweep: e: 2 of 2 jobs finished; settings stored: 0 ok, 1 failed, 1 incorrect"
+    assert lines[-1] == "convsweep: no setting finished ok, so `snakemake` exits 1"
+
+    ok = experiment_files(tmp_path / "other", [make_result("naive", 100, experiment="other")], {})
+    ok = dataclasses.replace(ok, name="other")
+    out = io.StringIO()
+    assert finish_sweep(db_url, [failed, ok], out=out) == 0
+    assert "no setting finished ok" not in out.getvalue()
+
+    mixed = experiment_files(tmp_path / "mixed", [make_result("naive", 100, experiment="mixed"),
+                                                  make_result("broken", 100, status="failed", experiment="mixed")], {})
+    assert finish_sweep(db_url, [dataclasses.replace(mixed, name="mixed")], out=io.StringIO()) == 0
+
+
+def test_a_sweep_that_ran_no_job_or_cannot_be_read_is_not_said_to_have_nothing_ok(tmp_path, db_url):
+    """Every job left out: the not-run line says why the status is 1, not a line about settings no job measured. A
+    database that cannot be read cannot tell whether something was ok: its line alone, and the status is Snakemake's."""
+    left_out = experiment_files(tmp_path / "results", [], {"naive-b100-x": None})
+    left_out = dataclasses.replace(left_out, jobs=[dataclasses.replace(left_out.jobs[0], not_run=NO_GPU)])
+    out = io.StringIO()
+    assert finish_sweep(db_url, [left_out], out=out) == 1
+    assert "no setting finished ok" not in out.getvalue() and "1 job was not run" in out.getvalue()
+
+    (tmp_path / "bad.sqlite").write_text("not a database")
+    unread = experiment_files(tmp_path / "unread", [make_result("broken", 100, status="failed", experiment="e")], {})
+    out = io.StringIO()
+    assert finish_sweep(f"sqlite:///{tmp_path / 'bad.sqlite'}", [unread], out=out) == 0
+    assert "cannot tell what was stored" in out.getvalue() and "no setting finished ok" not in out.getvalue()
+
+
+def test_a_jobs_log_says_each_reason_a_setting_is_not_ok_whole():
+    """What run-job prints before its last line: a line per distinct reason, uncut, with its count, status and the
+    tunables of its first setting; nothing where every setting is ok."""
+    def setting(status, error=None, block=64):
+        return types.SimpleNamespace(status=status, error=error, params={"conv1": {"BLOCK": block}})
+
+    long_error = "kernels/broken.cu:3: " + "a compiler's sentence, " * 20 + "(variant 'broken', NVRTC)"
+    measurements = [setting("ok"), setting("failed", long_error, 64), setting("failed", long_error, 128),
+                    setting("incorrect", "max_rel_err 0.5 exceeds tolerance 1e-05 (fp32)", 256),
+                    setting("failed", None, 512)]
+    assert settings_not_ok(measurements) == [
+        f"2 settings failed (conv1 BLOCK=64 and 1 more): {long_error}",
+        "1 setting incorrect (conv1 BLOCK=256): max_rel_err 0.5 exceeds tolerance 1e-05 (fp32)",
+        "1 setting failed (conv1 BLOCK=512): no reason stored"]
+    assert settings_not_ok([setting("ok")]) == []
 
 
 class SnakemakesFormatter(logging.Formatter):

@@ -335,6 +335,48 @@ def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
     assert (work / "results" / "victim" / "summary.md").stat().st_mtime > reported_early
 
 
+def test_a_sweep_whose_every_setting_failed_exits_1_and_its_table_points_at_the_log_with_the_whole_reason(tmp_path):
+    """Issue 54, as it was reproduced: naive.cu with `int x = undefined_name;` at line 3 is two compiler errors. The
+    sweep of it alone exited 0, its job's log held only `1 settings in 0.9 s: 1 failed`, and the table's `more:`
+    named `convsweep query failures`. Now the log holds NVRTC's whole message (file:line first) and the setting's
+    reason uncut, its last line is still the job's summary, the table points at that log, and the status is 1.
+    A sweep with one ok setting beside it keeps status 0."""
+    checkout = copy_checkout(tmp_path / "checkout")
+    registry = yaml.safe_load((checkout / "kernels" / "variants.yaml").read_text())
+    registry["broken"] = {**registry["naive"], "source": "broken.cu", "compile_time": ["C"]}  # a build per layer
+    (checkout / "kernels" / "variants.yaml").write_text(yaml.safe_dump(registry))
+    naive = (checkout / "kernels" / "naive.cu").read_text().splitlines(keepends=True)
+    (checkout / "kernels" / "broken.cu").write_text("".join(naive[:2] + ["int x = undefined_name;\n"] + naive[2:]))
+    work = tmp_path / "work"
+    experiment = {"variants": ["broken"]}
+    small_sweep(work, {"b": experiment})
+    env = {**EVERY_JOB, "CONVSWEEP_CACHE": str(tmp_path / "cache")}
+    proc = run_in(checkout, work, env=env)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    log = next((work / "results" / "b" / "logs").glob("broken-b8-*.log"))
+    said = log.read_text().splitlines()
+    assert said.count("NVRTC's whole message for broken (BLOCK=256,C_FIXED=1; 1 more build said the same):") == 1
+    assert "  kernels/broken.cu:3: error: identifier \"undefined_name\" is undefined" in said, said
+    assert any(line.startswith("  kernels/broken.cu:3: error: A namespace scope variable") for line in said), said
+    assert "  2 errors detected in the compilation of \"kernels/broken.cu\"." in said
+    stored = history(work)[0].error
+    assert stored.startswith("kernels/broken.cu:3: A namespace scope variable") and len(stored) > 2 * REASON_CHARS
+    assert f"1 setting failed (conv1 BLOCK=256; conv2 BLOCK=256): {stored}" in said
+    assert said[-1].startswith(f"{log.stem}: 1 settings in ") and said[-1].endswith(" s: 1 failed")
+
+    table = proc.stderr[proc.stderr.index("convsweep: b: "):].splitlines()
+    assert table[0] == "convsweep: b: 1 of 1 jobs finished; settings stored: 0 ok, 1 failed, 0 incorrect"
+    assert table[3].split(None, 2)[2] == "failed  " + stored[:REASON_CHARS - 1] + "…"
+    assert table[4] == f"  more: results/b/logs/{log.name}; `convsweep query failures`"
+    assert table[5:] == ["convsweep: no setting finished ok, so `snakemake` exits 1"], table
+
+    small_sweep(work, {"b": experiment, "ok": {"variants": ["reference"]}})
+    mixed = run_in(checkout, work, env=env)
+    assert mixed.returncode == 0 and started(mixed, "run_job") == 1, mixed.stderr[-3000:]
+    assert "no setting finished ok" not in mixed.stderr
+    assert f"  more: results/b/logs/{log.name}; `convsweep query failures`" in mixed.stderr.splitlines()
+
+
 def kill_when_running(pattern: str, snakemake: subprocess.Popen, workdir: Path) -> bool:
     """SIGKILL the first convsweep process of this sweep (working in `workdir`, so never another test's when
     tests run in parallel) whose command line holds `pattern`, while `snakemake` runs (the job's Python, not

@@ -2,6 +2,8 @@
 # each setting and writes one result file; a setting that fails is a result, not a stop. A job that
 # cannot run on this machine (no GPU, no nsys, a full disk) writes nothing and fails: the next
 # `snakemake` runs it again.
+# Its log (stdout and stderr) holds why each setting is not ok, whole, and the compiler's whole message; its last
+# line is the job's summary (`convsweep watch` shows it); the table at the end of the sweep points at it.
 # Every placeholder is quoted (`:q`): the paths come from the config, and a shell never reads them as code.
 rule run_job:
     input:
