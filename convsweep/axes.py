@@ -2,9 +2,10 @@
 
 Everything that lists axes derives from `AXES`: the specs' fields (config.Cell), the expansion's
 product and job ids (config), the experiments and result schemas (schema.py adds each axis's
-property when it loads them), the `run` table's columns (store.models), compare's idea of one cell
-and report's columns, and the figures' series. Adding an axis is one entry here, the code that acts
-on its value, and a migration for its column.
+property when it loads them), the `run` table's columns (store.models), the views' cell columns
+(store.views, frozen by a migration) and the named queries' {cell} (query.expand_cell), compare's
+idea of one cell and report's columns, and the figures' series. Adding an axis is one entry here,
+the code that acts on its value, and a migration for its column and the views it regenerates.
 
 This module is pure data: it imports nothing of convsweep, so any layer may read it.
 """
@@ -192,16 +193,26 @@ def sort_key(values: dict[str, Any]) -> tuple:
     return tuple((values[axis.name] is not None, values[axis.name]) for axis in AXES)
 
 
-def columns(alias: str) -> str:
-    """The axes' columns of `run` for a SELECT list: 'r.batch, r.streams, ...'."""
-    return ", ".join(f"{alias}.{name}" for name in NAMES)
+def _kept(leave_out: tuple[str, ...]) -> tuple[Axis, ...]:
+    unknown = sorted(set(leave_out) - set(NAMES))
+    if unknown:
+        raise ValueError(f"no axis named {', '.join(unknown)} (the axes: {', '.join(NAMES)})")
+    return tuple(axis for axis in AXES if axis.name not in leave_out)
 
 
-def order_by(alias: str) -> str:
+def columns(alias: str = "", leave_out: tuple[str, ...] = ()) -> str:
+    """The axes' columns of `run` for a SELECT list: 'r.batch, r.streams, ...' (unqualified without an
+    alias), those in `leave_out` left out."""
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(f"{prefix}{axis.name}" for axis in _kept(leave_out))
+
+
+def order_by(alias: str = "", leave_out: tuple[str, ...] = ()) -> str:
     """An ORDER BY list that sorts runs as sort_key does, on SQLite and PostgreSQL alike (whose NULLs
-    sort last where SQLite's sort first)."""
-    return ", ".join(f"{alias}.{axis.name} IS NOT NULL, {alias}.{axis.name}" if axis.nullable else f"{alias}.{axis.name}"
-                     for axis in AXES)
+    sort last where SQLite's sort first); those in `leave_out` left out."""
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(f"{prefix}{axis.name} IS NOT NULL, {prefix}{axis.name}" if axis.nullable
+                     else f"{prefix}{axis.name}" for axis in _kept(leave_out))
 
 
 def series_suffix(row: dict[str, Any]) -> str:

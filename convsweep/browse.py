@@ -27,8 +27,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote_plus
 
 from convsweep.errors import ConvsweepError, StoreError
-from convsweep.paths import QUERIES_DIR
-from convsweep.query import list_queries
+from convsweep.query import list_queries, resolve_sql
 from convsweep.store import resolve_url, show_url, sqlite_path
 
 INSTALL_HINT = "pip install -e '.[browse]'"
@@ -73,7 +72,7 @@ def canned_queries() -> dict[str, dict[str, str]]:
     described by the comment lines after it."""
     queries = {}
     for name, question in list_queries():
-        sql = (QUERIES_DIR / f"{name}.sql").read_text(encoding="utf-8")
+        sql = resolve_sql(name)  # its {cell} placeholders expanded, as `convsweep query` runs it
         notes = []
         for line in sql.splitlines()[1:]:
             if not line.startswith("--"):

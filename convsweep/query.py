@@ -48,9 +48,10 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 from tabulate import tabulate
 
+from convsweep import axes
 from convsweep.errors import StoreError
 from convsweep.paths import QUERIES_DIR
-from convsweep.store import make_engine, one_line, resolve_url, show_url, sqlite_path
+from convsweep.store import bring_up_to_date, make_engine, one_line, resolve_url, show_url, sqlite_path
 
 FORMATS = ("table", "csv", "json")
 # A typed question's bounds, Datasette's kind of limits with room for a sweep's tables: every named query answers
@@ -66,6 +67,10 @@ DEFAULT_MAX_CELL_BYTES = 8 * 2**20
 TABLE_PADDING_MAX_CHARS = 4 * 2**20
 TABLE_SIGNIFICANT_DIGITS = 4
 _QUERY_NAME = re.compile(r"[A-Za-z0-9_-]+")
+# What a query file may write for the cell (convsweep.axes), expanded before it runs: {cell} (the axes' columns),
+# {cell_order} (an ORDER BY over them, NULLs first on both databases), either qualified ({r.cell}) and either with
+# axes left out ({cell except streams}, {r.cell_order except cache, timer}): a query never lists the axes itself.
+_CELL_PLACEHOLDER = re.compile(r"\{(?:(\w+)\.)?(cell|cell_order)(?:\s+except\s+(\w+(?:\s*,\s*\w+)*))?\}")
 _PG_REFUSALS = {"25006", "42501"}  # SQLSTATE read_only_sql_transaction, insufficient_privilege
 _PG_QUERY_CANCELED = "57014"  # what statement_timeout raises
 _PG_MAX_TIMEOUT_MS = 2**31 - 1  # PostgreSQL's timeouts are 32-bit milliseconds
@@ -109,17 +114,32 @@ def is_query_name(text: str) -> bool:
 
 
 def resolve_sql(sql_or_name: str) -> str:
-    """The text of a named query or of a .sql file, or the argument itself when it is SQL."""
+    """The text of a named query or of a .sql file, its cell placeholders expanded (expand_cell), or the argument
+    itself when it is SQL."""
     candidate = sql_or_name.strip()
     if candidate.endswith(".sql") and Path(candidate).is_file():
-        return Path(candidate).read_text(encoding="utf-8")
+        return expand_cell(Path(candidate).read_text(encoding="utf-8"), candidate)
     if _QUERY_NAME.fullmatch(candidate):
         path = QUERIES_DIR / f"{candidate}.sql"
         if path.is_file():
-            return path.read_text(encoding="utf-8")
+            return expand_cell(path.read_text(encoding="utf-8"), str(path))
         known = ", ".join(name for name, _ in list_queries())
         raise StoreError(f"no query named {candidate!r} in {QUERIES_DIR} (known: {known})")
     return sql_or_name
+
+
+def expand_cell(sql: str, source: str = "query") -> str:
+    """A query file's text with each {cell} and {cell_order} placeholder written out from the axes: `{r.cell}`
+    becomes 'r.batch, r.streams, ...', `{cell_order except cache}` the ORDER BY over the others."""
+    def written_out(match: re.Match[str]) -> str:
+        alias, what, left_out = match.groups()
+        names = tuple(name.strip() for name in left_out.split(",")) if left_out else ()
+        try:
+            return (axes.columns if what == "cell" else axes.order_by)(alias or "", names)
+        except ValueError as exc:
+            raise StoreError(f"{source}: {match.group(0)}: {exc}") from None
+
+    return _CELL_PLACEHOLDER.sub(written_out, sql)
 
 
 def run_query(url: str | None, sql_or_name: str, fmt: str = "table", params: dict[str, Any] | None = None,
@@ -184,7 +204,13 @@ def _run(url: str | None, sql_or_name: str, params: dict[str, Any] | None, bound
     keyword = _check_question(sql, _SQLITE_QUESTIONS if sa_url.get_backend_name() == "sqlite" else QUESTIONS)
     engine = _read_only_engine(sa_url, bounds.timeout_s)
     try:
-        return _fetch(engine, sa_url, sql, params or {}, keyword, bounds)
+        stale = bring_up_to_date(engine, sa_url)
+        try:
+            return _fetch(engine, sa_url, sql, params or {}, keyword, bounds)
+        except StoreError as exc:
+            if stale is None:
+                raise
+            raise StoreError(f"{exc}; {stale}") from None
     finally:
         engine.dispose()
 

@@ -16,7 +16,8 @@ from convsweep import axes, compare, report
 from convsweep.axes import AXES, NAMES
 from convsweep.config import JobSpec, RunSpec, expand_config, load_config
 from convsweep.errors import ConfigError
-from convsweep.paths import ROOT, SCHEMAS_DIR
+from convsweep.paths import QUERIES_DIR, ROOT, SCHEMAS_DIR
+from convsweep.query import expand_cell
 from convsweep.schema import load_schema, schema_file
 from convsweep.store.models import Run
 
@@ -206,3 +207,27 @@ def test_no_module_but_axes_lists_the_axes_by_hand():
             if len(named) >= len(AXES) - 1:
                 found.append(f"{Path(path).relative_to(ROOT)}:{node.lineno}: {sorted(named)}")
     assert not found, "axes listed by hand:\n" + "\n".join(found)
+
+
+def test_no_named_query_lists_the_axes_by_hand():
+    """A named query (db/queries/*.sql) names the cell with {cell} and sorts it with {cell_order}, which the
+    query runner writes out from AXES (convsweep.query.expand_cell): past its comments and those placeholders it
+    may name the one or two axes its question is about (per batch, along streams, warm against cold), never
+    the cell, or a new axis would be missing from it as timer was from summary."""
+    found = []
+    for path in sorted(QUERIES_DIR.glob("*.sql")):
+        sql = re.sub(r"\{[^{}]*\}", " ", re.sub(r"--[^\n]*", " ", path.read_text(encoding="utf-8")))
+        named = set(re.findall(r"\w+", sql)) & set(NAMES)
+        if len(named) > 2:
+            found.append(f"{path.relative_to(ROOT)}: {sorted(named)}")
+    assert not found, "axes listed by hand (write {cell} or {cell_order}):\n" + "\n".join(found)
+
+
+def test_the_cell_placeholders_are_the_axes():
+    """What the runner writes for each placeholder: the axes' columns and their order, as report reads them."""
+    assert expand_cell("{cell}") == ", ".join(NAMES) and expand_cell("{r.cell}") == axes.columns("r")
+    assert expand_cell("{r.cell_order}") == axes.order_by("r")  # the order report's tables list cells in
+    assert expand_cell("{cell except cache, timer}") == ", ".join(n for n in NAMES if n not in ("cache", "timer"))
+    assert "streams" not in expand_cell("{w.cell_order except streams}")
+    for path in sorted(QUERIES_DIR.glob("*.sql")):  # every placeholder a query writes is one the runner knows
+        assert not re.search(r"\{[^{}]*cell[^{}]*\}", expand_cell(path.read_text(encoding="utf-8"), path.name))

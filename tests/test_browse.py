@@ -27,7 +27,7 @@ from convsweep import browse
 from convsweep.errors import ConvsweepError, StoreError
 from convsweep.fileio import canonical_hash
 from convsweep.paths import QUERIES_DIR, ROOT
-from convsweep.query import fetch, list_queries
+from convsweep.query import fetch, list_queries, resolve_sql
 from convsweep.store import ingest_result, open_store
 from store_fixtures import every_layer, make_confirmation, make_job_file, make_result, standard_results
 
@@ -147,7 +147,7 @@ def test_one_canned_query_per_sql_file_titled_by_its_question(results_db):
     assert sorted(queries) == sorted(p.stem for p in QUERIES_DIR.glob("*.sql"))
     for name, question in list_queries():
         assert queries[name]["title"] == question
-        assert queries[name]["sql"] == (QUERIES_DIR / f"{name}.sql").read_text(encoding="utf-8")
+        assert queries[name]["sql"] == resolve_sql(name)  # placeholders expanded
     assert "tied" in queries["best"]["description"]  # the comment lines after the question
 
 

@@ -10,12 +10,13 @@ import time
 
 import pytest
 
+from convsweep.axes import NAMES
 from convsweep.errors import StoreError
 from convsweep.fileio import canonical_hash
 from convsweep.query import QUERIES_DIR, list_queries, render, run_query
 from convsweep.store import ingest_result, open_store
-from store_fixtures import (as_reader, every_layer, layer_floors, make_job_file, make_result, row_counts, standard_results,
-                            with_one_result)
+from store_fixtures import (as_reader, every_layer, integrity_results, layer_floors, make_job_file, make_result,
+                            row_counts, standard_results, with_one_result)
 
 WRITES = [
     "UPDATE run SET status = 'ok'",
@@ -75,10 +76,12 @@ def tuned_url(db_url):
 
 def test_summary_is_the_seeds_table_of_ok_runs(loaded_url):
     rows = rows_of(loaded_url, "summary")
-    assert list(rows[0]) == ["experiment", "variant", "batch", "streams", "input", "cache", "op time 1 (ms)", "op time 1 ±%",
-                             "op time 2 (ms)", "op time 2 ±%", "forward (ms)", "forward ±%", "forward × floor", "total (s)",
-                             "accuracy", "verdict"]
-    assert {r["input"] for r in rows} == {"fp32"} and {r["forward × floor"] for r in rows} == {None}  # no floors stored
+    # the cell: every axis, whether or not it varies (two runs differing only in timer never read as one)
+    assert list(rows[0]) == ["experiment", "variant", *NAMES, "op time 1 (ms)", "op time 1 ±%", "op time 2 (ms)",
+                             "op time 2 ±%", "forward (ms)", "forward ±%", "forward × floor", "total (s)", "accuracy",
+                             "verdict"]
+    assert {(r["input_format"], r["timer"]) for r in rows} == {("fp32", "events")}
+    assert {r["forward × floor"] for r in rows} == {None}  # no floors stored
     assert [(r["variant"], r["batch"]) for r in rows] == [
         ("naive", 100), ("naive", 1000), ("tiled", 100), ("tiled", 1000)]
     assert rows[1]["op time 1 (ms)"] == pytest.approx(0.74)
@@ -96,8 +99,8 @@ def test_summary_table_pastes_into_markdown(loaded_url):
     assert set(lines[1]) <= set("|-: ")
     assert len(lines) == 2 + 4
     naive_1000 = [cell.strip() for cell in lines[3].strip("|").split("|")]
-    assert naive_1000[1:] == ["naive", "1000", "1", "fp32", "warm", "0.7400", "0.1", "1.760", "0.1", "6.500", "2.3", "",
-                              "6.200", "0.9820", ""]
+    assert naive_1000[1:] == ["naive", "1000", "1", "", "pageable", "fp32", "warm", "events", "0.7400", "0.1", "1.760",
+                              "0.1", "6.500", "2.3", "", "6.200", "0.9820", ""]
 
 
 def test_best_never_counts_incorrect_or_failed_runs(loaded_url):
@@ -140,7 +143,7 @@ def test_best_ranks_every_conv_layer_of_a_deeper_network(db_url):
 def test_tuning_ranks_every_setting_of_each_layer_and_batch(tuned_url):
     rows = rows_of(tuned_url, "tuning")
     assert list(rows[0]) == ["experiment", "layer", "batch", "variant", "tunables", "op time (ms)", "rank", "status",
-                             "error", "checks", "streams", "host_memory", "run_id"]
+                             "verdict", "error", "checks", *(name for name in NAMES if name != "batch"), "run_id"]
     table = [(r["layer"], r["batch"], as_json(r["tunables"])["BLOCK"], r["rank"], r["status"]) for r in rows]
     assert table == [
         # ok settings by rank (the incorrect one is faster, and never ranked); ties share one
@@ -219,6 +222,23 @@ def test_streams_pivots_forward_time_and_overlap_by_stream_count(db_url):
     assert (pinned["overlap s1"], pinned["overlap s8"]) == (0.0, 0.97)
 
 
+def test_cache_pairs_warm_and_cold_runs_of_one_cell_only(db_url):
+    """A cold run pairs with the warm run that matches it on every other axis: the old hand-listed join paired
+    an fp32 warm run with a u8 cold one, and a cold run with no warm twin is not a row."""
+    engine = open_store(db_url)
+    for cache, input_format, op_ms in (("warm", "fp32", 0.5), ("cold", "fp32", 0.8), ("cold", "u8", 0.9)):
+        result = make_result("naive", 100, op_time_ms=(op_ms, op_ms))
+        result["spec"].update({"cache": cache} if cache == "cold" else {})
+        result["spec"].update({"input_format": input_format} if input_format != "fp32" else {})
+        result["run_key"] = canonical_hash(result["spec"])
+        assert ingest_result(engine, result, None).added == 1
+    engine.dispose()
+    rows = rows_of(db_url, "cache")
+    assert [(r["layer"], r["input_format"], r["warm (ms)"], r["cold (ms)"]) for r in rows] == [
+        ("conv1", "fp32", 0.5, 0.8), ("conv2", "fp32", 0.5, 0.8)]
+    assert rows[0]["cold / warm"] == pytest.approx(1.6) and "cache" not in rows[0]
+
+
 def test_phases_splits_each_runs_wall_time(db_url):
     engine = open_store(db_url)
     result = make_result("naive", batch=1000)
@@ -250,7 +270,7 @@ def test_kernels_query(loaded_url):
 
 def test_throughput_is_gflops_and_floor_bandwidth_per_ok_layer(loaded_url):
     rows = rows_of(loaded_url, "throughput")
-    assert list(rows[0]) == ["experiment", "variant", "tunables (per layer)", "batch", "streams", "host_memory",
+    assert list(rows[0]) == ["experiment", "variant", "tunables (per layer)", *NAMES,
                              "layer", "op time (ms)", "GFLOP/s", "GB/s", "× floor", "checks", "run_id"]
     # Per layer and batch, fastest first; the incorrect fp16 and the failed run never show
     assert [(r["layer"], r["batch"], r["variant"]) for r in rows] == [
@@ -328,6 +348,55 @@ def test_sql_file_path(loaded_url, tmp_path):
     path = tmp_path / "mine.sql"
     path.write_text("-- How many runs?\nSELECT COUNT(*) AS runs FROM run\n", encoding="utf-8")
     assert rows_of(loaded_url, str(path)) == [{"runs": 6}]
+
+
+def test_a_query_file_may_name_the_cell_and_typed_sql_is_left_as_it_is(loaded_url, tmp_path):
+    """{cell} and {cell_order} (qualified, with axes left out) are written out from the axes in a query file, a
+    named one or a path; an axis that does not exist is the file's one line; SQL typed in full is never touched."""
+    path = tmp_path / "cells.sql"
+    path.write_text("SELECT variant, {r.cell} FROM latest_run r WHERE r.trusted = 1 ORDER BY r.variant, {r.cell_order}",
+                    encoding="utf-8")
+    rows = rows_of(loaded_url, str(path))
+    assert list(rows[0]) == ["variant", *NAMES] and [(r["variant"], r["batch"]) for r in rows] == [
+        ("naive", 100), ("naive", 1000), ("tiled", 100), ("tiled", 1000)]
+    path.write_text("SELECT {cell except warmth} FROM latest_run", encoding="utf-8")
+    with pytest.raises(StoreError, match=r"cells\.sql: \{cell except warmth\}: no axis named warmth"):
+        run_query(as_reader(loaded_url), str(path))
+    assert rows_of(loaded_url, "SELECT '{cell}' AS braces") == [{"braces": "{cell}"}]
+
+
+def test_summary_tells_two_runs_of_one_cell_apart_by_their_timer(db_url):
+    """Issue 53's table: events 5.0 ms and graph 3.0 ms of one cell printed as two rows identical but for the time."""
+    engine = open_store(db_url)
+    for timer, forward_ms in (("events", 5.0), ("graph", 3.0)):
+        result = make_result("naive", 1000, host_memory="pinned")
+        if timer != "events":  # a spec leaves an axis at its default out
+            result["spec"]["timer"] = timer
+            result["run_key"] = canonical_hash(result["spec"])
+        result["timings"]["forward_ms"] = forward_ms
+        assert ingest_result(engine, result, None).added == 1
+    engine.dispose()
+    rows = rows_of(db_url, "summary")
+    assert [(r["host_memory"], r["timer"], r["forward (ms)"]) for r in rows] == [("pinned", "events", 5.0),
+                                                                                ("pinned", "graph", 3.0)]
+
+
+def test_a_run_not_every_pass_of_which_was_fresh_is_a_failure_and_never_ranked(db_url):
+    """The views' trusted: a run some of whose timed passes ran on inputs its kernel had seen is out of best
+    (as before) and now out of every ranking and rate too; failures and summary say why."""
+    found = integrity_results()[0]["measurements"][0]["integrity"]
+    engine = open_store(db_url)
+    ingest_result(engine, make_result("naive", 100, op_time_ms=(0.5, 0.9), integrity=found), None)
+    ingest_result(engine, make_result("stale", 100, op_time_ms=(0.1, 0.2), integrity={**found, "fresh_passes": 1}),
+                  None)
+    engine.dispose()
+    failures = rows_of(db_url, "failures")
+    assert [(r["variant"], r["status"], r["verdict"]) for r in failures] == [("stale", "ok", "not-fresh")]
+    for name in ("best", "throughput", "transfers", "streams", "energy"):
+        assert {r["variant"] for r in rows_of(db_url, name)} == {"naive"}, name
+    assert {(r["variant"], r["rank"], r["verdict"]) for r in rows_of(db_url, "tuning")} == {
+        ("naive", 1, "ok"), ("stale", None, "not-fresh")}
+    assert {(r["variant"], r["verdict"]) for r in rows_of(db_url, "summary")} == {("naive", ""), ("stale", "not fresh")}
 
 
 def test_parameters_bind(loaded_url):
@@ -477,3 +546,33 @@ def test_gpus_counts_the_runs_each_gpu_measured(db_url):
     engine.dispose()
     rows = rows_of(db_url, "gpus")
     assert [(r["gpu_uuid"], r["runs"], r["ok"]) for r in rows] == [("GPU-a", 2, 2), ("GPU-b", 1, 1)]
+
+
+def test_a_database_of_an_older_schema_is_migrated_before_a_query_reads_it(tmp_path):
+    """A store an older convsweep left (0018: no `trusted`, `verdict` or `timer` in its views) answered every named
+    query with `no such column` until something opened it for writing; now the query brings it up first, and one
+    that cannot be written says so in one line."""
+    import os
+
+    from convsweep.store import migrate
+    from convsweep.store.engine import SCHEMA_REVISION
+
+    path = tmp_path / "old.sqlite"
+    url = f"sqlite:///{path}"
+    engine = open_store(url)
+    ingest_result(engine, make_result(), None)
+    migrate(engine, "0018", downgrade=True)
+    engine.dispose()
+    assert len(rows_of(url, "summary")) == 1
+    with open_store(url).connect() as connection:
+        assert connection.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == SCHEMA_REVISION
+
+    engine = open_store(url)
+    migrate(engine, "0018", downgrade=True)
+    engine.dispose()
+    os.chmod(path, 0o444)
+    with pytest.raises(StoreError) as caught:
+        run_query(url, "summary")
+    said = str(caught.value)
+    assert "\n" not in said and "no such column" in said and "at schema 0018" in said and "read-only" in said
+    assert "convsweep ingest" in said

@@ -23,6 +23,7 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import Connection, Engine, MetaData, Table, delete, func, insert, inspect, select
 from sqlalchemy.orm import Session
 
+from convsweep.axes import NAMES
 from convsweep.cli import main as cli_main
 from convsweep.config import JobSpec, RunSpec
 from convsweep.errors import StoreError
@@ -76,8 +77,12 @@ RUN_SUMMARY_0006_COLUMNS = RUN_SUMMARY_0003_COLUMNS + ["op_time_1_spread", "op_t
 RUN_SUMMARY_0011_COLUMNS = RUN_SUMMARY_0006_COLUMNS + ["cache", "note"]
 RUN_SUMMARY_0012_COLUMNS = RUN_SUMMARY_0011_COLUMNS + ["error", "checks"]
 RUN_SUMMARY_0013_COLUMNS = RUN_SUMMARY_0012_COLUMNS + ["input_format", "forward_floor_ms"]
-RUN_SUMMARY_COLUMNS = RUN_SUMMARY_0013_COLUMNS + ["compute_ms", "compute_floor_ms"]
+RUN_SUMMARY_0018_COLUMNS = RUN_SUMMARY_0013_COLUMNS + ["compute_ms", "compute_floor_ms"]
+# 0019: the cell is every axis, after the experiment and the variant; then what a run's number is worth
+RUN_SUMMARY_COLUMNS = ["experiment", "variant", *NAMES, "status", "trusted", "verdict"] + [
+    c for c in RUN_SUMMARY_0018_COLUMNS if c not in ("experiment", "variant", "status", *NAMES)]
 LATEST_RUN_0004_OWN_COLUMNS = ["measurement_rank", "op_time_1_ms", "op_time_2_ms"]
+LATEST_RUN_0019_OWN_COLUMNS = ["verdict", "trusted"]
 
 
 @pytest.fixture
@@ -121,7 +126,9 @@ def assert_latest_run_shows_every_run_column(connection: Connection) -> None:
     shown = list(connection.exec_driver_sql("SELECT * FROM latest_run WHERE 1 = 0").keys())
     run_columns = [c["name"] for c in inspect(connection).get_columns("run")]
     assert {"job_key", "grid", "forward_spread"} <= set(run_columns)
-    assert shown == run_columns + LATEST_RUN_0004_OWN_COLUMNS + ["op_time_1_spread", "op_time_2_spread"]
+    judged = connection.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() >= "0019"
+    assert shown == run_columns + LATEST_RUN_0004_OWN_COLUMNS + ["op_time_1_spread", "op_time_2_spread"] + (
+        LATEST_RUN_0019_OWN_COLUMNS if judged else [])
 
 
 def test_schema_revision_is_alembics_head():

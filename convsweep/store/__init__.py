@@ -13,7 +13,7 @@ import importlib
 _HOME = {
     "ceilings": ["ingest_ceiling", "refresh_floors"],
     "confirmations": ["ingest_confirmation"],
-    "engine": ["alembic_config", "make_engine", "migrate", "one_line", "open_store", "resolve_url", "show_url",
+    "engine": ["alembic_config", "bring_up_to_date", "make_engine", "migrate", "one_line", "open_store", "resolve_url", "show_url",
                "sqlite_path"],
     "ingest": ["check_result", "ingest_files", "ingest_result", "read_result"],
     "ingest_report": ["IngestReport"],

@@ -229,6 +229,27 @@ def migrate(engine: Engine, revision: str = "head", *, downgrade: bool = False) 
         _migrate(connection, engine.url, revision, downgrade)
 
 
+def bring_up_to_date(reader: Engine, url: str | URL) -> str | None:
+    """Before a read-only engine reads: a database of an older schema (made by an older convsweep, say) is
+    migrated first, as a sweep or ingest would on opening it, since the queries are written for this schema's
+    views. Where it cannot be (the file is read-only, the role may not), what to do, for the read's error to
+    add should the old views not answer it; None where the schema is current or the read will say what is wrong."""
+    try:
+        with reader.connect() as connection:
+            stored = _stored_revision(connection)
+    except SQLAlchemyError:  # unreachable, or a role that may not read alembic_version: the read itself says so
+        return None
+    if stored is None or stored >= SCHEMA_REVISION:
+        return None
+    try:
+        open_store(url.render_as_string(hide_password=False) if isinstance(url, URL) else url).dispose()
+    except StoreError as exc:
+        return (f"the database is at schema {stored} and this convsweep's queries read {SCHEMA_REVISION}'s "
+                f"views, but it could not be migrated ({exc}): open it once where it can be written "
+                f"(`convsweep ingest`, or the next `snakemake`)")
+    return None
+
+
 def _stored_revision(connection: Connection) -> str | None:
     """The database's Alembic revision, read with plain SQL; None for a database without one."""
     if not inspect(connection).has_table("alembic_version"):

@@ -1,25 +1,26 @@
 -- How much slower is each conv layer when it finds a cold L2 (written over before it) than a warm one, per variant and batch?
--- Pairs the latest warm and cold runs of the same job (experiment, variants, tunables, batch, streams, host memory),
--- both ok. checks: "fast" where either was measured with `checks: fast` (no caching test).
-SELECT w.experiment,
-       lw.variant,
-       w.batch,
-       lw.layer,
-       lw.op_time_ms AS "warm (ms)",
-       CAST(ROUND(CAST(100 * lw.op_time_spread AS NUMERIC), 1) AS VARCHAR) AS "warm ±%",
-       lc.op_time_ms AS "cold (ms)",
-       CAST(ROUND(CAST(100 * lc.op_time_spread AS NUMERIC), 1) AS VARCHAR) AS "cold ±%",
-       CASE WHEN lw.op_time_ms > 0 THEN lc.op_time_ms / lw.op_time_ms END AS "cold / warm",
-       CASE WHEN w.checks = 'fast' OR c.checks = 'fast' THEN 'fast' ELSE '' END AS checks,
-       w.id AS warm_run,
-       c.id AS cold_run
-FROM latest_run w
-JOIN latest_run c
-  ON c.experiment = w.experiment AND c.network = w.network AND c.variant = w.variant AND c.batch = w.batch
- AND c.streams = w.streams AND c.host_memory = w.host_memory
- AND CAST(c.params AS TEXT) = CAST(w.params AS TEXT) AND CAST(c.variants AS TEXT) = CAST(w.variants AS TEXT)
- AND (c.chunk_images = w.chunk_images OR (c.chunk_images IS NULL AND w.chunk_images IS NULL))
-JOIN layer_time lw ON lw.run_id = w.id
-JOIN layer_time lc ON lc.run_id = c.id AND lc.layer = lw.layer
-WHERE w.cache = 'warm' AND c.cache = 'cold' AND w.status = 'ok' AND c.status = 'ok'
-ORDER BY w.experiment, lw.variant, w.batch, lw.layer_index
+-- Pairs the latest warm and cold runs of the same setting (experiment, network, variants, tunables and every other
+-- axis of the cell: {cell except cache}), both trusted (latest_run.trusted: ok, every timed pass fresh).
+-- checks: "fast" where either was measured with `checks: fast` (no caching test).
+SELECT r.experiment,
+       lt.variant,
+       {r.cell except cache},
+       lt.layer,
+       MAX(CASE WHEN r.cache = 'warm' THEN lt.op_time_ms END) AS "warm (ms)",
+       MAX(CASE WHEN r.cache = 'warm' THEN CAST(ROUND(CAST(100 * lt.op_time_spread AS NUMERIC), 1) AS VARCHAR) END)
+           AS "warm ±%",
+       MAX(CASE WHEN r.cache = 'cold' THEN lt.op_time_ms END) AS "cold (ms)",
+       MAX(CASE WHEN r.cache = 'cold' THEN CAST(ROUND(CAST(100 * lt.op_time_spread AS NUMERIC), 1) AS VARCHAR) END)
+           AS "cold ±%",
+       MAX(CASE WHEN r.cache = 'cold' THEN lt.op_time_ms END)
+           / NULLIF(MAX(CASE WHEN r.cache = 'warm' THEN lt.op_time_ms END), 0) AS "cold / warm",
+       MAX(CASE WHEN r.checks = 'fast' THEN 'fast' ELSE '' END) AS checks,
+       MAX(CASE WHEN r.cache = 'warm' THEN r.id END) AS warm_run,
+       MAX(CASE WHEN r.cache = 'cold' THEN r.id END) AS cold_run
+FROM layer_time lt
+JOIN latest_run r ON r.id = lt.run_id
+WHERE r.trusted = 1
+GROUP BY r.experiment, r.network, r.variant, CAST(r.params AS TEXT), CAST(r.variants AS TEXT), {r.cell except cache},
+         lt.layer_index, lt.layer, lt.variant
+HAVING COUNT(CASE WHEN r.cache = 'warm' THEN 1 END) > 0 AND COUNT(CASE WHEN r.cache = 'cold' THEN 1 END) > 0
+ORDER BY r.experiment, lt.variant, {r.cell_order except cache}, lt.layer_index

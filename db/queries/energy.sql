@@ -4,12 +4,11 @@
 -- short for the counter's steps is followed by untimed passes of the same kind (the job's "energy" phase, at most
 -- energy_window_s) and the power is measured over both; blank where even those could not tell it. GFLOP/J counts the conv layers' FLOPs against that energy.
 -- "throttled" counts the passes after which NVML named a slowdown (power cap, thermal, power brake).
--- checks: "fast" where the run was measured with `checks: fast` (no caching test).
+-- Trusted runs (latest_run.trusted) on the GPU, each with its cell. checks: "fast" where the run was measured with
+-- `checks: fast` (no caching test).
 SELECT r.experiment,
        r.variant,
-       r.batch,
-       r.streams,
-       r.cache,
+       {r.cell},
        r.repeats AS passes,
        r.energy_per_pass_j AS "J/pass",
        CASE WHEN ph.seconds > 0 THEN r.energy_j / ph.seconds END AS "mean W",
@@ -25,5 +24,5 @@ SELECT r.experiment,
 FROM latest_run r
 LEFT JOIN phase ph ON ph.run_id = r.id AND ph.name = 'timed'
 LEFT JOIN (SELECT run_id, SUM(flops) AS flops FROM layer_time GROUP BY run_id) conv ON conv.run_id = r.id
-WHERE r.status = 'ok' AND r.profiler <> 'cpu'
-ORDER BY r.experiment, r.variant, r.batch, r.streams, r.cache, r.id
+WHERE r.trusted = 1 AND r.profiler <> 'cpu'
+ORDER BY r.experiment, r.variant, {r.cell_order}, r.id

@@ -1,4 +1,7 @@
 -- Which runs failed, computed wrong results or cannot be trusted (suspect), and why?
+-- Every latest run that is not trusted (latest_run.trusted), with its verdict (convsweep/store/views.py): failed,
+-- incorrect, suspect, or not-fresh (ok, but some of its timed passes ran on inputs its kernel had seen: stored
+-- before every pass was fresh).
 -- A suspect run's error is each of its reasons ("; "-joined): a time below the physical floor, later sightings of
 -- a round faster than its first (the caching test), device state left set, work outside the timer. failed_pass:
 -- the first timed pass whose output was wrong (an incorrect run the integrity checks caught mid-timing).
@@ -8,14 +11,14 @@ SELECT id AS run_id,
        experiment,
        job_id,
        variant,
-       batch,
-       streams,
+       {cell},
        status,
+       verdict,
        max_rel_err,
        tolerance,
        failed_pass,
        error,
        findings
 FROM latest_run
-WHERE status IN ('failed', 'incorrect', 'suspect')
-ORDER BY experiment, status, variant, batch, streams, id
+WHERE trusted = 0
+ORDER BY experiment, verdict, variant, {cell_order}, id

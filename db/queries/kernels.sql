@@ -1,8 +1,7 @@
 -- What does each kernel cost: launches, median time, registers and shared memory per layer?
 SELECT r.experiment,
        r.variant,
-       r.batch,
-       r.streams,
+       {r.cell},
        r.status,
        k.layer,
        k.name AS kernel,
@@ -15,4 +14,4 @@ SELECT r.experiment,
        r.id AS run_id
 FROM kernel k
 JOIN latest_run r ON r.id = k.run_id
-ORDER BY r.experiment, r.variant, r.batch, r.streams, r.id, k.layer, k.name
+ORDER BY r.experiment, r.variant, {r.cell_order}, r.id, k.layer, k.name

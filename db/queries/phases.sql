@@ -1,10 +1,9 @@
 -- Where does a job's wall time go: total seconds split into process start, data load, waiting for the GPU (another job held it), compile (or cache hit), allocation, warm-up, timed repeats, the check and the nsys profile/export?
+-- Every run that ran (its verdict is not failed), with its cell.
 -- checks: "fast" where the run was measured with `checks: fast` (no caching test: less time).
 SELECT r.experiment,
        r.variant,
-       r.batch,
-       r.streams,
-       r.host_memory,
+       {r.cell},
        r.profiler,
        r.total_s AS "total (s)",
        MAX(CASE WHEN p.name = 'process_start' THEN p.seconds END) AS "start",
@@ -20,6 +19,6 @@ SELECT r.experiment,
        r.id AS run_id
 FROM latest_run r
 LEFT JOIN phase p ON p.run_id = r.id
-WHERE r.status <> 'failed'
-GROUP BY r.id, r.experiment, r.variant, r.batch, r.streams, r.host_memory, r.profiler, r.total_s, r.checks
-ORDER BY r.experiment, r.variant, r.batch, r.streams, r.host_memory, r.id
+WHERE r.verdict <> 'failed'
+GROUP BY r.id, r.experiment, r.variant, {r.cell}, r.profiler, r.total_s, r.checks
+ORDER BY r.experiment, r.variant, {r.cell_order}, r.id

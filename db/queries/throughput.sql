@@ -1,5 +1,6 @@
 -- What GFLOP/s and GB/s does each conv layer reach (ok runs; GB/s counts only the bytes the layer must move at least)?
--- A suspect run (a time below the physical floor, say) is left out: its rates would be impossible ones.
+-- Trusted runs only (latest_run.trusted): a suspect run (a time below the physical floor, say) is left out, its
+-- rates would be impossible ones, and so is one whose timed passes were not all on fresh inputs.
 -- checks: "fast" where the run was measured with `checks: fast` (no caching test).
 -- × floor: the op time over the layer's floor at this GPU's measured rates (convsweep/floors.py: its least bytes
 -- at the device copy rate, or its FLOPs at the matmul rate of the unit its variant computes on, whichever is
@@ -7,9 +8,7 @@
 SELECT r.experiment,
        lt.variant,
        r.params AS "tunables (per layer)",
-       r.batch,
-       r.streams,
-       r.host_memory,
+       {r.cell},
        lt.layer,
        lt.op_time_ms AS "op time (ms)",
        CASE WHEN lt.op_time_ms > 0 THEN lt.flops / (lt.op_time_ms * 1e6) END AS "GFLOP/s",
@@ -19,5 +18,5 @@ SELECT r.experiment,
        r.id AS run_id
 FROM layer_time lt
 JOIN latest_run r ON r.id = lt.run_id
-WHERE r.status = 'ok'
+WHERE r.trusted = 1
 ORDER BY r.experiment, lt.layer, r.batch, lt.op_time_ms IS NULL, lt.op_time_ms, r.id

@@ -1,9 +1,9 @@
 -- How much of the copy time do streams and pinned host memory hide (ok runs)?
+-- Trusted runs (latest_run.trusted), a cell's stream counts one after another.
 -- checks: "fast" where the run was measured with `checks: fast` (no caching test).
 SELECT experiment,
        variant,
-       batch,
-       host_memory,
+       {cell except streams},
        streams,
        h2d_ms AS "h2d (ms)",
        d2h_ms AS "d2h (ms)",
@@ -12,5 +12,5 @@ SELECT experiment,
        overlap,
        CASE WHEN checks = 'fast' THEN 'fast' ELSE '' END AS checks
 FROM latest_run
-WHERE status = 'ok'
-ORDER BY experiment, variant, batch, host_memory, streams, id
+WHERE trusted = 1
+ORDER BY experiment, variant, {cell_order except streams}, streams, id
