@@ -366,6 +366,18 @@ def test_tuning_of_a_large_grid_names_only_the_fastest(tmp_path):
     assert [t.get_text() for t in ax.texts if t.get_text().startswith("fastest: register_tiled_gemm")]
 
 
+def test_a_grid_none_of_whose_settings_finished_ok_is_one_line_not_a_crash():
+    """A tuning grid whose kernel never compiled had no op time to log-scale: make_report died on matplotlib's
+    ValueError and the sweep ended `report not made`."""
+    from convsweep.figures import tuning
+
+    rows = [{"layer_index": 0, "layer": "conv1", "batch": 8, "variant": "broken", "layer_variant": "broken",
+             "params": {"BLOCK": block}, "status": "failed", "op_time_ms": None, "cache": "warm"}
+            for block in (64, 256)]
+    with pytest.raises(MissingData, match="has a tunable grid, but no setting of it finished ok"):
+        tuning.draw(rows, "t")
+
+
 @pytest.mark.parametrize("kind, experiment, why", [
     ("streams", BASELINE, "has no ok runs at several stream counts"),
     ("tuning", BASELINE, "has no tunable grid"),

@@ -20,6 +20,9 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
     if not panels:
         raise MissingData(f"experiment {experiment!r} has no tunable grid: every variant ran at one setting "
                           "(sweeps/tuning.yaml sweeps some)")
+    if not any(s["op_time_ms"] for settings in panels.values() for s in settings.values()):
+        raise MissingData(f"experiment {experiment!r} has a tunable grid, but no setting of it finished ok "
+                          "(`convsweep query failures` says why)")
     every_layer, every_batch = sorted({(i, layer) for i, layer, _ in panels}), sorted({b for *_, b in panels})
     layers, batches = spread(every_layer, MAX_ROWS), spread(every_batch, MAX_COLUMNS)
     panels = {(i, layer, b): settings for (i, layer, b), settings in panels.items()
