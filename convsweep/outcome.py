@@ -49,6 +49,7 @@ WHAT_ORDER = ("did not finish", "not stored", "report not made", "failed", "inco
 UNFINISHED = {"run": "did not finish", "profile": "profile did not finish", "winners": "winners not confirmed"}
 NOT_RUN = {"run": "not run", "profile": "profile not run", "winners": "winners not run"}  # left out by the machine
 NOT_RUN_FORMAT = "not-run-1"
+PLANNED_FORMAT = "planned-1"
 # `CONVSWEEP_GPU_JOBS=run snakemake` runs the GPU jobs even on a machine that shows no GPU (convsweep.plan): each
 # compiles its kernels, stores a kernel that does not compile as failed, and stops where it needs the GPU.
 GPU_JOBS_ENV = "CONVSWEEP_GPU_JOBS"
@@ -125,6 +126,40 @@ class NotRun:
         if not isinstance(data, dict) or data.get("format") != NOT_RUN_FORMAT:
             raise ConvsweepError(f"{path}: expected a {NOT_RUN_FORMAT} record of the jobs not run")
         return cls(data["reason"], tuple((job["kind"], job["id"]) for job in data["jobs"]))
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The run jobs a sweep asks of an experiment, by id (`results/<experiment>/planned.json`, for the sweep to write
+    with not-run.json before any job runs; each job's spec is in specs/): what its report compares with what is
+    stored, so that it can say which jobs stopped or never started."""
+
+    jobs: tuple[str, ...]
+
+    def write(self, path: Path) -> None:
+        """Write the record; a file already holding it is left alone, so its time says when the plan changed."""
+        record = {"format": PLANNED_FORMAT, "jobs": list(self.jobs)}
+        try:
+            if json.loads(path.read_text()) == record:
+                return
+        except (OSError, ValueError):
+            pass  # absent or unreadable: written below
+        from .fileio import write_json_atomic
+
+        write_json_atomic(path, record)
+
+    @classmethod
+    def read(cls, path: Path) -> "Planned | None":
+        """The record at `path`; None where there is none. A file of another format raises ConvsweepError."""
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise ConvsweepError(f"{path}: cannot read it ({e})") from None
+        if not isinstance(data, dict) or data.get("format") != PLANNED_FORMAT or not isinstance(data.get("jobs"), list):
+            raise ConvsweepError(f"{path}: expected a {PLANNED_FORMAT} record of the jobs a sweep plans")
+        return cls(tuple(str(job_id) for job_id in data["jobs"]))
 
 
 def last_reason(log: Path) -> str | None:
@@ -250,12 +285,15 @@ def collect(url: str, experiment: ExperimentFiles, not_stored: dict[Path, str]) 
 
 def report_what_finished(experiment: ExperimentFiles, outcome: Outcome) -> None:
     """Where some jobs of the experiment did not finish, write its report over those that did, unless it is
-    newer than every result already; a report that cannot be written is a row of the table, never a stop."""
+    newer than every result, and every log of a job without one, already; a report that cannot be written is a row
+    of the table, never a stop."""
     results = [job.result for job in experiment.jobs if job.result.exists()]
     if outcome.finished == outcome.jobs or not experiment.report_command:
         return
     made = [_mtime(p) for p in experiment.reports]
-    newest = max(((_mtime(p) or 0) for p in results), default=0)
+    # A job that ran since the report and left no result (stopped, killed) changes what it says, as a new result does.
+    attempts = [job.log for job in experiment.jobs if not job.result.exists()]
+    newest = max(((_mtime(p) or 0) for p in results + attempts), default=0)
     if not all(t is not None and t >= newest for t in made):
         from .paths import ROOT
 

@@ -402,14 +402,16 @@ class SweepPlan:
         return {**job.to_dict(), "sweep": job.sweep, "job_id": job.job_id}
 
     def write_not_run(self) -> None:
-        """Called from onstart: each experiment's record of the jobs this machine leaves out (convsweep.outcome.NotRun),
-        which the end of the sweep and the report read; where none is left out, an old record is removed."""
-        from .outcome import NotRun
+        """Called from onstart: each experiment's record of the run jobs it plans (convsweep.outcome.Planned) and of
+        those this machine leaves out (NotRun), which the end of the sweep and the report read; where none is left
+        out, an old record is removed."""
+        from .outcome import NotRun, Planned
 
         for experiment in self.experiments:
             path = Path(self.not_run_file(experiment))
             left = self._not_run(experiment)
             try:
+                Planned(tuple(self._job_ids(experiment))).write(path.with_name("planned.json"))
                 if left:
                     NotRun(self.left_out, tuple(left)).write(path)
                 else:

@@ -1,7 +1,8 @@
-"""`convsweep report`: an experiment as the course reports were typed by hand, generated. Per variant:
-the seeds' table, the speedup over the previous variant and over the naive baseline, and what Nsight
-Compute says bounds each conv kernel; then which variants lie on each conv layer's front of op time
-against energy per pass, where energy was measured; then the figures. Written as Markdown (report.md, figures
+"""`convsweep report`: an experiment as the course reports were typed by hand, generated. First what its
+sweep asked for and has no result of (report_coverage); then per variant: the seeds' table, the speedup over
+the previous variant and over the naive baseline, and what Nsight Compute says bounds each conv kernel; then
+which variants lie on each conv layer's front of op time against energy per pass, where energy was measured;
+then the figures. Written as Markdown (report.md, figures
 linked), as one self-contained HTML page (figures embedded: what the Snakemake report shows) and as
 CSV tables.
 
@@ -23,6 +24,7 @@ from .fileio import checked_directory, json_column, write_atomic
 from .pareto import front_section
 from .floors import times_floor
 from .figures import FIGURES, KINDS, figure_files
+from .report_coverage import Coverage, read_coverage, section as coverage_section
 from .reading import (BASELINE_VARIANT, PROVENANCE_COLUMNS, fastest as fastest_rows, provenance,
                       whole_network)
 
@@ -32,7 +34,7 @@ CELL_COLUMNS = tuple((axis.name, axis.heading) for axis in axes.AXES)
 NO_VALUE = "—"
 
 RUNS_SQL = f"""
-SELECT r.id AS run_id, r.variant, r.params, {axes.columns("r")},
+SELECT r.id AS run_id, r.job_id, r.variant, r.params, {axes.columns("r")},
        r.status, r.error, r.checks, r.findings, r.op_time_1_ms, r.op_time_1_spread, r.op_time_2_ms, r.op_time_2_spread,
        r.forward_ms, r.forward_spread, r.forward_floor_ms, r.total_s, r.accuracy, r.profiler,
        conv.op_time_ms, conv.timed_layers, conv.conv_layers, {PROVENANCE_COLUMNS}
@@ -76,6 +78,7 @@ class Experiment:
     why: list[dict[str, Any]] = field(default_factory=list)
     fronts: list = field(default_factory=list)
     winners: list[dict[str, Any]] = field(default_factory=list)  # the `winners` query's rows of this experiment
+    coverage: Coverage | None = None  # what the sweep asked for and has no result of, where its records say
 
 
 # -- reading -----------------------------------------------------------------------------------------
@@ -173,6 +176,7 @@ def build(experiment: Experiment, figures: Sequence[Path] = (), figures_dir: Pat
     ]
     if BASELINE_VARIANT not in best:
         blocks.append(Paragraph(f"No ok `{BASELINE_VARIANT}` run in this experiment: no speedup over the baseline."))
+    blocks += coverage_section(experiment.coverage, runs, "under its variant below")
     for index, variant in enumerate(order):
         previous = order[index - 1] if index > 0 else None
         blocks += _variant_section(experiment, variant, previous, best, shown)
@@ -517,6 +521,8 @@ def summary_markdown(experiment: Experiment) -> str:
         rows = [[runs_text(group, shown, grid, variants=True), error]
                 for (_, error), group in failure_groups(suspect).items()]
         text += (f"\n## Suspect\n\n{SUSPECT_INTRO}\n\n{render(['runs', 'why'], rows, 'table')}\n")
+    if coverage := coverage_section(experiment.coverage, runs, "in Failed or incorrect above"):
+        text += "\n" + to_markdown(coverage, Path("."))
     return text
 
 
@@ -539,7 +545,9 @@ def write(url: str | None, experiment: str, markdown: Path | None = None, page: 
     """Write the report of `experiment` as Markdown, as an HTML page, as CSV tables (seeds.csv,
     why.csv in `tables`) and as summary.md, each where asked, from one read of the database;
     figures are the PNGs in `figures_dir`. `allow_empty`: an experiment with no run stored gets a
-    report saying so (the end of a sweep none of whose jobs finished) instead of an error."""
+    report saying so (the end of a sweep none of whose jobs finished) instead of an error. Written into the
+    experiment's results folder, each lists what its sweep asked for and has no result of (report_coverage)."""
+    folder = next((path.parent for path in (summary, markdown, page) if path and path.parent.name == experiment), None)
     try:
         data = load(url, experiment)
     except NoRuns:
@@ -547,9 +555,14 @@ def write(url: str | None, experiment: str, markdown: Path | None = None, page: 
             raise
         why_columns, _ = _rows(url, "why")  # seeds.csv and why.csv keep their headers
         data = Experiment(experiment, [], why_columns)
+    data.coverage = read_coverage(folder, {run["job_id"] for run in data.runs})
+    if data.coverage is not None:  # a stored run of a job whose last attempt left no result is from before it
+        data.runs = [run for run in data.runs if run["job_id"] not in data.coverage.superseded]
+    if not data.runs:
         nothing = [Heading(1, f"Report: {experiment}"),
-                   Paragraph("No run of this experiment is stored yet: none of its jobs has finished. The end of "
-                             "`snakemake` says why; `snakemake` again retries them.")]
+                   Paragraph("No run of this experiment is stored yet." + ("" if data.coverage else " None of its jobs "
+                             "has finished: the end of `snakemake` says why; `snakemake` again retries them.")),
+                   *coverage_section(data.coverage, [], "")]
         return _write_blocks(data, nothing, markdown, page, tables, summary)
     return _write_blocks(data, build(data, figure_files(figures_dir), figures_dir), markdown, page, tables, summary)
 

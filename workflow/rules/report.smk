@@ -1,3 +1,6 @@
+from convsweep.report_coverage import left_out_key
+
+
 # An experiment's report, in one process (a Python start and a matplotlib import are most of what a
 # report costs, so one rule writes all of it): summary.md, the figures, the seeds-format report.md
 # and its HTML page with the figures embedded, and the tables as CSV.
@@ -5,6 +8,8 @@
 # is the output and `snakemake --report` takes every PNG in it. A kind without data is skipped (the
 # log says why); none at all leaves the folder empty, never a failed rule. The HTML page reads the
 # same inside the Snakemake report (which shows HTML, and offers CSV files as downloads).
+# The report also lists what the sweep asked for and has no result of (convsweep.report_coverage): a new result
+# makes it again through its input, and a change to the jobs this machine leaves out through `left_out`.
 rule make_report:
     input:
         stored=rules.ingest_results.output,
@@ -43,6 +48,7 @@ rule make_report:
         db=plan.db_url,
         tables=f"{RESULTS}/{{experiment}}/tables",
         options=plan.report_options(),
+        left_out=lambda w: left_out_key(plan, w.experiment),  # not in the command: a change reruns the rule
     conda:
         "../envs/convsweep.yaml"
     shell:
