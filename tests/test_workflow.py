@@ -593,7 +593,8 @@ def test_a_targeted_sweep_leaves_the_other_experiments_files_alone(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "convsweep: first: 1 of 1 jobs finished" in proc.stderr and "convsweep: second" not in proc.stderr
     second = tmp_path / "results" / "second"
-    assert [p.relative_to(second).parts[0] for p in second.rglob("*") if p.is_file()] == ["specs"]  # its job's spec alone
+    # Its plan alone (the job's spec, and the jobs its report will compare with what is stored): no report, no run.
+    assert sorted({p.relative_to(second).parts[0] for p in second.rglob("*") if p.is_file()}) == ["planned.json", "specs"]
     proc = snakemake(tmp_path, "results/second/summary.md")
     assert proc.returncode == 0 and started(proc, "run_job") == 1, proc.stderr[-3000:]
     assert "convsweep: second: 1 of 1 jobs finished" in proc.stderr
