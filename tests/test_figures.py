@@ -572,6 +572,26 @@ def test_an_out_directory_that_another_user_linked_is_refused(tmp_path, monkeypa
     assert files_under(elsewhere) == []
 
 
+@pytest.mark.parametrize("kind", ["op-time", "speedup", "roofline", "phases", "tuning"])
+def test_math_markup_in_a_stored_name_is_drawn_as_it_is(tmp_path, kind):
+    """A GPU and a variant named with a `$` (matplotlib's math markup, here unbalanced) stopped every figure and
+    the report with a ParseSyntaxException; they are drawn as they are written."""
+    gpu, variant, experiment = r"NVIDIA $\frac{1}{$ H100", "tiled_$x^2", r"lenet $\sqrt{$ x"
+    environment = {**make_result()["environment"], "gpu": gpu}
+    url = two_variants(f"sqlite:///{tmp_path / 'db.sqlite'}", experiment, environment=environment)
+    engine = open_store(url)
+    for block in (64, 128):  # a grid, for the tuning figure
+        ingest_result(engine, make_result(variant, 100, op_time_ms=(0.3, 0.6), experiment=experiment,
+                                          floors=floors(100), environment=environment,
+                                          params={"conv1": {"BLOCK": block}, "conv2": {"BLOCK": block}}))
+    engine.dispose()
+    done = plot(kind, url=url, experiment=experiment, out=tmp_path / "figures")
+    assert done.paths[0].read_bytes().startswith(PNG_MAGIC)
+    found = texts(figure(kind, experiment, url))
+    assert any(gpu in t for t in found) or kind == "phases"
+    assert any("tiled_$x^2" in t or r"tiled_\$x^2" in t for t in found)
+
+
 # -- long strings (issue 52: a 30,000-character GPU name crashed every figure) -------------------------------------
 LONG_GPU = "NVIDIA " + "H" * 30_000
 LONG_VARIANT = "tiled_" + "v" * 5_000

@@ -77,7 +77,7 @@ def finish(fig, title: str, caption: str):
                                    break_on_hyphens=False))
     lines = text.count("\n") + 1
     height = (lines * CAPTION_FONT_PT * 1.3 + 10) / 72 / fig.get_figheight()
-    fig.text(0.01, 0.006, text, ha="left", va="bottom", fontsize=CAPTION_FONT_PT, color="0.2")
+    fig.text(0.01, 0.006, text, ha="left", va="bottom", fontsize=CAPTION_FONT_PT, color="0.2", parse_math=False)
     fig.get_layout_engine().set(rect=(0, height, 1, 1 - height))
     return fig
 
@@ -126,6 +126,9 @@ def shorten_texts(fig) -> None:
     from matplotlib.text import Text
 
     for artist in fig.findobj(Text):
+        # Literal: a `$` in a stored name (a GPU's `NVIDIA $\frac{1}{$ H100`) read as math markup stopped every
+        # figure and the report with a parse error. convsweep writes no math markup of its own.
+        artist.set_parse_math(False)
         if len(artist.get_text()) > LABEL_MAX_CHARS:
             artist.set_text(shorten(artist.get_text()))
     for ax in fig.axes:
@@ -137,17 +140,25 @@ def shorten_texts(fig) -> None:
 
 
 def _shortening(formatter):
-    """A tick formatter that shortens what `formatter` writes."""
-    from matplotlib.ticker import Formatter
+    """A tick formatter that shortens what `formatter` writes, and escapes a `$` in it (tick labels are made when
+    drawn, as math markup where they hold one) unless the formatter writes math markup itself (matplotlib's log
+    formatters: `$10^{2}$`)."""
+    from matplotlib.ticker import Formatter, LogFormatterMathtext
+
+    literal = not isinstance(formatter, LogFormatterMathtext)
+
+    def shown(label: str) -> str:
+        label = shorten(label)
+        return label.replace("$", r"\$") if literal else label
 
     class Shortened(Formatter):
         shortens = True
 
         def __call__(self, x, pos=None):
-            return shorten(formatter(x, pos))
+            return shown(formatter(x, pos))
 
         def format_ticks(self, values):
-            return [shorten(label) for label in formatter.format_ticks(values)]
+            return [shown(label) for label in formatter.format_ticks(values)]
 
         def set_locs(self, locs):
             formatter.set_locs(locs)
