@@ -492,12 +492,19 @@ def _sized(rows: Iterable[Sequence[Any]], bounds: _Bounds, first: tuple[Sequence
 
 
 def _row_bytes(row: Sequence[Any], bounds: _Bounds) -> int:
-    """A row's size as it arrived: characters of text, bytes of a blob, JSON's text, 8 for a number or a date."""
-    sizes = [len(value) if isinstance(value, (str, bytes, bytearray))
-             else len(json.dumps(value, default=str)) if isinstance(value, (dict, list)) else 8 for value in row]
+    """A row's size as it arrived: bytes of its text in UTF-8 (what a terminal, a file or JSON takes: 2M emoji
+    are 2M characters but 8 MB), bytes of a blob, JSON's text, 8 for a number or a date."""
+    sizes = [_text_bytes(value) if isinstance(value, str) else len(value) if isinstance(value, (bytes, bytearray))
+             else _text_bytes(json.dumps(value, default=str, ensure_ascii=False)) if isinstance(value, (dict, list))
+             else 8 for value in row]
     if bounds.cell_cap is not None and max(sizes, default=0) > bounds.cell_cap:
         raise StoreError(bounds.value_too_large())
     return sum(sizes)
+
+
+def _text_bytes(text: str) -> int:
+    """`text`'s size in UTF-8, without encoding it where it is ASCII (the common case: one byte a character)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def _refuse_roles_beyond_read_only(connection: Any) -> None:
@@ -541,7 +548,8 @@ def render(columns: list[str], rows: Sequence[Sequence[Any]], fmt: str) -> str:
         writer.writerows([["" if v is None else _json_text(_plain(v)) for v in row] for row in rows])
         return out.getvalue()
     if fmt == "json":
-        return json.dumps([{c: _plain(v) for c, v in zip(columns, row)} for row in rows], indent=2)
+        # Characters as they are, not \u escapes: the output is the size the byte caps counted, not six times it.
+        return json.dumps([{c: _plain(v) for c, v in zip(columns, row)} for row in rows], indent=2, ensure_ascii=False)
     numeric = [all(v is None or _is_number(v) for v in column) for column in zip(*rows)] or [False] * len(columns)
     cells = [[_cell(v) for v in row] for row in rows]
     padded_chars = (len(cells) + 2) * sum(max(map(len, column)) + 3 for column in zip(columns, *cells))

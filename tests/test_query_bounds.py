@@ -170,6 +170,20 @@ def test_rows_past_the_byte_cap_stop_in_one_line(stored_url):
     assert len(answer.rows) == 10 and {len(row[1]) for row in answer.rows} == {100_000}
 
 
+def test_the_byte_cap_counts_bytes_not_characters(stored_url, capsys):
+    """Ten rows of 30,000 emoji are 300,000 characters but 1.2 MB in UTF-8: past a 1 MB cap that counted characters,
+    and out as JSON of \\u escapes, 3.6 MB (the audit: 60M characters within the 64 MB cap wrote 720 MB)."""
+    emoji = "\N{GRINNING FACE}"
+    if make_url(stored_url).get_backend_name() == "sqlite":
+        body = f"replace(hex(zeroblob(15000)), '0', '{emoji}')"
+    else:
+        body = f"repeat('{emoji}', 30000)"
+    with pytest.raises(StoreError, match=rf"^{TOTAL_CAP.format(size='1 MB', rows=8)}$"):
+        fetch(as_reader(stored_url), counting(10, f"n, {body} AS body"), max_bytes=MB)
+    text = run_query(as_reader(stored_url), counting(2, f"n, {body} AS body"), fmt="json", max_bytes=MB)
+    assert len(text.encode()) < 2 * 30_000 * 4 + 1000 and emoji in text  # the characters themselves, no escapes
+
+
 @pytest.mark.parametrize("stored", [True, False], ids=["stored", "computed"])
 def test_a_value_past_the_cell_cap_stops_in_one_line(stored_url, stored):
     chars = MB + 1
