@@ -87,6 +87,16 @@ class Watch:
         lines = self.until(lambda line: line.startswith("saved: "))
         return lines + self.until(lambda line: line.startswith("watching "))
 
+    def unread(self) -> list[str]:
+        """What watch has said that no round read yet (for a failure's message)."""
+        lines = []
+        while True:
+            try:
+                line = self.lines.get_nowait()
+            except queue.Empty:
+                return lines
+            lines.append("<exited>" if line is None else line)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -173,7 +183,7 @@ def test_watch_re_measures_a_save_compares_it_and_stops_cleanly(tmp_path):
         # Ctrl-C while a job runs: Snakemake and its job stop, watch exits 0 with one line, nothing is
         # half-written, and `snakemake` again runs the job that was cut off.
         edit_reference_entry(checkout, "B >= 2")
-        assert running_job(checkout), "\n".join(watch.seen[-20:])
+        assert running_job(checkout), "\n".join(watch.seen[-20:] + ["(not yet read:)"] + watch.unread())
         watch.proc.send_signal(signal.SIGINT)
         assert watch.proc.wait(timeout=120) == 0
         rest = list(iter(watch.lines.get, None))
