@@ -117,7 +117,9 @@ def test_a_checked_registry_is_remembered_until_it_or_its_schema_changes(tmp_pat
     assert first["ref"]["params"] == {}  # with the schema's defaults filled in
 
     def no_validation(*args, **kwargs):
-        raise AssertionError("validated again")
+        cache = tmp_path / "cache"
+        held = sorted(str(p.relative_to(cache)) for p in cache.rglob("*")) if cache.exists() else "no cache directory"
+        raise AssertionError(f"validated again; the cache holds {held}")
 
     monkeypatch.setattr(schema, "validate", no_validation)
     assert schema.validated_file(path, "variants") == first

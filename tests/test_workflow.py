@@ -313,7 +313,8 @@ def test_a_failed_compile_does_not_stop_the_other_jobs(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     killed = kill_when_running("specs/reference-b32-", proc, work)
     out = proc.communicate(timeout=900)[0]
-    assert killed, out[-3000:]
+    logs = {log.name: log.read_text()[-500:] for log in (work / "results" / "victim" / "logs").glob("reference-b32-*")}
+    assert killed, f"{[line for line in out.splitlines() if 'b32' in line]}\n{logs}\n{out[-2000:]}"
     assert proc.returncode != 0 and re.search(r"^convsweep: failed: victim/reference-b32-\S+: stopped without a "
                                               r"`convsweep:` line: see its log\n  log: ", out, re.M), out[-3000:]
     summary = (work / "results" / "with-broken" / "summary.md").read_text()
