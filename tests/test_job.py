@@ -3,6 +3,7 @@ that are stored, not lost, machines that cannot run a job, and interrupted jobs 
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from convsweep import context as context_mod
@@ -20,7 +22,35 @@ from convsweep.gpu import gpu_available, no_gpu
 from convsweep.job import run_job as run_one_job
 from convsweep.record import Measurement, SettingCounts
 
+import fake_gpu
 from fake_gpu import FAKE, FakeEvent, FakeGpuNetwork, SlowingMonitor, SteadyClock, SteppingEveryEighthRead
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_forward_once_per_batch():
+    """The fake GPU network's forward pass (fake_gpu.FakeGpuNetwork: the whole network in float32 numpy) of the
+    same images through the same network and weights is the same array: made once a module and handed out as
+    a copy. A grid job's settings and their passes see a few batches over and over (78 passes, 31 distinct
+    batches, in one resumed grid), and every test of the module runs the same jobs' first batches again."""
+    made: dict[tuple, np.ndarray] = {}
+    real = fake_gpu.reference_forward
+
+    def digest(array) -> bytes:
+        array = np.ascontiguousarray(array)
+        return hashlib.blake2b(array.view(np.uint8).reshape(-1), digest_size=20).digest()
+
+    def forward(network, weights, x, dtype=np.float64, quiet=False):
+        x = np.asarray(x)
+        key = (network, np.dtype(dtype).str, x.dtype.str, x.shape, digest(x),
+               tuple((name, w.dtype.str, w.shape, digest(w)) for name, w in sorted(weights.items())))
+        if key not in made:  # a Network is a frozen dataclass: equal descriptions, equal key
+            made[key] = real(network, weights, x, dtype=dtype, quiet=quiet)
+        return made[key].copy()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fake_gpu, "reference_forward", forward)
+        yield
+
 
 SWEEP = {"experiment": "t", "config_hash": "h", "config_path": "x.yaml"}
 

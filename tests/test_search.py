@@ -17,7 +17,8 @@ from convsweep.record import SettingCounts
 from convsweep.search import COMPILE_AHEAD, Search, objective, proposals, run
 
 from test_config import BASE, write
-from test_job import BLOCKS, GRID, GridNetwork, grid_job
+# fake_forward_once_per_batch: test_job's autouse fixture, autouse here too (the guided jobs run the same batches)
+from test_job import BLOCKS, GRID, GridNetwork, fake_forward_once_per_batch, grid_job  # noqa: F401
 
 
 def space(holes: int = 0) -> list[dict]:
