@@ -117,15 +117,8 @@ class NotRun:
     @classmethod
     def read(cls, path: Path) -> "NotRun | None":
         """The record at `path`; None where there is none. A file of another format raises ConvsweepError."""
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            raise ConvsweepError(f"{path}: cannot read it ({e})") from None
-        if not isinstance(data, dict) or data.get("format") != NOT_RUN_FORMAT:
-            raise ConvsweepError(f"{path}: expected a {NOT_RUN_FORMAT} record of the jobs not run")
-        return cls(data["reason"], tuple((job["kind"], job["id"]) for job in data["jobs"]))
+        data = _read_record(path, NOT_RUN_FORMAT, "the jobs not run")
+        return None if data is None else cls(data["reason"], tuple((job["kind"], job["id"]) for job in data["jobs"]))
 
 
 @dataclass(frozen=True)
@@ -151,15 +144,22 @@ class Planned:
     @classmethod
     def read(cls, path: Path) -> "Planned | None":
         """The record at `path`; None where there is none. A file of another format raises ConvsweepError."""
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            raise ConvsweepError(f"{path}: cannot read it ({e})") from None
-        if not isinstance(data, dict) or data.get("format") != PLANNED_FORMAT or not isinstance(data.get("jobs"), list):
-            raise ConvsweepError(f"{path}: expected a {PLANNED_FORMAT} record of the jobs a sweep plans")
-        return cls(tuple(str(job_id) for job_id in data["jobs"]))
+        data = _read_record(path, PLANNED_FORMAT, "the jobs a sweep plans")
+        return None if data is None else cls(tuple(str(job_id) for job_id in data["jobs"]))
+
+
+def _read_record(path: Path, format_: str, of: str) -> dict | None:
+    """A sweep's JSON record (not-run.json, planned.json) of `format_` with its `jobs` list; None where there is none.
+    One that cannot be read, or is of another format, raises ConvsweepError naming the file."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ConvsweepError(f"{path}: cannot read it ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != format_ or not isinstance(data.get("jobs"), list):
+        raise ConvsweepError(f"{path}: expected a {format_} record of {of}")
+    return data
 
 
 def last_reason(log: Path) -> str | None:
