@@ -185,20 +185,24 @@ def _nvrtc(source: Path, name: str, options, cubin: bool) -> tuple[bytes | None,
     _, program = nvrtc.nvrtcCreateProgram(source.read_bytes(), relative_to_root(source).encode(), 0, [], [])
     try:
         (result,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
+        # NVRTC writes into the buffer it is handed: a bytearray, never `b" " * size`, which for size 1 (an
+        # empty log, or PTX, is its NUL alone) is CPython's one shared b" ", and NVRTC's NUL would then turn
+        # every b" " of the process into b"\0".
         _, size = nvrtc.nvrtcGetProgramLogSize(program)
-        log = b" " * size
+        log = bytearray(size)
         nvrtc.nvrtcGetProgramLog(program, log)
         text = log.rstrip(b"\0").decode(errors="replace").replace("\x00", "").strip()
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileError(_first_error(text, relative_to_root(source), name), log=text)
         _, size = nvrtc.nvrtcGetPTXSize(program)
-        ptx = b" " * size
+        ptx = bytearray(size)
         nvrtc.nvrtcGetPTX(program, ptx)
         code = None
         if cubin:
             _, size = nvrtc.nvrtcGetCUBINSize(program)
-            code = b" " * size
+            code = bytearray(size)
             nvrtc.nvrtcGetCUBIN(program, code)
+            code = bytes(code)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
     return code, ptx.rstrip(b"\0").decode(), text

@@ -53,6 +53,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_ALL_BYTES = bytes(range(256))
+
+
+@pytest.fixture(autouse=True)
+def _one_byte_objects_intact():
+    # CPython shares one object per one-byte bytes value (b"\0", b"\n", ...); code that writes through a
+    # buffer into one changes that literal everywhere in the process, and later tests fail far from the cause.
+    yield
+    changed = [i for i in range(256) if _ALL_BYTES[i : i + 1][0] != i]
+    if changed:
+        pytest.fail(f"this test wrote into CPython's shared one-byte bytes objects (values {changed[:8]})")
+
+
 @pytest.fixture(autouse=True)
 def _gpu_turn(request):
     # A `gpu` test shares the GPU with the other workers' GPU tests; an `alone` test waits for it to itself.

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from convsweep.compile import BuildRequest, compile_all, compile_source, compile_variant, parse_ptxas_log
+from convsweep.compile import BuildRequest, compile_all, compile_ptx, compile_source, compile_variant, parse_ptxas_log
 from convsweep.errors import CompileError, ShapeError
 from convsweep.paths import KERNELS_DIR
 from convsweep.variants import ConvShape, load_registry
@@ -231,9 +231,9 @@ def test_the_window_kernels_default_register_cap_is_no_cap():
             (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
             assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
             err, size = nvrtc.nvrtcGetPTXSize(program)
-            text = b" " * size
+            text = bytearray(size)  # NVRTC writes into it (never `b" " * size`: see convsweep.compile._nvrtc)
             (err,) = nvrtc.nvrtcGetPTX(program, text)
-            return text.decode()
+            return text.rstrip(b"\0").decode()
         finally:
             nvrtc.nvrtcDestroyProgram(program)
 
@@ -261,3 +261,15 @@ def test_every_build_asks_nvrtc_not_to_cache_so_its_ptxas_log_is_read(tmp_path, 
     build = compile_source(KERNELS_DIR / "naive.cu", "naive", {}, "sm_90")
     assert [(k.name, k.registers, k.shared_bytes, k.spill_store_bytes) for k in build.kernels] == \
         [("conv_forward", 40, 256, 4)]
+
+
+def test_an_empty_compiler_log_leaves_python_s_one_byte_objects_alone(tmp_path):
+    """NVRTC writes its log into the buffer it is handed; an empty log is its NUL alone. Handed `b" " * 1`,
+    CPython's one shared b" ", it turned every b" " of the process into b"\\0" (a later /proc scan's
+    `replace(b"\\0", b" ")` did nothing, a sealed cache entry never read back)."""
+    source = tmp_path / "quiet.cu"
+    source.write_text('extern "C" __global__ void quiet(float *y) { y[0] = 1.0f; }\n')
+    every_byte = bytes(range(256))
+    ptx = compile_ptx(source, "quiet", {}, "sm_90a")
+    assert ".entry quiet" in ptx and "\0" not in ptx
+    assert [i for i in range(256) if every_byte[i : i + 1][0] != i] == []
