@@ -78,17 +78,17 @@ def test_a_round_never_holds_an_image_twice_even_past_the_dataset(kernels):
 
 @pytest.mark.parametrize("input_format", ["fp32", "u8-source"])
 def test_rounds_are_visibly_new_against_every_earlier_sighting_and_still_classify(kernels, input_format):
-    """The perturbation's promise (rounds.Perturbation), on LeNet-86 and 200 of mnist5k's digits seen in each
+    """The perturbation's promise (rounds.Perturbation), on LeNet-86 and 100 of mnist5k's digits seen in each
     of 20 rounds: every round has at least FRESH_SHARE of its images more than FRESH_THRESHOLD (twice the
     loosest tolerance) from each earlier sighting, round 0 included, and the float64 reference still
     classifies most of them as their labels."""
-    batch = load_batch(LENET, "mnist5k", 200, input_format)
-    shipped = batch.shipped[:200]  # a dataset of 200: every round sees each image again
+    batch = load_batch(LENET, "mnist5k", 100, input_format)
+    shipped = batch.shipped[:100]  # a dataset of 100: every round sees each image again
     perturbation = SOURCE_PERTURBATION if batch.input_format.source else PERTURBATION
-    rounds = made(kernels, shipped, 200, draw_seed(), range(1, 21), perturbation)
-    order = round_sources(200, 200, 0)
+    rounds = made(kernels, shipped, 100, draw_seed(), range(1, 21), perturbation)
+    order = round_sources(100, 100, 0)
     sightings = [reference_forward(batch.network, batch.weights, shipped[order])]
-    labels = batch.dataset.labels[:200][order]
+    labels = batch.dataset.labels[:100][order]
     assert FRESH_THRESHOLD == 2 * max(TOLERANCE.values())
     for images in rounds:
         logits = reference_forward(batch.network, batch.weights, images)
