@@ -125,7 +125,7 @@ def grid_job(**over) -> JobSpec:
     base = dict(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
                 variants={"conv1": "naive", "conv2": "naive"},
                 grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": BLOCKS}}],
-                batch=16, streams=1, host_memory="pageable", repeats=3, warmup=1, profiler="events", sweep=SWEEP)
+                batch=8, streams=1, host_memory="pageable", repeats=3, warmup=1, profiler="events", sweep=SWEEP)
     return JobSpec(**{**base, **over})
 
 
