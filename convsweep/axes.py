@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 REQUIRED: Any = object()  # an axis without a default: every spec names its value
 
@@ -217,7 +217,8 @@ def order_by(alias: str = "", leave_out: tuple[str, ...] = ()) -> str:
 
 def series_suffix(row: dict[str, Any]) -> str:
     """What a figure's series name gains from the axes that set series apart: ', cold L2'."""
-    return "".join(f", {part}" for axis in SERIES_AXES if axis.name in row and (part := axis.describe(row[axis.name])))
+    return "".join(f", {part}" for axis in SERIES_AXES  # each with its describe
+                   if axis.name in row and (part := cast(Callable[[Any], str], axis.describe)(row[axis.name])))
 
 
 def series_values(row: dict[str, Any]) -> tuple:

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote, unquote_plus
@@ -203,7 +203,7 @@ def _cookie(scope, name: str) -> str:
     return ""
 
 
-async def _respond(send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = ()) -> None:
+async def _respond(send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"text/plain; charset=utf-8"),
                             (b"content-length", str(len(body)).encode()), *headers]})

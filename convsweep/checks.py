@@ -78,7 +78,7 @@ class RowStats:
     bad: np.ndarray
 
     @classmethod
-    def of(cls, y: np.ndarray, ref: np.ndarray) -> "RowStats":
+    def of(cls, y: np.ndarray, ref: np.ndarray) -> RowStats:
         import numpy as np
 
         y = np.asarray(y).reshape(len(y), -1).astype(np.float64)
@@ -123,6 +123,7 @@ def verdict(stats: RowStats, labels: np.ndarray | None, variants) -> Check:
     if error is None and labels is not None:
         slack = max(ACCURACY_SLACK.get(p, -1.0) for p in precisions)
         ref_accuracy = float(np.mean(stats.expected == labels))
+        assert accuracy is not None and agreement is not None  # with the labels, above
         if slack >= 0 and abs(accuracy - ref_accuracy) > slack:
             error = (f"accuracy {accuracy:.4f} is more than {slack * 100:g} points from the reference's "
                      f"{ref_accuracy:.4f}")

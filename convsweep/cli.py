@@ -14,6 +14,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any, cast
 
 from . import confirm, kerneltuner, replay
 from .cliargs import positive_int, positive_seconds, process_age
@@ -97,17 +98,23 @@ def cmd_run_job(args) -> None:
     from .config import tunables_text
     from .job import run_job
     from .outcome import settings_not_ok
+    from .record import Measurement
+
+    def op_times(m: Measurement) -> dict[str, float | None]:
+        assert m.timings is not None and m.timings.op_time_ms is not None  # an ok measurement's
+        return m.timings.op_time_ms
 
     # A fresh process: the job takes its GPU's lock (a free one among several) before CUDA starts.
     result = run_job(_job_spec(_read_spec(args)), Path(args.out), process_age=process_age())
     measurements = result.measurements
     statuses = Counter(m.status for m in measurements)
     fastest = min((m for m in measurements if m.status == "ok"),
-                  key=lambda m: sum(v or 0 for v in m.timings.op_time_ms.values()), default=None)
+                  key=lambda m: sum(v or 0 for v in op_times(m).values()), default=None)
     best = ""
     if fastest is not None:
-        ops = ", ".join(f"{k} {v:.3f} ms" for k, v in fastest.timings.op_time_ms.items() if v is not None)
-        best = f"; fastest: {ops}" + (f" ({tunables_text(fastest.params)})" if len(measurements) > 1 else "")
+        ops = ", ".join(f"{k} {v:.3f} ms" for k, v in op_times(fastest).items() if v is not None)
+        params = cast(dict, fastest.params)  # a job's setting has its tunables
+        best = f"; fastest: {ops}" + (f" ({tunables_text(params)})" if len(measurements) > 1 else "")
     if said := settings_not_ok(measurements):  # whole: the table at the end of the sweep points at this log
         print("\n".join(said))
     # The job's last line: `convsweep watch` shows it for a job that finished.
@@ -161,7 +168,7 @@ def cmd_compile(args) -> None:
                 continue
             for macros in macro_sets:
                 try:
-                    build = compile_source(var.source, name, macros, arch)
+                    build = compile_source(cast(Path, var.source), name, macros, arch)  # not the CPU's
                 except CompileError as e:
                     if not args.record_errors:
                         raise
@@ -358,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  ("profile-job", cmd_profile_job, "profile each conv kernel of a job's settings "
                                                                   "once with Nsight Compute (never a timed job)"),
                                  ("measure", cmd_measure, None)):
-        p = sub.add_parser(name, **({"help": helptext} if helptext else {}))
+        p = sub.add_parser(name, **cast(dict[str, Any], {"help": helptext} if helptext else {}))
         src = p.add_mutually_exclusive_group(required=True)
         src.add_argument("--spec", help="the job spec as JSON: a line of `convsweep jobs --json`")
         src.add_argument("--spec-file", help="a file holding the job spec (a sweep writes one per job in "

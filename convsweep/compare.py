@@ -63,7 +63,7 @@ class Selection:
     value: str
 
     @classmethod
-    def parse(cls, text: str) -> "Selection":
+    def parse(cls, text: str) -> Selection:
         kind, sep, value = text.partition(":")
         if not text.strip() or (sep and kind in _KINDS and not value.strip()):  # `commit:` would select every run
             raise ConvsweepError(f"empty selection{f' {text!r}' if text.strip() else ''}: expected {_SELECTION_FORMS}")

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .fileio import SealedCache, canonical_hash
 from .errors import CompileError
@@ -166,7 +166,8 @@ def compile_source(source: Path, name: str, params: dict, arch: str) -> Compiled
                               meta["compile_ms"], True, meta["log"], kernels, meta["findings"])
 
     start = time.perf_counter()
-    cubin, ptx, text = _nvrtc(source, name, _options(source, arch, defines, include_dirs), cubin=True)
+    cubin, ptx, text = cast(tuple[bytes, str, str],  # the cubin, asked for
+                            _nvrtc(source, name, _options(source, arch, defines, include_dirs), cubin=True))
     compile_ms = (time.perf_counter() - start) * 1e3
     kernels, findings = parse_ptxas_log(text), scan_ptx(ptx)
     _store_cached(key, cubin, {"compile_ms": compile_ms, "log": text, "kernels": [asdict(k) for k in kernels],
@@ -197,12 +198,12 @@ def _nvrtc(source: Path, name: str, options, cubin: bool) -> tuple[bytes | None,
         _, size = nvrtc.nvrtcGetPTXSize(program)
         ptx = bytearray(size)
         nvrtc.nvrtcGetPTX(program, ptx)
-        code = None
+        code: bytes | None = None
         if cubin:
             _, size = nvrtc.nvrtcGetCUBINSize(program)
-            code = bytearray(size)
-            nvrtc.nvrtcGetCUBIN(program, code)
-            code = bytes(code)
+            written = bytearray(size)
+            nvrtc.nvrtcGetCUBIN(program, written)
+            code = bytes(written)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
     return code, ptx.rstrip(b"\0").decode(), text
@@ -245,7 +246,7 @@ class BuildRequest:
     macros: tuple[tuple[str, Any], ...]
 
     @classmethod
-    def of(cls, source: Path, name: str, params: dict) -> "BuildRequest":
+    def of(cls, source: Path, name: str, params: dict) -> BuildRequest:
         return cls(Path(source).resolve(), name, tuple(sorted(params.items())))
 
     def key(self, arch: str) -> tuple:
@@ -264,9 +265,10 @@ class PendingBuilds:
     """A job's builds compiling on worker threads (compile_all yields one)."""
 
     def __init__(self, futures: dict, arch: str):
+        self._token: contextvars.Token | None  # _PREBUILT's value set by wait, until _release
         self._futures, self._arch, self._token = futures, arch, None
 
-    def wait(self) -> dict[BuildRequest, "CompiledModule | CompileError"]:
+    def wait(self) -> dict[BuildRequest, CompiledModule | CompileError]:
         """Every build's result; from now until the compile_all block ends, compile_source returns
         these builds (or raises their error) without NVRTC or the disk."""
         results = {request: future.result() for request, future in self._futures.items()}
@@ -311,7 +313,7 @@ def compile_all(requests: list[BuildRequest], arch: str, workers: int | None = N
 
 def compile_variant(variant: Variant, params: dict, arch: str, shape: ConvShape | None = None) -> CompiledModule:
     """Compile a variant; `shape` is needed only by variants that fix shape values at compile time."""
-    return compile_source(variant.source, variant.name, variant.defines(params, shape), arch)
+    return compile_source(cast(Path, variant.source), variant.name, variant.defines(params, shape), arch)  # a GPU one
 
 
 def _first_error(text: str, source: str, name: str) -> str:
@@ -326,6 +328,7 @@ def _first_error(text: str, source: str, name: str) -> str:
 
 def parse_ptxas_log(text: str) -> tuple[KernelResources, ...]:
     """Registers, shared memory and local memory per entry point from `ptxas -v` output."""
+    frame: tuple[int, ...]
     kernels, current, frame = [], None, (0, 0, 0)
     for line in text.splitlines():
         if m := _ENTRY.search(line):

@@ -59,8 +59,9 @@ def _cell_fields() -> list[tuple]:
 
 
 # One cell of the sweep matrix as a spec holds it: its experiment, network, dataset, variants and a value
-# of each axis, and how it is timed. Keyword-only, so the axes' fields come from AXES in any order.
-Cell = make_dataclass("Cell", _cell_fields(), frozen=True, kw_only=True, namespace={"__module__": __name__})
+# of each axis, and how it is timed. Keyword-only, so the axes' fields come from AXES in any order. Any to
+# mypy, which cannot see fields made at run time.
+Cell: Any = make_dataclass("Cell", _cell_fields(), frozen=True, kw_only=True, namespace={"__module__": __name__})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,18 +131,18 @@ class JobSpec(Cell):
         return f"winners-b{self.batch}-s{self.streams}-{canonical_hash(cell)[:10]}"
 
     @classmethod
-    def from_dict(cls, d: dict, sweep: dict | None = None) -> "JobSpec":
+    def from_dict(cls, d: dict, sweep: dict | None = None) -> JobSpec:
         return cls(**{k: v for k, v in d.items() if k != "sweep"}, sweep=sweep or d.get("sweep", {}))
 
     @classmethod
-    def for_run(cls, run: RunSpec, sweep: dict | None = None) -> "JobSpec":
+    def for_run(cls, run: RunSpec, sweep: dict | None = None) -> JobSpec:
         """The job that measures exactly one setting (a lone job: the bench harness, tests)."""
         grid = [{"layers": [layer], "values": {k: [v] for k, v in (run.params.get(layer) or {}).items()}}
                 for layer in run.variants]
         fields = {k: v for k, v in run.to_dict().items() if k != "params"}
         return cls(**fields, grid=grid, sweep=sweep or {})
 
-    def settings(self) -> "Settings":
+    def settings(self) -> Settings:
         """The settings this job measures (grid order) and how many the grid holds: computed from
         the registry and the network, the same in the planner and in the job."""
         return choose_settings(self.network, self.variants, self.grid, self.search, f"job {self.job_id}")
@@ -219,7 +220,7 @@ def choose_settings(network_path: str, variants: dict[str, str], grid: list[dict
     valid, first_misfit, combos = [], None, 0
     for combo in itertools.product(*per_entry):
         combos += 1
-        params = {layer: {} for layer in variants}
+        params: dict[str, dict] = {layer: {} for layer in variants}
         for layers, values in combo:
             for layer in layers:
                 params[layer] = dict(values)

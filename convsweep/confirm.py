@@ -16,14 +16,14 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .config import JobSpec, RunSpec, variant_label
 from .errors import ConvsweepError, writing
 from .fileio import canonical_hash, write_json_atomic
 from .numbers import median
-from .record import ResultFile, utc_now
-from .stats import paired_difference, relative_spread
+from .record import Measurement, ResultFile, utc_now
+from .stats import Paired, paired_difference, relative_spread
 
 FORMAT = "confirm-1"
 
@@ -63,6 +63,12 @@ class Candidate:
     first: dict[str, tuple[int, float]]
 
 
+def _op_ms(m: Measurement) -> dict[str, float | None]:
+    """A measurement's op time per conv layer: every one `choose` ranks has them."""
+    assert m.timings is not None and m.timings.op_time_ms is not None
+    return m.timings.op_time_ms
+
+
 def choose(results: list[ResultFile], top: int) -> list[Candidate]:
     """The `top` fastest correct settings of each conv layer among the results, by their median op time (the
     earlier measured first on a tie), in the order the layers and places name them. A layer's setting is its
@@ -70,16 +76,15 @@ def choose(results: list[ResultFile], top: int) -> list[Candidate]:
     measures one conv2 kernel beside many conv1 kernels) only the fastest measurement takes part."""
     ok = [m for result in results for m in result.measurements
           if m.status == "ok" and m.timings is not None and m.timings.op_time_ms]
-    layers = list(dict.fromkeys(layer for m in ok for layer, ms in m.timings.op_time_ms.items() if ms is not None))
+    layers = list(dict.fromkeys(layer for m in ok for layer, ms in _op_ms(m).items() if ms is not None))
     firsts: dict[str, dict[str, tuple[int, float]]] = {}
     for layer in layers:
-        timed = sorted((m for m in ok if m.timings.op_time_ms.get(layer) is not None),
-                       key=lambda m: m.timings.op_time_ms[layer])
-        distinct = {}
+        timed = sorted((m for m in ok if _op_ms(m).get(layer) is not None), key=lambda m: cast(float, _op_ms(m)[layer]))
+        distinct: dict[str, Measurement] = {}
         for m in timed:
             distinct.setdefault(canonical_hash([m.spec["variants"][layer], (m.params or {}).get(layer)]), m)
         for place, m in enumerate(list(distinct.values())[:top], start=1):
-            firsts.setdefault(m.measurement_id, {})[layer] = (place, m.timings.op_time_ms[layer])
+            firsts.setdefault(m.measurement_id, {})[layer] = (place, cast(float, _op_ms(m)[layer]))
     by_id = {m.measurement_id: m for m in ok}
     return [Candidate(mid, by_id[mid].job_id, RunSpec(**by_id[mid].spec), first) for mid, first in firsts.items()]
 
@@ -94,13 +99,14 @@ def judge(candidates: list[Candidate], op_time_ms: list[dict[str, list[float]]],
     for layer in layers:
         members = [i for i, c in enumerate(candidates) if layer in c.first]
         measured = sorted((i for i in members if status[i] == "ok" and op_time_ms[i].get(layer)),
-                          key=lambda i: median(op_time_ms[i][layer]))
+                          key=lambda i: cast(float, median(op_time_ms[i][layer])))  # each has times
         entries = []
         winner = measured[0] if measured else None
         for place, i in enumerate(measured, start=1):
             samples = op_time_ms[i][layer]
+            assert winner is not None  # measured[0]
             paired = paired_difference(op_time_ms[winner][layer], samples) if i != winner else None
-            standing = "winner" if i == winner else ("tied" if paired.tied else "slower")
+            standing = "winner" if i == winner else ("tied" if cast(Paired, paired).tied else "slower")
             entries.append(_entry(candidates[i], layer, place, standing, samples, paired))
         if len(entries) > 1:  # the winner's: the smallest difference from the runner-up these rounds would find
             entries[0]["detectable_ms"] = entries[1]["detectable_ms"]

@@ -8,7 +8,8 @@ GPU code), so a job process starts nsys or the CUDA context before the heavy one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from .compile import LAYERS_SOURCE, source_hash
 from .config import JobSpec, RunSpec, Settings
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 def kernel_sources_of(variants: dict[str, Variant]) -> dict[str, str]:
     """{kernel file: source hash} of every kernel a job runs: its variants' files and, on the GPU,
     layers.cu. Known before anything compiles, so a run that failed still says what code it tried."""
-    files = [v.source for v in variants.values() if not v.is_cpu]
+    files = [cast(Path, v.source) for v in variants.values() if not v.is_cpu]  # a GPU variant has its source
     if files:
         files.append(LAYERS_SOURCE)
     return {relative_to_root(f): source_hash(f) for f in dict.fromkeys(files)}

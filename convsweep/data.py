@@ -153,7 +153,7 @@ def _upscaled(raw_images: np.ndarray, size: int, sha256: str, cache_dir: Path) -
     try:
         cache.write_array(name, key, {"images": list(raw_images.shape)}, upscaled)
     except OSError as exc:  # the cache is an optimization: a directory we cannot write costs a warning, not the run
-        warnings.warn(f"{cache_dir}: cannot write the image cache ({exc}); continuing without it")
+        warnings.warn(f"{cache_dir}: cannot write the image cache ({exc}); continuing without it", stacklevel=2)
     return upscaled
 
 
@@ -169,6 +169,7 @@ def load_dataset(
     if (images is None) != (labels is None):
         raise ConfigError(f"dataset {name!r}: give both images and labels paths, or neither")
     if images is not None:
+        assert labels is not None  # both or neither, above
         files = DatasetFiles(Path(images), Path(labels))
     elif name in DATASETS:
         files = DATASETS[name]

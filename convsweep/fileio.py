@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .errors import ConvsweepError
 
@@ -178,7 +178,7 @@ class SealedCache:
 
     def write(self, name: str, key: str, record: dict, payload) -> None:
         """Seal `payload` (bytes, or any contiguous buffer) and `record` (JSON) as entry `name` of `key`, atomically."""
-        secret = self._secret(create=True)
+        secret = cast(bytes, self._secret(create=True))  # made where there is none
         payload = memoryview(payload).cast("B")
         fields = {"name": name, "key": key, "record": record, "bytes": len(payload), "digest": payload_digest(payload)}
         header = json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()

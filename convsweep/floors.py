@@ -22,11 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 UNITS = ("fp32", "tf32", "fp16")  # the units whose matmul rate the bench measures, slowest first
 
 
-def fastest_unit(units: Iterable[str]) -> str | None:
+def fastest_unit(units: Iterable[str | None]) -> str | None:
     """The fastest of several kernels' units: a floor over all of them errs low with it."""
     return max(units, key=lambda u: UNITS.index(u) if u in UNITS else len(UNITS), default=None)
 
@@ -44,7 +45,7 @@ class Ceiling:
     def rate(self, unit: str | None) -> float | None:
         """The matmul rate of `unit`; for a unit not measured, the fastest measured (a floor errs low)."""
         if unit in self.flops_per_s:
-            return self.flops_per_s[unit]
+            return self.flops_per_s[cast(str, unit)]
         return max(self.flops_per_s.values(), default=None)
 
 
@@ -68,7 +69,7 @@ def compute_floor_ms(ceiling: Ceiling, works: Iterable[Work]) -> float | None:
     works = list(works)
     if not works or any(w.bytes is None for w in works):
         return None
-    memory_s = sum(w.bytes for w in works) / ceiling.dtod_bytes_per_s
+    memory_s = sum(cast(int, w.bytes) for w in works) / ceiling.dtod_bytes_per_s
     compute_s = 0.0
     for w in works:
         rate = ceiling.rate(w.unit)
@@ -82,7 +83,7 @@ def forward_floor_ms(ceiling: Ceiling, shipped_bytes: int | None, logits_bytes: 
     """The least time of a host-to-host pass: the input up, the compute, the logits down, pipelined
     over chunks whose smallest is `tail_fraction` of the batch (1: one chunk, nothing overlaps). None
     where a rate or an amount is unknown."""
-    if None in (shipped_bytes, logits_bytes, compute_ms) or not ceiling.h2d_bytes_per_s:
+    if shipped_bytes is None or logits_bytes is None or compute_ms is None or not ceiling.h2d_bytes_per_s:
         return None
     down_rate = ceiling.d2h_bytes_per_s or ceiling.h2d_bytes_per_s
     stages = [shipped_bytes / ceiling.h2d_bytes_per_s * 1e3, compute_ms, logits_bytes / down_rate * 1e3]

@@ -45,6 +45,7 @@ class InputFormat:
     def ship(self, dataset: Dataset) -> np.ndarray:
         """Every image of the dataset as this format carries it [N, C, h, w]."""
         if self.source:
+            assert dataset.raw is not None  # refused without them (network, refusal)
             return dataset.raw[:, None]
         if self.dtype == "uint8":
             return np.rint(dataset.images * np.float32(255.0)).astype(np.uint8)
@@ -60,6 +61,7 @@ class InputFormat:
             raise ConfigError(why)
         shape = network.input_shape
         if self.source:
+            assert dataset.raw is not None  # refused above without them
             source = (shape[0], *dataset.raw.shape[1:])
             layer = Layer("input", "upsample", source, shape, size=shape[-1], divisor=self.divisor)
         else:

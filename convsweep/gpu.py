@@ -60,7 +60,7 @@ def count_devices(driver=None) -> int:
     loaded, cuInit fails or it sees none. `driver`: cuda.bindings' driver module, or a test's stand-in."""
     try:
         if driver is None:
-            from cuda.bindings import driver
+            from cuda.bindings import driver  # type: ignore[no-redef]  # the parameter's default, imported here
         (err,) = driver.cuInit(0)
         count = 0
         if err == driver.CUresult.CUDA_SUCCESS:
@@ -91,12 +91,12 @@ class DeviceArray:
         """The pointer as a kernel argument (a 64-bit integer is what a pointer parameter holds)."""
         return np.uintp(self.ptr)
 
-    def rows(self, start: int, stop: int) -> "DeviceArray":
+    def rows(self, start: int, stop: int) -> DeviceArray:
         """Images start..stop of a batch-major array, without copying."""
         row = int(np.prod(self.shape[1:])) * self.dtype.itemsize
         return DeviceArray(self.ptr + start * row, (stop - start,) + tuple(self.shape[1:]), self.dtype)
 
-    def reshaped(self, shape: tuple[int, ...]) -> "DeviceArray":
+    def reshaped(self, shape: tuple[int, ...]) -> DeviceArray:
         """The same elements under another shape (a flatten), without copying."""
         assert int(np.prod(shape)) == int(np.prod(self.shape)), f"reshape {self.shape} -> {shape}"
         return DeviceArray(self.ptr, tuple(shape), self.dtype)
@@ -253,7 +253,7 @@ class Gpu:
         if private or key not in self._modules:
             try:
                 module = ObjectCode.from_cubin(build.cubin)
-                module.handle  # load now, so a bad cubin fails here with its name
+                _ = module.handle  # load now, so a bad cubin fails here with its name
             except Exception as e:
                 raise DeviceError(f"cannot load module of '{build.name}' ({build.arch}) on {self.name}: {e}") from None
             if private:
@@ -307,7 +307,7 @@ class Gpu:
         except Exception as e:
             raise DeviceError(f"launch of grid {grid} block {block} failed: {e}") from None
 
-    def capture(self, stream, enqueue: Callable[[], object]) -> "CapturedGraph":
+    def capture(self, stream, enqueue: Callable[[], object]) -> CapturedGraph:
         """The work `enqueue` puts on `stream` (and on the streams it forks from it with an event and
         joins back) captured as a CUDA graph, instantiated: nothing runs until the graph is launched.
         Copies must be from pinned or registered host memory (pageable ones cannot be captured)."""
@@ -405,7 +405,7 @@ class Gpu:
             self._lasting.clear()
             self._modules.clear()
 
-    def __enter__(self) -> "Gpu":
+    def __enter__(self) -> Gpu:
         return self
 
     def __exit__(self, *exc) -> None:

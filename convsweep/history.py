@@ -17,7 +17,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .compare import CELL, COMPARED, job_cell, stored_samples
 from .config import tunables_text
@@ -105,7 +105,7 @@ def find_steps(points: Sequence[Point], threshold: float = DEFAULT_THRESHOLD) ->
     candidate merges its two segments and the rest are judged again, until every one left is confirmed."""
     if len(points) < 2 * MIN_SEGMENT:
         return []
-    breaks = _candidates([math.log(p.median_ms) for p in points], points)
+    breaks = _candidates([math.log(cast(float, p.median_ms)) for p in points], points)  # ok points have one
     while True:
         judged = [(b, _judge(points, lo, b, hi, threshold))
                   for lo, b, hi in zip([0, *breaks], breaks, [*breaks[1:], len(points)])]
@@ -115,10 +115,12 @@ def find_steps(points: Sequence[Point], threshold: float = DEFAULT_THRESHOLD) ->
         breaks = kept
     steps = []
     for (b, change), lo, hi in zip(judged, [0, *breaks], [*breaks[1:], len(points)]):
+        # Every break left is confirmed: a SLOWER or FASTER change, between two pools of samples.
+        assert change is not None and change.ratio is not None and change.low is not None and change.high is not None
         first = points[b]
-        steps.append(Step(b, first.run_id, first.commit, first.dirty, median(_pooled(points[lo:b])),
-                          median(_pooled(points[b:hi])), change.ratio, change.low, change.high, change.verdict,
-                          b - lo, hi - b))
+        steps.append(Step(b, first.run_id, first.commit, first.dirty, cast(float, median(_pooled(points[lo:b]))),
+                          cast(float, median(_pooled(points[b:hi]))), change.ratio, change.low, change.high,
+                          change.verdict, b - lo, hi - b))
     return steps
 
 

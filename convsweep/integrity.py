@@ -37,7 +37,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import numpy as np
 
@@ -105,6 +105,8 @@ class Rounds:
         truth.forward(self.round0.made, size, self.reference0, stream)
         self.reference = gpu.alloc((size, *shape), np.float64)  # the current fresh round's truth
         self.received = gpu.alloc((size, *shape), buffers.logits_host.dtype)  # the logits the host received
+        self._ready: Slot | None  # the round make_next made, not yet current
+        self._truth_of: int | None  # the round whose truth self.reference holds
         self.current, self.next_round, self._ready, self._truth_of = self.round0, 1, None, None
         self.truth_accuracy: float | None = None  # the truth's own, on the round last judged
         self._picked: dict = {}  # truth_of_images' buffers
@@ -182,15 +184,21 @@ class Rounds:
         self.stream.sync()
         return found
 
+    @overload
+    def sight(self, judge: Literal[True] = True) -> float: ...
+    @overload
+    def sight(self, judge: bool) -> float | None: ...
+
     def sight(self, judge: bool = True) -> float | None:
         """The current round's truth into the setting's ledger; with `judge`, the share of its images visibly new."""
+        assert self.current.sources is not None  # round 0's, or set when its round was made
         nearest = self.ledger.sight(self.reference_now(), self.current.sources, self.stream, judge)
         return None if nearest is None else fresh_share(nearest)
 
     def new_scope(self) -> None:
         """A setting starts: its ledger holds round 0's sightings alone."""
         self.ledger.reset()
-        self.ledger.sight(self.reference0, self.round0.sources, self.stream, judge=False)
+        self.ledger.sight(self.reference0, cast(np.ndarray, self.round0.sources), self.stream, judge=False)
 
 
 def open_rounds(gpu, arch: str, batch: Batch, buffers: PipelineBuffers, host_memory: str, stream) -> Rounds:
@@ -280,7 +288,7 @@ class IntegrityObserver(Observer):
         self.seed_logits: np.ndarray | None = None
         self.failure: str | None = None
         self.all_ms: list[float] = []
-        self.accuracy: list[tuple[float, float]] = []  # (the kernel's, the truth's) on each timed round
+        self.accuracy: list[tuple[float, float | None]] = []  # (the kernel's, the truth's) on each timed round
         self.busy_after: list[tuple[int, float]] = []  # (timed pass, ms the device still worked after it)
 
     # -- the device's state ------------------------------------------------------------------
@@ -378,6 +386,7 @@ class IntegrityObserver(Observer):
         check = self._checked(f"timed pass {i}", failing_pass=i)
         share = self.rounds.sight()
         freshness = self.found.freshness
+        assert freshness is not None and self.found.rounds is not None  # set in __init__
         freshness["share"] = share if freshness["share"] is None else min(freshness["share"], share)
         if share < FRESH_SHARE:  # not a round no kernel has seen: its time does not count
             freshness["stale_rounds"] += 1
@@ -386,7 +395,7 @@ class IntegrityObserver(Observer):
                                      f"its images more than {FRESH_THRESHOLD:g} from every earlier sighting): the "
                                      "perturbation (convsweep.rounds) is too weak for this network")
             return False
-        self.found.rounds.append(self.rounds.current.round)
+        self.found.rounds.append(cast(int, self.rounds.current.round))  # a made round's
         if check.accuracy is not None:
             self.accuracy.append((check.accuracy, self.rounds.truth_accuracy))
         self.all_ms.append(self.pass_ms(reading))
@@ -423,17 +432,18 @@ class IntegrityObserver(Observer):
         """Later sightings of a round against its first: a memo that serves from sighting d is faster there in
         every round. Suspect where, for some d, every round's ratio is below 1 - threshold."""
         threshold = max(CACHING_MIN_EFFECT, self._noise())
-        first = median(times[0])
+        first = cast(float, median(times[0]))  # each sighting's median is a number: CACHING_ROUNDS times each
         later = [[b / a if a else None for a, b in zip(times[0], times[d])] for d in range(1, len(times))]
-        worst = min((median(times[d]) / first if first else 1.0) for d in range(1, len(times)))
+        worst = min((cast(float, median(times[d])) / first if first else 1.0) for d in range(1, len(times)))
         self.found.caching = {"sightings": len(times), "rounds": len(times[0]), "times_ms": times,
                               "ratios": later, "ratio": worst, "threshold": threshold}
         for d, ratios in enumerate(later, start=2):
-            faster = first - median(times[d - 1])
+            later_ms = cast(float, median(times[d - 1]))
+            faster = first - later_ms
             if faster > CACHING_MIN_MS and all(r is not None and r < 1 - threshold for r in ratios):
                 self.found.reasons.append(
-                    f"caching test: sighting {d} of a round took {median(times[d - 1]) / first:.2f}x its first "
-                    f"({median(times[d - 1]):.3f} against {first:.3f} ms, in each of {len(ratios)} rounds, more than "
+                    f"caching test: sighting {d} of a round took {later_ms / first:.2f}x its first "
+                    f"({later_ms:.3f} against {first:.3f} ms, in each of {len(ratios)} rounds, more than "
                     f"the {threshold:.0%} noise allows)")
                 break
 

@@ -31,11 +31,11 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from . import nsys as nsys_mod
 from .config import JobSpec
@@ -44,7 +44,7 @@ from .errors import ConvsweepError, MachineError, writing
 from .fileio import canonical_hash, remove_stale_temporaries, write_json_atomic
 from .numbers import finite
 from .provenance import environment
-from .record import FORMAT, Measurement, ResultFile, Sample, SettingCounts, utc_now
+from .record import FORMAT, GridPlace, Measurement, ResultFile, Sample, SettingCounts, Timings, utc_now
 from .variants import get_variant
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ def _run_job(spec: JobSpec, out_path: Path, process_age: float | None, backend: 
     _share_job_time(fresh, shared, wall)
     by_key = {**stored, **{m.run_key: m for m in fresh}}
     if ctx.settings.guided:  # the settings it proposed, in that order
-        measurements = sorted(by_key.values(), key=lambda m: m.grid.proposal)
+        measurements = sorted(by_key.values(), key=_proposal)
     else:
         measurements = [by_key[run.run_key] for run in ctx.runs]
     result = ResultFile(FORMAT, spec.job_id, spec.job_key, spec.to_dict(), spec.sweep,
@@ -209,12 +209,19 @@ def _counted(ctx: JobContext) -> str:
     return f"{len(ctx.runs)} of {settings.valid} valid settings"
 
 
+def _proposal(m: Measurement) -> int:
+    """Where a guided search proposed a setting (0 first): each it measured has its place."""
+    assert m.grid is not None and m.grid.proposal is not None
+    return m.grid.proposal
+
+
 def told_before(stored: dict[str, Measurement]) -> list[tuple[int, dict[str, float] | None]]:
     """What a resumed guided search measured before: (index, each layer's op time) in the order proposed."""
     from .search import objective
 
-    done = sorted((m for m in stored.values() if m.grid and m.grid.proposal is not None), key=lambda m: m.grid.proposal)
-    return [(m.grid.index, objective(m.status, m.timings.op_time_ms if m.timings else None)) for m in done]
+    done = sorted((m for m in stored.values() if m.grid and m.grid.proposal is not None), key=_proposal)
+    return [(cast(GridPlace, m.grid).index, objective(m.status, m.timings.op_time_ms if m.timings else None))
+            for m in done]
 
 
 def _share_job_time(fresh: list[Measurement], shared: dict, wall: float) -> None:
@@ -224,8 +231,10 @@ def _share_job_time(fresh: list[Measurement], shared: dict, wall: float) -> None
     if not fresh:
         return
     n = len(fresh)
-    rest = max(0.0, wall - sum(m.timings.total_s or 0.0 for m in fresh))
+    # A job's measurements (ctx.measurement's, or the child's whole records) have their timings and phases.
+    rest = max(0.0, wall - sum(cast(Timings, m.timings).total_s or 0.0 for m in fresh))
     for m in fresh:
+        assert m.timings is not None and m.phases_s is not None
         m.phases_s = {k: finite(v) for k, v in {**{k: v / n for k, v in shared.items() if v is not None},
                                                  **m.phases_s}.items()}
         m.timings.total_s = (m.timings.total_s or 0.0) + rest / n
@@ -237,7 +246,7 @@ class ProfiledChild:
     `nsys profile`, run on a pool thread so that this process prepares while nsys starts (~2 s)."""
 
     def __init__(self, pool: ThreadPoolExecutor, spec: JobSpec, todo: list[int] | None, out_path: Path,
-                 nsys_path: str, told: list[tuple[int, dict[str, float] | None]] = ()):
+                 nsys_path: str, told: Sequence[tuple[int, dict[str, float] | None]] = ()):
         self._tmp = tempfile.TemporaryDirectory()
         spec_file, self.progress = Path(self._tmp.name) / "job.json", Path(self._tmp.name) / "measured.jsonl"
         spec_file.write_text(json.dumps({"job": {**spec.to_dict(), "sweep": spec.sweep}, "settings": todo,
@@ -272,7 +281,7 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
     after what it did finish is kept."""
     spec = ctx.spec
     sqlite_path, problem, wall, lines = child.wait()
-    inner_shared = next((line["shared"] for line in lines if "shared" in line), {})
+    inner_shared: dict[str, Any] = next((line["shared"] for line in lines if "shared" in line), {})
     finished = [Measurement.from_json(line["measurement"]) for line in lines if "measurement" in line]
     measured = {m.grid.index: m for m in finished}
     machine = next((line["machine"] for line in lines if "machine" in line), None)
@@ -285,7 +294,8 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
     if sqlite_path is not None:
         conv_names = list(ctx.variants)
         activities = nsys_mod.read_activities(sqlite_path, {layer.name for layer in ctx.network.layers})
-        discarded = {i: m.stopping.discarded for i, m in measured.items() if m.stopping and m.stopping.discarded}
+        discarded: dict[int | None, list[int]] = {i: m.stopping.discarded for i, m in measured.items()
+                                                  if m.stopping and m.stopping.discarded}
         summaries = nsys_mod.summarize_settings(activities, conv_names, discarded)
     read_s = time.perf_counter() - t
     files = {"nsys_report": str(child.report_base.with_suffix(".nsys-rep")), "nsys_sqlite": str(sqlite_path)} \
@@ -297,6 +307,7 @@ def _measure_under_nsys(ctx: JobContext, todo: list[int], child: ProfiledChild,
             m = ctx.measurement(i)
             m.error = problem or "the measuring process ended before this setting (it crashed: see the job log)"
             m.environment = environment()
+            assert m.timings is not None  # ctx.measurement's
             m.timings.total_s = 0.0
         elif m.status != "failed":
             _apply_nsys(m, summaries.get(i), problem, m.stopping.samples if m.stopping else spec.repeats)
@@ -316,6 +327,7 @@ def _apply_nsys(m: Measurement, summary: dict | None, problem: str | None, repea
         m.status = "failed"
         m.error = problem or f"nsys report holds {seen} timed repeats of this setting, expected {repeats}"
         return
+    assert summary is not None and m.timings is not None  # nsys holds its passes (seen == repeats); it was measured
     t, event_forward = m.timings, m.timings.forward_ms
     t.h2d_ms, t.d2h_ms, t.compute_ms, t.forward_ms, t.overlap, t.streams_used = (
         finite(summary[k]) for k in ("h2d_ms", "d2h_ms", "compute_ms", "forward_ms", "overlap", "streams_used"))
@@ -332,6 +344,7 @@ def _judge_again(m: Measurement, ctx: JobContext) -> None:
 
     if m.status == "failed" or m.integrity is None:
         return
+    assert m.timings is not None  # a measured setting's
     judge_nsys(m, m.timings.forward_ms)
     judge_floors(m, ctx.network)
     settle(m)
@@ -340,7 +353,7 @@ def _judge_again(m: Measurement, ctx: JobContext) -> None:
 def read_progress(path: Path) -> list[dict]:
     """The child's lines: one per finished setting, then its shared phases; a line cut short by a
     crash is left out."""
-    lines = []
+    lines: list[dict] = []
     try:
         text = path.read_text()
     except OSError:
@@ -354,7 +367,7 @@ def read_progress(path: Path) -> list[dict]:
 
 
 def measure_to_file(spec: JobSpec, todo: list[int] | None, out_path: Path,
-                    told: list[tuple[int, dict[str, float] | None]] = ()) -> None:
+                    told: Sequence[tuple[int, dict[str, float] | None]] = ()) -> None:
     """The child half of a job under nsys (or ncu): measure settings `todo` (None: all), appending each
     finished one to `out_path` (one JSON line, flushed) and last the phases the settings shared. A
     machine that cannot run them is told to the parent as a line {"machine": message}, then raised."""

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .axes import AXES, NAMES, columns, job_id_part, order_by
 from .cliargs import positive_int
@@ -158,7 +158,7 @@ def t4_result(run: dict[str, Any], op_time_ms: dict[str, float | None], runtimes
             configuration[f"{layer}.{name}"] = value
     configuration.update({name: run[name] for name in NAMES if run[name] is not None})
     layer_times = [op_time_ms.get(layer) for layer in variants]
-    time_ms = {"op_time": sum(layer_times) if layer_times and None not in layer_times else None,
+    time_ms = {"op_time": sum(cast(list[float], layer_times)) if layer_times and None not in layer_times else None,
                "forward_ms": run["forward_ms"]}.get(metric, op_time_ms.get(metric))
     phases = json_column(run["phases"]) or {}
     times = {"compilation_time": run["compile_ms"], "benchmark": _ms(phases.get("timed")),
@@ -355,10 +355,10 @@ def resolve_kernel(path: Path, cache: dict[str, Any], network_path: str, variant
                  if outputs and outputs % each == 0 and (batch is None or outputs == batch * each)]
     if len(found) != 1:
         size = json.dumps(cache.get("problem_size"))
-        outputs = ", ".join(f"{name} {each}" for name, each in per_image.items()) or "none it fits"
+        each_image = ", ".join(f"{name} {each}" for name, each in per_image.items()) or "none it fits"
         what = " and ".join(f"--{k}" for k, given in (("layer", layer), ("batch", batch)) if not given)
         raise ConfigError(f"{path}: problem_size {size} is not the output of one of {variant}'s conv layers at a "
-                          f"whole batch (it fits {len(found)}; outputs per image: {outputs}): give {what}")
+                          f"whole batch (it fits {len(found)}; outputs per image: {each_image}): give {what}")
     (name, images), = found
     if name not in per_image:
         raise ConfigError(f"{path}: variant {variant} does not fit layer {name} of {network_path}")
@@ -398,11 +398,13 @@ def cache_result(path: Path, cache: dict[str, Any], kernel: Kernel, experiment: 
 
     keys, entries = cache["tune_params_keys"], cache["cache"]
     header = {k: cache.get(k) for k in ("device_name", "kernel_name", "problem_size", "tune_params_keys")}
-    cell = {axis.name: kernel.batch if axis.name == "batch" else axis.config_default[0]
+    # Every required axis but batch has a default.
+    cell = {axis.name: kernel.batch if axis.name == "batch" else cast(list, axis.config_default)[0]
             for axis in AXES if axis.required}
     grid, settings = tunable_grid(path, keys, entries)
-    job = {"experiment": experiment, "network": kernel.network, "variants": {kernel.layer: kernel.variant},
-           "grid": {kernel.variant: grid}, "search": {"strategy": "grid"}, **cell}
+    job: dict[str, Any] = {"experiment": experiment, "network": kernel.network,
+                           "variants": {kernel.layer: kernel.variant}, "grid": {kernel.variant: grid},
+                           "search": {"strategy": "grid"}, **cell}
     job_key = canonical_hash(job)
     job_id = f"kt-{kernel.variant}-{kernel.layer}{job_id_part(cell)}-{job_key[:10]}"
     sweep = {"experiment": experiment, "config_hash": job_key, "config_path": str(path)}

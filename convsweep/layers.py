@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class Layer:
     divisor: float | None = None  # convert and upsample: y = x / divisor (255: bytes onto [0, 1])
 
     @property
-    def kind(self) -> "LayerKind":
+    def kind(self) -> LayerKind:
         return LAYER_KINDS[self.type]
 
     @property
@@ -83,7 +83,7 @@ class LayerKind:
 def _spatial(in_shape: tuple[int, ...], where: str, kind: str) -> tuple[int, int, int]:
     if len(in_shape) != 3:
         raise ConfigError(f"{where}: {kind} expected a [C, H, W] input, got shape {list(in_shape)}")
-    return in_shape  # type: ignore[return-value]
+    return in_shape
 
 
 def _size(shape) -> int:
@@ -125,10 +125,12 @@ def _conv_truth(truth, stream, layer, x, y):
 
 CONV2D = LayerKind(
     required=frozenset({"out_channels", "kernel"}), optional=frozenset({"stride"}), infer=_conv_infer,
-    weights=lambda layer: {"weight": (layer.out_channels, layer.in_shape[0], layer.kernel, layer.kernel),
-                           "bias": (layer.out_channels,)},
+    # A conv layer has its out_channels, kernel and stride (_conv_infer).
+    weights=lambda layer: cast(dict[str, tuple[int, ...]],
+                               {"weight": (layer.out_channels, layer.in_shape[0], layer.kernel, layer.kernel),
+                                "bias": (layer.out_channels,)}),
     reference=lambda layer, weights, x: conv2d_reference(x, weights[f"{layer.name}.weight"],
-                                                         weights[f"{layer.name}.bias"], layer.stride),
+                                                         weights[f"{layer.name}.bias"], cast(int, layer.stride)),
     traffic=_conv_traffic, enqueue=_conv_enqueue,
     torch=lambda torch, layer, weights, h: torch.nn.functional.conv2d(
         h, weights[f"{layer.name}.weight"], weights[f"{layer.name}.bias"], stride=layer.stride),
@@ -186,7 +188,7 @@ def _pool_truth(truth, stream, layer, x, y):
 
 MAXPOOL2D = LayerKind(
     required=frozenset({"size"}), optional=frozenset({"stride"}), infer=_pool_infer, weights=lambda layer: {},
-    reference=lambda layer, weights, x: maxpool2d_reference(x, layer.size, layer.stride),
+    reference=lambda layer, weights, x: maxpool2d_reference(x, cast(int, layer.size), cast(int, layer.stride)),
     traffic=lambda network, step, batch, e: (e * batch * (_size(step.layer.in_shape) + _size(step.layer.out_shape)), 0),
     enqueue=_pool_enqueue,
     torch=lambda torch, layer, weights, h: torch.nn.functional.max_pool2d(h, layer.size, layer.stride),
@@ -243,7 +245,8 @@ def _dense_truth(truth, stream, layer, x, y):
 
 DENSE = LayerKind(
     required=frozenset({"out_features"}), optional=frozenset(), infer=_dense_infer,
-    weights=lambda layer: {"weight": (layer.out_features, layer.in_shape[0]), "bias": (layer.out_features,)},
+    weights=lambda layer: cast(dict[str, tuple[int, ...]],  # a dense layer has its out_features (_dense_infer)
+                               {"weight": (layer.out_features, layer.in_shape[0]), "bias": (layer.out_features,)}),
     reference=_dense_reference, traffic=_dense_traffic, enqueue=_dense_enqueue,
     torch=lambda torch, layer, weights, h: torch.nn.functional.linear(
         h, weights[f"{layer.name}.weight"], weights[f"{layer.name}.bias"]),
@@ -329,6 +332,7 @@ def _upsample_args(layer: Layer) -> tuple:
     """upsample_u8's last arguments, which a conv kernel absorbing the layer takes too: the
     source-to-output ratios in double, as numpy's n_in / n_out, and the divisor."""
     _, h, w = layer.in_shape
+    assert layer.size is not None  # an upsample layer's (_upsample_infer)
     return np.float64(h / layer.size), np.float64(w / layer.size), np.float32(layer.divisor)
 
 

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -30,7 +32,7 @@ from .context import JobContext, timed_variants
 from .errors import CompileError, ConvsweepError, MachineError, failure_message
 from .gpulock import bind_free_gpu, gpu_lock, holds_lock_of
 from .inputs import load_batch
-from .integrity import IntegrityObserver, judge_floors, open_rounds, settle
+from .integrity import IntegrityObserver, Rounds, judge_floors, open_rounds, settle
 from .network import load_network, reference_layer
 from .numbers import finite, median
 from .paths import resolve_network_path
@@ -42,6 +44,9 @@ from .search import Search, UpFront, objective, proposals
 from .stats import StoppingRule
 from .timing import FLUSH, EnergyObserver, HostClock, L2FlushObserver, Reading, pipeline_timer, sample
 from .variants import Variant, get_variant
+
+if TYPE_CHECKING:
+    from .gpu import Gpu
 
 
 def _timings_from_samples(samples: list[Sample], conv_names: list[str], compile_ms: float | None = None) -> Timings:
@@ -68,6 +73,7 @@ def _floor_shape(network, name: str, variant: Variant, batch: int):
 def _complete(record: Measurement, logits: np.ndarray, ctx: JobContext, check: Check | None = None) -> None:
     """A measured setting's verdict on round 0 (`check`: the GPU's, against its float64 truth; else the host's
     reference here), its tolerance, images and floors."""
+    assert ctx.batch is not None and record.grid is not None  # loaded by measure_settings; set by ctx.measurement
     batch, run = ctx.batch, ctx.runs[record.grid.index]
     if check is None:
         check = check_logits(logits, batch.reference, batch.dataset.labels, batch.idx, ctx.variants.values())
@@ -91,7 +97,7 @@ class GpuSession:
     buffers, the NVML monitor, the chunking of a pass, and the backend that builds networks (and
     whose clock times the passes on the host). `gpu_session` opens one and owns all it holds."""
 
-    gpu: object
+    gpu: Gpu
     streams: list
     buffers: PipelineBuffers
     monitor: GpuMonitor
@@ -151,6 +157,7 @@ def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backen
                       groups=[entry["layers"] for entry in ctx.spec.grid])
 
     def finish(record: Measurement, own_s: float) -> None:
+        assert record.timings is not None and record.grid is not None  # ctx.measurement sets both
         record.timings.total_s = own_s  # its own time; run_job adds its share of the job's
         if (proposal := asked.proposal_of(record.grid.index)) is not None:
             record.grid.proposal = proposal
@@ -187,6 +194,7 @@ def measure_settings(ctx: JobContext, todo: list[int], backend: Backend = Backen
 
 def _measure_cpu_settings(ctx: JobContext, asked: Search | UpFront, finish) -> None:
     """The CPU reference: synchronous numpy, so a host clock around each layer is an honest timer."""
+    assert ctx.batch is not None  # loaded by measure_settings
     network = ctx.batch.network
     conv_names = list(ctx.variants)  # the timed layers: a fused network's conv1 times the later convs too
     dtype = np.dtype(network.dtype)
@@ -229,7 +237,7 @@ def build_requests(network, variants: dict[str, Variant], run: RunSpec) -> list[
     requests = [BuildRequest.of(LAYERS_SOURCE, "layers", {"CONV_T": "double"} if network.dtype == "float64" else {})]
     for name, variant in variants.items():
         params = variant.resolve_params(run.params.get(name), f"params.{name}")
-        requests.append(BuildRequest.of(variant.source, variant.name,
+        requests.append(BuildRequest.of(cast(Path, variant.source), variant.name,  # a GPU variant's: it has one
                                         variant.defines(params, network.variant_shape(network.layer(name), variant.fuses,
                                                                                       absorbs=variant.absorbs_input))))
     return list(dict.fromkeys(requests))
@@ -237,6 +245,7 @@ def build_requests(network, variants: dict[str, Variant], run: RunSpec) -> list[
 
 def _compile_errors(ctx: JobContext, todo: list[int], builds: dict) -> dict[int, str]:
     """setting index -> its first build's compile error, for the settings with one."""
+    assert ctx.batch is not None  # loaded by measure_settings
     errors = {}
     for i in todo:
         for request in build_requests(ctx.batch.network, ctx.variants, ctx.runs[i]):
@@ -253,6 +262,7 @@ def _build_arch(spec: JobSpec) -> str:
 
 
 def _measure_gpu_settings(ctx: JobContext, asked: Search | UpFront, backend: Backend, shared: dict, finish) -> None:
+    assert ctx.batch is not None  # loaded by measure_settings
     spec, clock = ctx.spec, backend.clock
     # The builds compile on the CPU cores (for NVML's idea of the GPU's architecture: no CUDA context
     # is needed to know it; the lent H100's where there is no GPU, so that a kernel that does not compile says
@@ -317,6 +327,9 @@ def _measure_one(session: GpuSession, ctx: JobContext, i: int, finish) -> Measur
         t = clock()
         _complete(record, logits, ctx, guard.seed)
         guard.apply(record)  # a wrong timed pass, and what else the checks found
+        # The integrity found (apply), the job's rounds (_measure_gpu_settings) and the phases (_measure_gpu_setting).
+        assert record.integrity is not None and session.rounds is not None and record.phases_s is not None
+        assert ctx.batch is not None
         record.integrity.inputs = session.rounds.maker.record()
         record.integrity.peaks = session.peaks
         judge_floors(record, ctx.batch.network)
@@ -338,6 +351,7 @@ def _sanitized(record: Measurement, run: RunSpec) -> None:
     child that shares this job's hold on the GPU; an error it finds is the setting's verdict."""
     from .sanitize import sanitize, verdict
 
+    assert record.integrity is not None  # the checks' findings (IntegrityObserver.apply) before this
     record.integrity.sanitizer = sanitize(run)
     error = verdict(record.integrity.sanitizer)
     if error is not None:
@@ -360,6 +374,7 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measureme
     the first stream, checked and watched by the backend's observers. What they measured goes into
     `record` once the passes are done; returns the seed pass's logits (the run's accuracy) and what
     the integrity checks found."""
+    assert ctx.batch is not None and record.grid is not None and session.rounds is not None  # _measure_gpu_settings'
     gpu, streams, buffers, chunks = session.gpu, session.streams, session.buffers, session.chunks
     run, network, backend = ctx.runs[record.grid.index], ctx.batch.network, session.backend
     conv_names = list(ctx.variants)  # the timed layers: a fused network's conv1 times the later convs too
@@ -368,7 +383,7 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measureme
                                    for layer, var in ctx.variants.items()}, session.arch)
     net = backend.network(gpu, network, ctx.batch.weights, plan, len(streams), max(hi - lo for lo, hi in chunks))
     poison_logits(gpu, buffers, streams[0])  # so a setting that writes nothing cannot pass with the last one's logits
-    phases = {"setup": backend.clock() - t}
+    phases: dict[str, float | None] = {"setup": backend.clock() - t}
     observers = backend.observers(gpu, session.monitor, run, backend.clock)
     flush = next((o.before_layer for o in observers if isinstance(o, L2FlushObserver)), None)
 
@@ -386,7 +401,7 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measureme
     def timed_pass() -> Reading:  # one more pass, for the caching test: not a repeat to nsys
         with nvtx_range("caching test"):
             reading = timer.time(one_pass)
-        reading.ms  # waits for it
+        _ = reading.ms  # waits for it
         return reading
 
     def pass_ms(reading: Reading) -> float:
@@ -428,13 +443,16 @@ def _measure_gpu_setting(session: GpuSession, ctx: JobContext, record: Measureme
     record.clocks, record.clocks_after = observed.get("clocks", record.clocks), observed.get("clocks_after")
     record.energy, record.throttle, record.note = observed.get("energy"), observed.get("throttle"), observed.get("note")
     record.phases_s = phases
+    assert guard.seed_logits is not None  # the seed pass's
     return guard.seed_logits, guard
 
 
 def _describe(record: Measurement) -> str:
     """One progress line: the setting's tunables, status and op times."""
-    ops = ", ".join(f"{layer} {ms:.3f} ms" for layer, ms in record.timings.op_time_ms.items() if ms is not None)
-    return " ".join(part for part in (tunables_text(record.params), record.status, ops,
+    timings, params = record.timings, record.params
+    assert timings is not None and timings.op_time_ms is not None and params is not None  # a job's (ctx.measurement)
+    ops = ", ".join(f"{layer} {ms:.3f} ms" for layer, ms in timings.op_time_ms.items() if ms is not None)
+    return " ".join(part for part in (tunables_text(params), record.status, ops,
                                       f"- {record.error}" if record.error else "") if part)
 
 
@@ -538,6 +556,7 @@ def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, bac
                 result.status[i], result.error[i] = "failed", failure_message(e)
         kept = {i: gpu.alloc(buffers.logits_dev.shape, buffers.logits_dev.dtype) for i in nets}
         made.new_scope()
+        freshness: dict[str, Any]
         freshness = result.freshness = {"counted": 0, "stale_rounds": 0, "share": None}
         result.clocks = monitor.clocks()
         bar = progress(total=rounds, desc=f"winners at batch {spec.batch}", unit="round", enabled=rounds > 1)
@@ -550,7 +569,7 @@ def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, bac
                 for workspace in workspaces(net):
                     gpu.fill(workspace, WORKSPACE_POISON, stream)
                 reading = timer.time(held_pass(net))
-                reading.ms  # waits for the pass
+                _ = reading.ms  # waits for the pass
                 gpu.copy(kept[i], buffers.logits_dev, stream)
                 times[i] = {name: reading.marked_ms(name) for name in result.op_time_ms[i]}
             # Every setting has run on the round: only now is its truth worked out, and each setting held to it.

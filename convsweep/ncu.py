@@ -27,6 +27,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from .config import JobSpec
 from .errors import MachineError, writing
@@ -98,8 +99,9 @@ class LaunchProfile:
     @property
     def limiter(self) -> str | None:
         """What limits occupancy: the resource whose blocks-per-SM limit is lowest (None when unknown)."""
-        limits = {name: self.metrics.get(key) for key, name in _LIMITERS.items() if self.metrics.get(key) is not None}
-        return min(limits, key=limits.get) if limits else None
+        limits: dict[str, Any] = {name: self.metrics.get(key) for key, name in _LIMITERS.items()
+                                  if self.metrics.get(key) is not None}
+        return min(limits, key=limits.__getitem__) if limits else None
 
     @property
     def bound(self) -> str:
@@ -176,7 +178,8 @@ def read_report(report_path: Path, layer_names: set[str]) -> list[LaunchProfile]
     """Every profiled launch in an ncu report that NVTX places in a setting and a conv layer."""
     ncu_report = import_ncu_report()
     context = ncu_report.load_report(str(report_path))
-    profiles, seen = [], {}
+    profiles: list[LaunchProfile] = []
+    seen: dict[tuple[int, str, str], int] = {}
     for r in range(context.num_ranges()):
         launches = context.range_by_idx(r)
         for a in range(launches.num_actions()):
@@ -232,7 +235,8 @@ def profiled_kernels(variant_names) -> list[str]:
 
 def once_each(spec: JobSpec) -> JobSpec:
     """The job's settings run once each: no warm-up, one pass, timed by events (ncu owns the GPU)."""
-    return dataclasses.replace(spec, repeats=1, warmup=0, profiler="events", stopping=None)
+    return dataclasses.replace(  # type: ignore[call-arg]  # Cell's fields, made at run time, are unseen by mypy
+        spec, repeats=1, warmup=0, profiler="events", stopping=None)
 
 
 def run_profile_job(spec: JobSpec, out_path: Path, log=None, required: bool = True) -> dict:
@@ -310,6 +314,7 @@ def _run_ncu(command: list[str], log) -> str | None:
     """Run ncu, its lines into the log; None when it worked, else the reason in one line."""
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         errors = []
+        assert proc.stdout is not None  # stdout=PIPE
         for line in proc.stdout:
             print(line.rstrip("\n"), file=log, flush=True)
             if "==ERROR==" in line:

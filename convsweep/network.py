@@ -7,7 +7,7 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -104,9 +104,10 @@ class Network:
         if absorbed is not None:
             _, src_h, src_w = absorbed.in_shape
             source = (src_h, src_w, np.dtype(self.shipped_dtype).itemsize)
+        assert layer.out_channels is not None and layer.kernel is not None and layer.stride is not None  # a conv's
         return ConvShape(B=batch, C=c, M=layer.out_channels, H=h, W=w, K=layer.kernel, S=layer.stride,
-                         P=pool.size if pool else 0, PS=pool.stride if pool else 0, dtype=self.dtype,
-                         tail=tuple(fused[own:]), SRC_H=source[0], SRC_W=source[1], SRC_E=source[2])
+                         P=cast(int, pool.size) if pool else 0, PS=cast(int, pool.stride) if pool else 0,
+                         dtype=self.dtype, tail=tuple(fused[own:]), SRC_H=source[0], SRC_W=source[1], SRC_E=source[2])
 
     def variant_shape(self, layer: Layer, fuses: tuple[str, ...], batch: int = 1,
                       absorbs: tuple[str, ...] = ()) -> ConvShape:
@@ -127,6 +128,7 @@ class Network:
         entry in `fuses`."""
         found = (self.absorbed_input(name, tuple(kinds)) for name, kinds in (absorbs or {}).items())
         absorbed = next((layer for layer in found if layer is not None), None)
+        steps: list[Step]
         steps, skip = [], 1 if absorbed else 0
         for layer in self.layers:
             if skip:

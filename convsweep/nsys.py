@@ -17,6 +17,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import cast
 
 from .errors import ConvsweepError
 from .fileio import canonical_hash, write_atomic
@@ -68,6 +69,7 @@ def profile(command: list[str], report_base: Path, nsys: str, log) -> Path:
     # Lines pass through as they come, so a job waiting for its GPU says so while it waits; nsys
     # draws progress bars with carriage returns: keep the job's own lines and nsys's messages.
     with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None  # stdout=PIPE
         for line in proc.stdout:
             kept = line.rstrip("\n").split("\r")[-1]
             if kept and not kept.lstrip().startswith("["):
@@ -154,7 +156,7 @@ def read_activities(sqlite_path: Path, layer_names: set[str]) -> list[Activity]:
 
 def _nvtx_ranges(db, tables, strings) -> dict[int, list[tuple[int, int, str]]]:
     """Push/pop and start/end ranges per thread, sorted by start."""
-    per_thread = defaultdict(list)
+    per_thread: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
     if "NVTX_EVENTS" not in tables:
         return per_thread
     for start, end, text, text_id, tid in db.execute(
@@ -220,7 +222,7 @@ def _max_concurrency(intervals: list[tuple[int, int, int]]) -> int:
 
 
 def summarize_settings(activities: list[Activity], conv_layers: list[str],
-                       discarded: dict[int, list[int]] | None = None) -> dict[int, dict]:
+                       discarded: dict[int | None, list[int]] | None = None) -> dict[int | None, dict]:
     """summarize() of each setting's activities, by setting index (None: outside any setting); `discarded`:
     by setting, the repeats that did not count."""
     by_setting: dict[int | None, list[Activity]] = defaultdict(list)
@@ -236,7 +238,7 @@ def summarize(activities: list[Activity], conv_layers: list[str], discarded=()) 
     counted = sorted({a.repeat for a in activities if a.repeat is not None} - set(discarded))
     number = {label: n for n, label in enumerate(counted)}
     timed = [replace(a, repeat=number[a.repeat]) for a in activities if a.repeat in number]
-    repeats = sorted({a.repeat for a in timed})
+    repeats = sorted({cast(int, a.repeat) for a in timed})  # each numbered again above
     samples = []
     per_metric: dict[tuple, list[float]] = defaultdict(list)
 
@@ -267,22 +269,22 @@ def summarize(activities: list[Activity], conv_layers: list[str], discarded=()) 
         add("streams_used", None, r, float(_max_concurrency([(a.start_ns, a.end_ns, a.stream) for a in acts])))
 
     medians = {key: median(values) for key, values in per_metric.items()}
-    kernels = defaultdict(list)
+    per_kernel: dict[tuple[str | None, str], list[Activity]] = defaultdict(list)
     for a in timed:
         if a.kind == "kernel":
-            kernels[(a.layer, a.name)].append(a)
+            per_kernel[(a.layer, a.name)].append(a)
     kernel_rows = [{
         "layer": layer, "name": name, "launches": len(acts), "total_ms": sum(a.ms for a in acts),
         "median_ms": median(a.ms for a in acts), "grid": list(acts[0].grid), "block": list(acts[0].block),
         "registers": acts[0].registers, "static_shared_bytes": acts[0].static_shared_bytes,
         "dynamic_shared_bytes": acts[0].dynamic_shared_bytes, "local_bytes": acts[0].local_bytes,
-    } for (layer, name), acts in sorted(kernels.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
-    copies = defaultdict(list)
+    } for (layer, name), acts in sorted(per_kernel.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
+    per_kind: dict[str, list[Activity]] = defaultdict(list)
     for a in timed:
         if a.kind not in ("kernel", "memset"):
-            copies[a.kind].append(a)
+            per_kind[a.kind].append(a)
     copy_rows = [{"kind": kind, "count": len(acts), "bytes": sum(a.bytes for a in acts),
-                  "total_ms": sum(a.ms for a in acts)} for kind, acts in sorted(copies.items())]
+                  "total_ms": sum(a.ms for a in acts)} for kind, acts in sorted(per_kind.items())]
     return {
         "op_time_ms": {layer: medians.get(("op_time_ms", layer)) for layer in conv_layers},
         "h2d_ms": medians.get(("h2d_ms", None)), "d2h_ms": medians.get(("d2h_ms", None)),

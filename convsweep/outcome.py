@@ -22,7 +22,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 from tabulate import tabulate
 
@@ -115,7 +115,7 @@ class NotRun:
                                  "jobs": [{"kind": kind, "id": job_id} for kind, job_id in self.jobs]})
 
     @classmethod
-    def read(cls, path: Path) -> "NotRun | None":
+    def read(cls, path: Path) -> NotRun | None:
         """The record at `path`; None where there is none. A file of another format raises ConvsweepError."""
         data = _read_record(path, NOT_RUN_FORMAT, "the jobs not run")
         return None if data is None else cls(data["reason"], tuple((job["kind"], job["id"]) for job in data["jobs"]))
@@ -142,7 +142,7 @@ class Planned:
         write_json_atomic(path, record)
 
     @classmethod
-    def read(cls, path: Path) -> "Planned | None":
+    def read(cls, path: Path) -> Planned | None:
         """The record at `path`; None where there is none. A file of another format raises ConvsweepError."""
         data = _read_record(path, PLANNED_FORMAT, "the jobs a sweep plans")
         return None if data is None else cls(tuple(str(job_id) for job_id in data["jobs"]))
@@ -275,7 +275,7 @@ def collect(url: str, experiment: ExperimentFiles, not_stored: dict[Path, str]) 
     results = [job.result for job in experiment.jobs]
     if outcome.finished == outcome.jobs and not not_stored and _ingested(experiment, results):
         made = [_mtime(p) for p in experiment.reports]
-        if all(t is not None and t >= _mtime(experiment.ingested) for t in made):
+        if all(t is not None and t >= cast(float, _mtime(experiment.ingested)) for t in made):  # _ingested: it has one
             outcome.report = experiment.reports[-1]
         else:
             outcome.problems[("job", "report not made", _cut(last_reason(experiment.report_log) or

@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .axes import AXES
 from .compare import CELL, stored_samples
@@ -128,7 +128,7 @@ def fronts(url: str | None, experiment: str | None = None, intervals: bool = Tru
     for front in ordered:
         measured = front.measured
         on = dict(zip((p.run_id for p in measured),
-                      non_dominated([(p.op_time_ms, p.energy_per_pass_j) for p in measured])))
+                      non_dominated([(p.op_time_ms, cast(float, p.energy_per_pass_j)) for p in measured])))
         front.points = sorted((replace(p, on_front=on.get(p.run_id, False)) for p in front.points),
                               key=lambda p: (p.op_time_ms, p.run_id))
     _name_cells(ordered)

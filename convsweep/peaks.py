@@ -67,7 +67,7 @@ class Peaks:
         return {**asdict(self), "flops_per_s": dict(self.flops_per_s)}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Peaks":
+    def from_json(cls, data: dict) -> Peaks:
         """The peaks a result file stored (keys it does not know are left out)."""
         values = {f.name: data[f.name] for f in fields(cls)}
         return cls(**{**values, "flops_per_s": {unit: float(rate) for unit, rate in data["flops_per_s"].items()}})
@@ -126,7 +126,7 @@ def host_link_bytes_per_s(monitor, integrated: bool) -> float | None:
     if integrated:
         return None
     c2c = _nvml(monitor, "nvmlDeviceGetC2cModeInfoV")
-    if c2c is not None and getattr(c2c, "isC2cEnabled", 0):
+    if c2c is not None and getattr(c2c, "isC2cEnabled", False):
         return None
     return pcie_bytes_per_s(_nvml(monitor, "nvmlDeviceGetMaxPcieLinkGeneration"),
                             _nvml(monitor, "nvmlDeviceGetMaxPcieLinkWidth"))

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from contextlib import closing
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .compile import LAYERS_SOURCE, kernel_sources
 from .config import Config, JobSpec, expand_config, validate
@@ -130,7 +130,7 @@ class SweepPlan:
         self._new_stamp: int | None = None  # store_id's, for a store that has none yet: check_store writes it
 
     @classmethod
-    def for_snakefile(cls, config: dict, configfiles: list, checkout: str | Path, workflow=None) -> "SweepPlan":
+    def for_snakefile(cls, config: dict, configfiles: list, checkout: str | Path, workflow=None) -> SweepPlan:
         """The plan the Snakefile runs. A config or checkout it cannot use stops Snakemake with one line:
         SystemExit, whose message Snakemake prints alone, where an exception would also get the lines of
         the Snakefile and convsweep it came through."""
@@ -382,7 +382,7 @@ class SweepPlan:
         return (sum(1 for job in self.jobs if self.gpus(job.experiment, job.job_id))
                 + sum(len(self._profiled_job_ids(e)) + len(self.winner_groups(e)) for e in self.experiments))
 
-    def machine_block(self, machine: "Machine", left_out: str | None) -> str:
+    def machine_block(self, machine: Machine, left_out: str | None) -> str:
         """What this machine has and what the sweep therefore does (convsweep.outcome.machine_block)."""
         from .outcome import machine_block
 
@@ -413,7 +413,7 @@ class SweepPlan:
             try:
                 Planned(tuple(self._job_ids(experiment))).write(path.with_name("planned.json"))
                 if left:
-                    NotRun(self.left_out, tuple(left)).write(path)
+                    NotRun(cast(str, self.left_out), tuple(left)).write(path)  # jobs are left out for its reason
                 else:
                     path.unlink(missing_ok=True)
             except OSError as e:
@@ -470,7 +470,7 @@ class SweepPlan:
         if network.weights_path is not None:
             files.append(network.weights_path)
         variants = [get_variant(name) for name in dict.fromkeys(job.variants.values())]
-        for source in [v.source for v in variants if not v.is_cpu]:
+        for source in [cast(Path, v.source) for v in variants if not v.is_cpu]:
             files += kernel_sources(source)
         if not all(v.is_cpu for v in variants):
             files += kernel_sources(LAYERS_SOURCE)

@@ -64,7 +64,7 @@ def host_environment() -> dict:
     """The host's part of environment(): Python, package versions, NVRTC. Reading the packages'
     metadata takes a job process about a tenth of a second, so it is read once, and a job reads it
     before it takes the GPU (the time it holds the GPU is the time other jobs wait)."""
-    packages = {}
+    packages: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             packages[name] = metadata.version(name)
@@ -119,6 +119,7 @@ class GpuMonitor:
     def driver(self) -> str | None:
         if self._handle is None:
             return None
+        assert self._nvml is not None  # the handle came from it
         try:
             version = self._nvml.nvmlSystemGetDriverVersion()
         except self._nvml.NVMLError:
@@ -156,7 +157,7 @@ class GpuMonitor:
                 pass
             self._nvml = self._handle = None
 
-    def __enter__(self) -> "GpuMonitor":
+    def __enter__(self) -> GpuMonitor:
         return self
 
     def __exit__(self, *exc) -> None:

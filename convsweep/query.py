@@ -32,14 +32,14 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
 from itertools import chain
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 from urllib.parse import quote
 
 from sqlalchemy import event, text
@@ -81,7 +81,7 @@ _SUBQUERY_QUESTIONS = {"SELECT", "WITH", "VALUES", "TABLE"}
 # measured as its text.
 _PG_MEASURED_AS_IS = {17, 25, 1042, 1043}
 # Rows, each with its size in bytes as the caps count it.
-_SizedRows = Iterator[tuple[Sequence[Any], int]]
+_SizedRows = Generator[tuple[Sequence[Any], int], None, None]
 # SQLite virtual-machine steps between two looks at the clock: about a millisecond's work.
 _SQLITE_PROGRESS_STEPS = 10_000
 QUESTIONS = ("SELECT", "WITH", "VALUES", "TABLE", "EXPLAIN", "SHOW")
@@ -154,7 +154,7 @@ def run_query(url: str | None, sql_or_name: str, fmt: str = "table", params: dic
     return present(answer, fmt, max_rows)
 
 
-def present(answer: "Answer", fmt: str, max_rows: int | None) -> str:
+def present(answer: Answer, fmt: str, max_rows: int | None) -> str:
     """An answer rendered as `fmt`, saying where it was cut at max_rows."""
     columns, rows, truncated = answer
     rendered = render(columns, rows, fmt)
@@ -306,7 +306,7 @@ class _Bounds:
         self.deadline = time.monotonic() + self.timeout_s
         if connection.dialect.name == "sqlite":
             def past_deadline() -> bool:
-                self.passed = time.monotonic() > self.deadline
+                self.passed = time.monotonic() > cast(float, self.deadline)  # set above
                 return self.passed
 
             connection.connection.driver_connection.set_progress_handler(past_deadline, _SQLITE_PROGRESS_STEPS)
@@ -334,14 +334,14 @@ class _Bounds:
         self.cell_cap = max(1, min(caps)) if caps else None
 
     def value_too_large(self) -> str:
-        if self.cell_cap == self.max_cell_bytes:
-            return f"query stopped: a value passes {_bytes(self.cell_cap)}, the cap on one value (leave out its column)"
-        return (f"query stopped: a value passes {_bytes(self.cell_cap)}, the cap on one value in a row of "
-                f"{self.columns} columns, which share the {_bytes(self.max_bytes)} cap (select fewer columns)")
+        if (cap := cast(int, self.cell_cap)) == self.max_cell_bytes:  # only a value past a cap is too large
+            return f"query stopped: a value passes {_bytes(cap)}, the cap on one value (leave out its column)"
+        return (f"query stopped: a value passes {_bytes(cap)}, the cap on one value in a row of {self.columns} "
+                f"columns, which share the {_bytes(cast(int, self.max_bytes))} cap (select fewer columns)")
 
     def too_many_bytes(self, rows: int) -> str:
-        return (f"query stopped: its rows pass {_bytes(self.max_bytes)}, the cap on what a query returns, after "
-                f"{rows} row{'s' * (rows != 1)} (select fewer rows or columns)")
+        return (f"query stopped: its rows pass {_bytes(cast(int, self.max_bytes))}, the cap on what a query returns, "
+                f"after {rows} row{'s' * (rows != 1)} (select fewer rows or columns)")
 
 
 def _bytes(count: int) -> str:
@@ -374,7 +374,8 @@ def _fetch(engine: Engine, url: URL, sql: str, params: dict[str, Any], keyword: 
             if bounds.passed or (bounds.timeout_s is not None
                                  and getattr(driver_error, "sqlstate", None) == _PG_QUERY_CANCELED):
                 raise StoreError(bounds.stopped()) from None
-            if getattr(driver_error, "sqlite_errorcode", None) == sqlite3.SQLITE_TOOBIG:
+            if (sys.version_info >= (3, 11) and bounds.cell_cap is not None  # 3.10's sqlite3 lacks the codes
+                    and getattr(driver_error, "sqlite_errorcode", None) == sqlite3.SQLITE_TOOBIG):  # else SQLite's own
                 raise StoreError(bounds.value_too_large()) from None
             refused = connection.info.get("refused")
             if refused:  # the first thing refused, not what it led to
@@ -430,7 +431,7 @@ def _sqlite_rows(connection: Any, sql: str, params: dict[str, Any], _described: 
     byte over it: some functions count a terminating NUL; the exact cap is the row's check as it arrives)."""
     setlimit = getattr(connection.connection.driver_connection, "setlimit", None)
     if bounds.cell_cap is not None and setlimit is not None:  # Python 3.10 has none: values are measured on arrival
-        setlimit(sqlite3.SQLITE_LIMIT_LENGTH, bounds.cell_cap + 1)
+        setlimit(sqlite3.SQLITE_LIMIT_LENGTH, bounds.cell_cap + 1)  # type: ignore[attr-defined]  # 3.11+, as setlimit
     result = connection.execute(text(sql), params)  # a pysqlite result steps one row per row read
     if not result.returns_rows:
         return [], _sized((), bounds)
@@ -442,14 +443,14 @@ def _pg_rows(connection: Any, sql: str, params: dict[str, Any], described: tuple
     """The rows in single-row mode, so that no more than one arrives before it is counted; a question that stands as
     a subquery has every value measured in SQL, and one over the cap withheld, before it is sent."""
     measured = bool(described and described[0]) and bounds.cell_cap is not None
-    statement = _pg_measured(sql, described[1], bounds.cell_cap) if measured else sql
+    statement = _pg_measured(sql, cast(Any, described)[1], cast(int, bounds.cell_cap)) if measured else sql
     compiled = text(statement).compile(dialect=connection.dialect)
     driver_params = compiled.construct_params(params)
     cursor = connection.connection.driver_connection.cursor()
     bounds.limit_next_statement(connection)
     stream = cursor.stream(compiled.string, driver_params)
     if measured:
-        return described[0], _measured_rows(stream, bounds)
+        return cast(Any, described)[0], _measured_rows(stream, bounds)
     if described:
         return described[0], _sized(stream, bounds)
     first = next(stream, None)  # the driver knows the columns of an EXPLAIN or a SHOW once its first row is in
@@ -472,7 +473,7 @@ def _pg_measured(sql: str, type_codes: list[Any], cell_cap: int) -> str:
             "OFFSET 0) AS measured")
 
 
-def _measured_rows(stream: Iterator[tuple[Any, ...]], bounds: _Bounds) -> _SizedRows:
+def _measured_rows(stream: Generator[tuple[Any, ...], None, None], bounds: _Bounds) -> _SizedRows:
     with closing(stream):
         for row in stream:
             if row[-2] > bounds.cell_cap:
@@ -533,7 +534,7 @@ def _pg_milliseconds(seconds: float) -> int:
     return min(math.ceil(seconds * 1000), _PG_MAX_TIMEOUT_MS)
 
 
-def _is_write_refused(driver_error: Exception) -> bool:
+def _is_write_refused(driver_error: BaseException | None) -> bool:
     if getattr(driver_error, "sqlstate", None) in _PG_REFUSALS:
         return True
     return "readonly database" in str(driver_error)

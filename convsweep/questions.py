@@ -22,7 +22,7 @@ class Computed:
     convsweep.query's read-only fetch_dicts as compare does (cut at max_rows; no timeout of its own). `note`, where
     given, gives the line `convsweep query` shows with the rows: what they leave out, say."""
 
-    function: Callable[[str | None, dict[str, Any] | None], tuple[list[str], list[Sequence[Any]]]]
+    function: Callable[[str | None, dict[str, Any] | None], tuple[list[str], Sequence[Sequence[Any]]]]
     description: str
     note: Callable[[str | None, dict[str, Any] | None], str | None] | None = None
 

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 from .errors import ConvsweepError
 
@@ -52,12 +52,13 @@ def load_ceilings(path: str | Path) -> Ceilings:
     if not _positive(copy_gbps):
         raise ConvsweepError(f"--bench {path}: no ceilings.dtod_GBps (the device copy rate): expected the file "
                              "`convsweep bench --json FILE` writes")
-    matmul = ceilings.get("matmul_TFLOPps") or {}
+    # A positive copy rate: ceilings is its dict.
+    matmul = cast(dict, ceilings).get("matmul_TFLOPps") or {}
     return Ceilings(source=str(path), device=data.get("device"), copy_gbps=float(copy_gbps),
                     matmul_tflops={mode: float(v) for mode, v in matmul.items() if _positive(v)})
 
 
-def _positive(value: Any) -> bool:
+def _positive(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .axes import spec_values
 from .config import variant_label
@@ -26,6 +26,9 @@ from .errors import writing
 from .fileio import canonical_hash, write_json_atomic
 from .findings import describe
 from .stats import relative_spread
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # The result format written: the newest of workflow/schemas/result.schema.yaml (a store test ties
 # the two; reading the schema here would cost every job process its parse).
@@ -61,6 +64,8 @@ class Part:
     OPTIONAL: ClassVar[frozenset[str]] = frozenset()
     PARTS: ClassVar[dict[str, Any]] = {}  # field -> the record class its value (or each item of it) is
     _absent: frozenset[str]
+    if TYPE_CHECKING:  # every record is a dataclass: dataclasses.fields takes any of them
+        __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_absent", type(self).OPTIONAL)
@@ -240,7 +245,7 @@ class Measurement(Part):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.logits = None
+        self.logits: np.ndarray | None = None
 
     @classmethod
     def new(cls, job_id: str, run_key: str, spec: dict[str, Any], sweep: dict[str, Any], git: dict[str, Any],
@@ -351,6 +356,7 @@ class Measurement(Part):
     def environment_columns(self) -> dict[str, Any]:
         """The `environment` row's columns, env_hash the hash of all of it (a format 1 commit included)."""
         env = self.environment
+        assert env is not None, "the schema requires a measurement's environment"
         return {"env_hash": canonical_hash(env), **{k: env.get(k) for k in ENVIRONMENT_KEYS}}
 
     def build_rows(self) -> list[dict[str, Any]]:

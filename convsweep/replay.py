@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .errors import ConfigError, ConvsweepError, StoreError
 from .fileio import write_json_atomic
@@ -99,7 +99,7 @@ def stored_grids(db: str | None, experiment: str) -> list[Grid]:
         for m in members:
             t = times.get(m["id"]) or {}
             ok = m["status"] == "ok" and t and all(v is not None for v in t.values())
-            layer_ms.append({layer: float(v) for layer, v in t.items()} if ok else None)
+            layer_ms.append({layer: float(cast(float, v)) for layer, v in t.items()} if ok else None)
         grids.append(Grid(members[0]["job_id"], members[0]["variant"], members[0]["batch"], params, layer_ms,
                           tied_groups(params)))
     if not grids:

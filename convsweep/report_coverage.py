@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from . import axes
 from .config import variant_label
@@ -78,7 +78,8 @@ def read_coverage(folder: Path | None, stored: Iterable[str]) -> Coverage | None
     coverage = Coverage(len(planned.jobs) if planned else None, not_run_reason=not_run.reason if not_run else None,
                         others_not_run=Counter(kind for kind, _ in left if kind != "run"))
     for job_id in planned.jobs if planned else left_out:
-        said = _why_missing(folder, job_id, not_run.reason if job_id in left_set else None, job_id in stored)
+        reason = cast(NotRun, not_run).reason if job_id in left_set else None  # left out: not_run says why
+        said = _why_missing(folder, job_id, reason, job_id in stored)
         if said is None:
             continue
         if job_id in stored:  # and no result: what is stored of it is from before its last attempt

@@ -112,6 +112,7 @@ class Ledger:
         self.per_image = max(1, math.prod(out_shape))
         self.values = min(self.per_image, SIGNATURE_VALUES)
         self.stride = self.per_image // self.values
+        self.seen: DeviceArray | None  # SIGNATURE_VALUES per source and slot, grown by _room
         self.capacity, self.seen = 0, None
         self.counts = np.zeros(dataset_size, np.int64)
         self._slots: DeviceArray | None = None
@@ -142,6 +143,9 @@ class Ledger:
         if self._slots is None or self._slots.shape[0] < batch:
             self._slots, self._sources = (self.gpu.alloc((batch,), np.int64, lasting=True) for _ in range(2))
             self._nearest = self.gpu.alloc((batch,), np.float64, lasting=True)
+        # All allocated by now: seen by _room, the others above.
+        assert self.seen is not None and self._slots is not None and self._sources is not None \
+            and self._nearest is not None
         staged = np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(sources, np.int64)
         self.gpu.upload(staged[0], self._slots.rows(0, batch), stream)
         self.gpu.upload(staged[1], self._sources.rows(0, batch), stream)

@@ -16,6 +16,7 @@ import time
 from contextlib import AbstractContextManager
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -107,6 +108,7 @@ class ConvOp:
         if self.variant.workspace:
             args.append(workspace.arg if workspace is not None else np.uintp(0))
         if self.variant.prepare:
+            assert self.prepared is not None  # bind_weights made it
             args.append(self.prepared.arg)
         if self.variant.fuses_pool:
             args += [np.int32(shape.P), np.int32(shape.PS)]
@@ -269,7 +271,7 @@ class GpuNetwork:
                 start = self.gpu.event(stream) if timed else None
                 cur = step.layer.kind.enqueue(self, stream, step, cur, out, lane)
                 if timed:
-                    events.setdefault(name, []).append((start, self.gpu.event(stream)))
+                    cast(dict, events).setdefault(name, []).append((start, self.gpu.event(stream)))  # timed: events
         if cur.ptr != logits.ptr:  # a network that ends in a layer without an output of its own
             self.gpu.copy(logits.rows(0, n), cur, stream)
 

@@ -19,9 +19,9 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .axes import AXES
 from .errors import ConfigError
@@ -45,7 +45,7 @@ def _axis_properties(name: str) -> list[tuple[str, dict, list[str]]]:
     return []
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_schema(name: str) -> dict:
     """workflow/schemas/<name>.schema.yaml, read once per process, with the axes' properties added
     where it describes them (experiments.yaml's lists, the result's specs)."""
@@ -164,21 +164,23 @@ def _located(error: jsonschema.ValidationError, suggest: bool) -> tuple[list, An
     and a value outside an enum with the nearest allowed ones."""
     keys, instance = list(error.absolute_path), error.instance
     if suggest and error.validator == "additionalProperties" and isinstance(instance, dict):
-        unknown = next((key for key in instance if key not in error.schema.get("properties", {})
-                        and not any(re.search(p, str(key)) for p in error.schema.get("patternProperties", {}))), None)
+        schema = cast(Mapping[str, Any], error.schema)  # the object schema the key is not allowed in
+        unknown = next((key for key in instance if key not in schema.get("properties", {})
+                        and not any(re.search(p, str(key)) for p in schema.get("patternProperties", {}))), None)
         if unknown is not None:
             return [*keys, unknown], instance[unknown], \
-                "unknown key" + did_you_mean(unknown, error.schema.get("properties", {}))
+                "unknown key" + did_you_mean(unknown, schema.get("properties", {}))
     what = _describe(error)
     if suggest and error.validator == "enum":
-        what += did_you_mean(instance, error.validator_value)
+        what += did_you_mean(instance, cast(list, error.validator_value))
     return keys, instance, what
 
 
 def _describe(error: jsonschema.ValidationError) -> str:
     """What was expected, from the failing keyword and its value: jsonschema's own message quotes the
     whole instance, which for a large one is megabytes."""
-    kind, expected, instance = error.validator, error.validator_value, error.instance
+    # A validator's error has its instance, its keyword's value and (but for a `false` subschema) an object schema.
+    kind, expected, instance = error.validator, cast(Any, error.validator_value), cast(Any, error.instance)
     if kind == "additionalProperties":  # the message lists the unknown keys, never their values
         return _cut(error.message.replace("Additional properties are not allowed", "unknown key"))
     if kind in _OWN_MESSAGES:
@@ -197,7 +199,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
         unit = {"Ite": "items", "Pro": "keys", "Len": "characters"}[kind[3:6]]
         return f"expected at {'least' if kind.startswith('min') else 'most'} {expected:,} {unit}, got {len(instance):,}"
     if kind == "pattern":  # a schema with a pattern says in its description what the pattern allows
-        return f"expected {error.schema.get('description') or 'a string matching ' + expected}, got {_shown(instance)}"
+        schema = cast(Mapping[str, Any], error.schema)
+        return f"expected {schema.get('description') or 'a string matching ' + expected}, got {_shown(instance)}"
     if kind in _BOUNDS:
         return f"expected {_BOUNDS[kind]} {expected:,}, got {_shown(instance)}"
     if kind == "uniqueItems":
@@ -233,7 +236,7 @@ def check_size(instance: Any, source: str, max_nodes: int = MAX_NODES, max_chars
             raise ConfigError(f"{at(source, path, yaml_file)}: nested more than {MAX_DEPTH} levels deep")
         open_ids.add(id(value))
         total, is_map = 1, isinstance(value, dict)
-        for key, item in value.items() if is_map else enumerate(value):
+        for key, item in cast(dict, value).items() if is_map else enumerate(value):
             total += size(item, [*path, key]) + (size(key, path) if is_map else 0)
             if total > max_nodes:
                 raise ConfigError(f"{at(source, path, yaml_file)}: more than {max_nodes:,} values "
@@ -255,7 +258,7 @@ def check_finite(instance: Any, source: str, yaml_file: Path | None = None) -> N
             raise ConfigError(f"{at(source, [], yaml_file, instance)}: {_not_finite(instance)}")
         return
     seen: set[int] = set()
-    stack = [([], _items(instance))]
+    stack: list[tuple[list, Iterator[tuple[Any, Any]]]] = [([], _items(instance))]
     while stack:
         path, items = stack[-1]
         for key, value in items:
@@ -272,7 +275,7 @@ def check_finite(instance: Any, source: str, yaml_file: Path | None = None) -> N
             stack.pop()
 
 
-def _items(value: Any):
+def _items(value: Any) -> Iterator[tuple[Any, Any]]:
     """(key, value) of a mapping, (index, item) of a sequence, nothing of a scalar: as an iterator, so
     check_finite's walk resumes a container where it went down into a child."""
     if isinstance(value, dict):

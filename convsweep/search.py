@@ -18,7 +18,7 @@ import random
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .errors import ConfigError
 
@@ -103,7 +103,8 @@ class Search:
                 if columns:
                     study = optuna.create_study(direction="minimize",
                                                 sampler=_sampler(optuna, strategy, seed + n, self.budget))
-                    distributions = {self.dimensions[d]: optuna.distributions.IntDistribution(
+                    distributions: dict[str, optuna.distributions.BaseDistribution] = {
+                        self.dimensions[d]: optuna.distributions.IntDistribution(
                         0, int(self.codes[:, d].max())) for d in columns}
                     self._studies.append((group, columns, study, distributions))
         self._np, self._rng = np, np.random.default_rng(seed)
@@ -126,6 +127,7 @@ class Search:
         out: list[int] = []
         while len(out) < k and not self.done and not self.taken.all():
             code = self._np.zeros(len(self.dimensions), dtype=self.codes.dtype)
+            trials: list | None  # None where a stand-in replaces the sampler's proposal
             trials = []
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", self._optuna.exceptions.ExperimentalWarning)
@@ -194,7 +196,7 @@ class UpFront:
         todo, self._todo = self._todo or [], None
         return todo
 
-    def tell(self, index: int, value: float | None) -> None:
+    def tell(self, index: int, value: dict[str, float] | None) -> None:
         pass
 
     def proposal_of(self, index: int) -> int | None:
@@ -225,7 +227,7 @@ def objective(status: str, op_time_ms: dict[str, float | None] | None) -> dict[s
     times = dict(op_time_ms or {})
     if status != "ok" or not times or any(t is None for t in times.values()):
         return None
-    return {layer: float(t) for layer, t in times.items()}
+    return {layer: float(cast(float, t)) for layer, t in times.items()}
 
 
 def _sampler(optuna, strategy: str, seed: int, budget: int):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from .numbers import median
 
@@ -24,7 +25,7 @@ def relative_spread(values: Sequence[float]) -> float | None:
     """Median absolute deviation over the median; None for no samples or a zero median. (Without
     numpy: storing a result needs this, and numpy's import is a tenth of a second of the ingest.)"""
     centre = median(values)
-    return median(abs(v - centre) for v in values if v is not None) / centre if centre else None
+    return cast(float, median(abs(v - centre) for v in values if v is not None)) / centre if centre else None
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,14 @@ def bootstrap_ratio(a: Sequence[float], b: Sequence[float], resamples: int = RES
     replacement on its own); seeded, so one pair of sample sets always gets the same interval."""
     import numpy as np
 
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     rng = np.random.default_rng(seed)
-    med_a = np.median(rng.choice(a, size=(resamples, a.size)), axis=1)
-    med_b = np.median(rng.choice(b, size=(resamples, b.size)), axis=1)
+    med_a = np.median(rng.choice(xa, size=(resamples, xa.size)), axis=1)
+    med_b = np.median(rng.choice(xb, size=(resamples, xb.size)), axis=1)
     ratios = med_b / med_a
     tail = (1.0 - confidence) / 2 * 100
     low, high = np.percentile(ratios, [tail, 100 - tail])
-    return float(np.median(b) / np.median(a)), float(low), float(high)
+    return float(np.median(xb) / np.median(xa)), float(low), float(high)
 
 
 def compare_samples(a: Sequence[float], b: Sequence[float], threshold: float = 0.05) -> Change:
@@ -62,7 +63,7 @@ def compare_samples(a: Sequence[float], b: Sequence[float], threshold: float = 0
     a = [v for v in a if v is not None and v > 0]
     b = [v for v in b if v is not None and v > 0]
     if len(a) < MIN_SAMPLES or len(b) < MIN_SAMPLES:
-        ratio = median(b) / median(a) if a and b else None
+        ratio = cast(float, median(b)) / cast(float, median(a)) if a and b else None
         return Change(ratio, None, None, UNSURE, len(a), len(b))
     ratio, low, high = bootstrap_ratio(a, b)
     band_low, band_high = 1 / (1 + threshold), 1 + threshold
@@ -135,7 +136,7 @@ class StoppingRule:
     samples_ms: list[float] = field(default_factory=list)
 
     @classmethod
-    def of(cls, repeats: int | str, stopping: dict | None) -> "StoppingRule":
+    def of(cls, repeats: int | str, stopping: dict | None) -> StoppingRule:
         return cls(**(stopping or {})) if repeats == "auto" else cls(repeats=int(repeats))
 
     def reason(self, forward_ms: float, elapsed_s: float) -> str | None:

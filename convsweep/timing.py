@@ -57,7 +57,8 @@ class Timer(Protocol):
     where it is False, a fixed number of passes are all enqueued before any is read (the device's
     queue never drains between them, as a kernel's back-to-back repeats want)."""
 
-    sync_each: bool
+    @property
+    def sync_each(self) -> bool: ...  # read only: a field, or a class's constant (HostClock)
 
     def warm(self, one_pass: Pass) -> None:
         """One untimed pass (a warm-up, or one of the energy window's)."""
@@ -302,6 +303,7 @@ class EnergyObserver(Observer):
 
     def __init__(self, monitor, window_s: float, clock: Callable[[], float] = time.perf_counter):
         self.monitor, self.window_s, self.clock = monitor, window_s, clock
+        self.energy: dict | None  # the counter's record once the passes are done
         self.counter, self.passes, self.energy = EnergyCounter(), 0, None
         self.extra_s: float | None = None  # seconds of the untimed passes after the timed part; None: none ran
         self.energy_mj: Callable[[], int | None] = lambda: None

@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .checks import TOLERANCE
 from .errors import CompileError, ConfigError, ShapeError
@@ -125,16 +125,16 @@ def tail_names(tail: tuple[Layer, ...]) -> dict[str, int]:
                 names.update({f"P{n}": layer.size, f"PS{n}": layer.stride})
             else:
                 names[f"N{n}"] = layer.out_features
-    return names
+    return cast(dict[str, int], names)  # each kind's sizes are set (convsweep.layers)
 
 
 def layer_flops(layer: Layer) -> int:
     """Multiply-add FLOPs of one image through a conv or dense layer (0 for the others)."""
     if layer.type == "conv2d":
-        c, k = layer.in_shape[0], layer.kernel
+        c, k = layer.in_shape[0], cast(int, layer.kernel)
         return 2 * math.prod(layer.out_shape) * c * k * k
     if layer.type == "dense":
-        return 2 * layer.in_shape[0] * layer.out_features
+        return 2 * layer.in_shape[0] * cast(int, layer.out_features)
     return 0
 
 
@@ -279,8 +279,8 @@ class Variant:
         check_grid_size(math.prod(len(values) for values in grid.values()), where)
         names = list(grid)
         combos, where_rule = [], f"{REGISTRY_PATH.name}: {self.name}.restrictions"
-        for values in itertools.product(*(grid[n] for n in names)):
-            params = {**self.defaults(), **dict(zip(names, values))}
+        for chosen in itertools.product(*(grid[n] for n in names)):
+            params = {**self.defaults(), **dict(zip(names, chosen))}
             if all(evaluate(rule, params, where_rule) for rule in self.restrictions):
                 combos.append(params)
         if not combos:
@@ -350,7 +350,7 @@ def check_grid_size(settings: int, where: str) -> None:
 
 
 def _dim3(values: tuple[int, ...]) -> tuple[int, int, int]:
-    return tuple(values) + (1,) * (3 - len(values))  # type: ignore[return-value]
+    return cast(tuple[int, int, int], tuple(values) + (1,) * (3 - len(values)))  # padded to three
 
 
 def _fmt(shape: ConvShape) -> str:

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from .compare import COMPARED, compare, render
 from .errors import ConvsweepError
@@ -147,6 +147,7 @@ def run_snakemake(command: list[str], feed: Callable[[str], None]) -> int:
     lines: list[str] = []
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None  # stdout=PIPE
     try:
         for line in proc.stdout:
             lines.append(line)
@@ -227,6 +228,7 @@ class _Progress:
 
     def _end_block(self) -> None:
         block, self.block = self.block, None
+        assert block is not None  # only a block that is open ends
         if "error" not in block:
             self.jobs[block.get("jobid", "")] = block
             return

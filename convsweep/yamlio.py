@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -172,8 +172,10 @@ def _too_big(node: yaml.Node, source: str, text: str) -> str:
     """The line for a collection past MAX_NODES values: its first alias where aliases blow it up (an
     alias inside its text), else the collection's own line."""
     start, end = node.start_mark.index, node.end_mark.index
-    alias = next((event for event in yaml.parse(text, Loader=_SAFE_LOADER)
-                  if isinstance(event, yaml.AliasEvent) and start <= event.start_mark.index < end), None)
+    # A parsed event has its marks.
+    alias = next((event for event in yaml.parse(text, Loader=_SAFE_LOADER) if isinstance(event, yaml.AliasEvent)
+                  and start <= cast(yaml.Mark, event.start_mark).index < end), None)
     if alias is not None:
-        return f"{source}:{alias.start_mark.line + 1}: YAML aliases from here expand to more than {MAX_NODES:,} values"
+        line = cast(yaml.Mark, alias.start_mark).line
+        return f"{source}:{line + 1}: YAML aliases from here expand to more than {MAX_NODES:,} values"
     return f"{source}:{node.start_mark.line + 1}: more than {MAX_NODES:,} values in one collection"

@@ -90,7 +90,7 @@ def _wrapper(source: Path, kernels: list[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_library(source: str | Path) -> dict[str, HostKernel]:
     """Every kernel of `source` built for the host (once per source text and shim, cached on disk)."""
     from convsweep.paths import cache_dir

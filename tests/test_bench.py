@@ -101,7 +101,9 @@ def fake_measurements(cudnn=True, batch=10000, harness=True):
                             "error": None, "samples_ms": [7.5, 7.0, 7.9], "input_format": "fp32", "batch": batch,
                             "tail_images": batch // 8, **traffic}]}
     if cudnn:
-        per_mode = lambda f32, t32, f16: {"fp32": {"samples_ms": [f32]}, "tf32": {"samples_ms": [t32]}, "fp16": {"samples_ms": [f16]}}
+        def per_mode(f32, t32, f16):
+            return {"fp32": {"samples_ms": [f32]}, "tf32": {"samples_ms": [t32]}, "fp16": {"samples_ms": [f16]}}
+
         meas["cudnn"] = {"available": True, "note": None, "layers": {"conv1": per_mode(7.79, 7.0, 4.47), "conv2": per_mode(5.8, 2.62, 1.01)},
                          "forward": per_mode(15.9, 10.0, 6.0)}
     else:

@@ -128,6 +128,8 @@ FAKE_TOOLS = {  # what .ci/run calls besides the start scripts, each doing nothi
     "python": 'echo "python $*" >>"$CI_LOG"; [ "$1" != -c ] || echo /fake/venv',
     "snakemake": 'echo "snakemake $*" >>"$CI_LOG"; exit "${SWEEP_RC:-0}"',
     "pytest": 'echo "pytest $*" >>"$CI_LOG"; exit "${PYTEST_RC:-0}"',
+    "ruff": 'echo "ruff $*" >>"$CI_LOG"',
+    "mypy": 'echo "mypy $*" >>"$CI_LOG"',
     "chromium": "true",
     "chromedriver": "true",
 }

@@ -1,7 +1,6 @@
 """NVRTC compiles on a CPU-only machine: every kernel, every registered parameter combination."""
 import shutil
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 

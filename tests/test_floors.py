@@ -15,7 +15,7 @@ from convsweep.floors import Ceiling, Work, compute_floor_ms, fastest_unit, forw
 from convsweep.query import run_query
 from convsweep.store import DeviceCeiling, Run, ingest_result, open_store
 
-from store_fixtures import as_reader, db_url, make_result  # noqa: F401 (db_url: a fixture)
+from store_fixtures import as_reader, make_result
 
 H100 = "NVIDIA H100 80GB HBM3"  # store_fixtures' GPU
 RATES = Ceiling(H100, 3.0e12, 50e9, 40e9, {"fp32": 50e12, "tf32": 400e12, "fp16": 700e12})

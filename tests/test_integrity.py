@@ -7,7 +7,6 @@ import pytest
 
 from convsweep import integrity
 from convsweep.config import RunSpec
-from convsweep.inputs import load_batch
 from convsweep.measure import measure
 from convsweep.network import load_network, reference_forward
 from convsweep.peaks import Peaks

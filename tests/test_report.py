@@ -216,7 +216,7 @@ def test_summary_md_tells_a_grids_settings_apart_fastest_first(tmp_path):
     text = report.summary_markdown(report.load(url, EXPERIMENT))
     table = text.split("## Failed or incorrect")[0]
     grid = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table.splitlines() if line.startswith("| grid")]
-    header = [cell.strip() for cell in next(l for l in table.splitlines() if l.startswith("| variant")).split("|")[1:-1]]
+    header = [cell.strip() for cell in next(line for line in table.splitlines() if line.startswith("| variant")).split("|")[1:-1]]
     shown = ["batch", "streams", "host_memory", "cache"]  # the others, where every run has their default, are not
     assert header[:3 + len(shown)] == ["variant", "setting", *shown, "status"]
     status = 2 + len(shown)

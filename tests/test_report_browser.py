@@ -192,7 +192,7 @@ def test_every_figure_of_the_html_report_renders(built, browser):
     figures = {path: r for path, r in data["results"].items() if r["mime_type"].startswith("image/")}
     drawn = sorted(p.name for p in (built.results / "figures").glob("*.png"))
     assert sorted(r["filename"] for r in figures.values()) == drawn and len(drawn) == 7  # pareto too: it has energy
-    for path, result in sorted(figures.items()):
+    for _, result in sorted(figures.items()):
         label = result["labels"]["figure"]
         row = row_for(browser, built.report, EXPERIMENT, "figures", label)
         row.find_elements(By.CSS_SELECTOR, "td")[-1].find_elements(By.CSS_SELECTOR, "a")[0].click()

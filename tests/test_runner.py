@@ -120,5 +120,5 @@ def test_prepared_weights_are_written_once_per_binding_and_passed_to_every_launc
     assert kernel == "network_forward" and grid == (264, 1, 1) and len(gpu.launches) == 2  # no per-forward prepare
     assert args[:5] == [y.ptr, x.ptr, k.ptr, bias.ptr, 10000] and args[11] == op.prepared.ptr
     op.bind_weights(k, bias, "stream", tail)  # new weights: prepared again, into the buffer it has
-    assert [l[0] for l in gpu.launches] == ["prepare_weights", "network_forward", "prepare_weights"]
+    assert [launch[0] for launch in gpu.launches] == ["prepare_weights", "network_forward", "prepare_weights"]
     assert len(gpu.allocations) == 1 and gpu.launches[-1][2][11] == op.prepared.ptr

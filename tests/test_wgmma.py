@@ -152,7 +152,9 @@ def replay(x, w, bias, P, PR, WG):
                         row = min((p * SLOTS + slot) * Q + r, H - 1)
                         src0 = (2 * cp * H + row) * PW + 16 * tile + 2 * (g + t)
                         src1 = src0 + H * PW
-                        half = lambda i: xs[i].astype(np.float16).astype(np.float64)  # cvt.rn.f16x2.f32
+                        def half(i):
+                            return xs[i].astype(np.float16).astype(np.float64)  # cvt.rn.f16x2.f32
+
                         regs = [(half(src0), half(src0 + 1)), (half(src0 + 1), half(src0 + 2)),
                                 (half(src1), half(src1 + 1)), (half(src1 + 1), half(src1 + 2))]
                         for i, (lo, hi) in enumerate(regs):  # a_i: row g (+8 for odd i), k 2t (+8 for i >= 2)

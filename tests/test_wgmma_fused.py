@@ -228,7 +228,9 @@ def replay_image(x, tiles, b1, b2, lay: Layout, c2r: int = 1) -> np.ndarray:
     """One image x [H, W] through conv1 and conv2 as the kernel indexes them, its B tiles `tiles` (b_tiles);
     its fp16 features [16 * HP2 * WP2]."""
     H, W = lay.H, lay.W
-    f16 = lambda a: np.asarray(a, np.float32).astype(np.float16)
+    def f16(a):
+        return np.asarray(a, np.float32).astype(np.float16)
+
     b1s, b2s = tiles[:5 * 512], tiles[5 * 512:]  # B1 at shared byte 0, B2 at OFF_B2 = 5 KB
     # stage_input: x1 [HR1][PW1], zero past W and below H (zeroed once); x2 zeroed once.
     x1 = np.zeros((lay.HR1, lay.PW1), np.float16)
@@ -397,7 +399,7 @@ def replay_dense_tail(part, wt, n: int) -> np.ndarray:
     for warp in range(warps):
         for mt in range(2):  # d0, d1: (output mt*16 + g, images 2t, 2t+1); d2, d3: output + 8
             base = (warp * 8 + 2 * T) * pitch + mt * 16 + G
-            for reg, (off, out, img) in enumerate([(0, 0, 0), (pitch, 0, 1), (8, 8, 0), (pitch + 8, 8, 1)]):
+            for off, out, img in [(0, 0, 0), (pitch, 0, 1), (8, 8, 0), (pitch + 8, 8, 1)]:
                 at = base + off
                 assert len(set(at % 32)) == 32, "a store of part hits 32 distinct banks"
                 assert np.isnan(shared[at]).all(), "part written twice"
@@ -501,6 +503,6 @@ def test_a_shape_it_cannot_compute_is_refused_naming_the_constraint(tmp_path, va
 
 def test_a_batch_smaller_than_the_grid_gets_a_block_per_image(variant):
     for batch, blocks in ((1, 1), (7, 7), (264, 264), (10001, 264)):
-        (launch,) = [l for l in variant.launch_plan(fused_shape(LENET, batch), variant.defaults())
-                     if l.kernel == "network_forward"]
+        (launch,) = [plan for plan in variant.launch_plan(fused_shape(LENET, batch), variant.defaults())
+                     if plan.kernel == "network_forward"]
         assert launch.grid == (blocks, 1, 1)

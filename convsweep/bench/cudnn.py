@@ -7,9 +7,10 @@ the words the table prints; every PyTorch call happens after our own measurement
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -115,7 +116,7 @@ def measure_cudnn(torch, timing: Timing, config: BenchConfig, layer_inputs: dict
                 with torch_mode(torch, mode, config.cudnn_benchmark):
                     x, w, b = torch_inputs(torch, mode, base)
                     torch.cuda.synchronize()
-                    fn = lambda: F.conv2d(x, w, b, stride=layer.stride)
+                    fn = functools.partial(F.conv2d, x, w, b, stride=layer.stride)
                     samples = torch_samples(torch, stream, fn, timing)
                     with torch.cuda.stream(stream):
                         y = fn()[torch.from_numpy(li.check_idx).cuda()].float().cpu().numpy()
@@ -154,13 +155,13 @@ def _matmul_rate(torch, stream, mode: str, n: int, timing: Timing) -> float:
     with torch_mode(torch, mode, True):
         samples = torch_samples(torch, stream, lambda: a @ b,
                                 dataclasses.replace(timing, warmup=max(timing.warmup, 1), repeats=min(timing.repeats, 10)))
-    return 2 * n ** 3 / (median(samples) * 1e-3) / 1e12
+    return 2 * n ** 3 / (cast(float, median(samples)) * 1e-3) / 1e12  # at least one timed repeat
 
 
 def measure_matmul(torch, timing: Timing, n: int = 8192) -> dict:
     """TFLOP/s of an n x n x n matmul per mode: the compute ceilings beside the copy's memory ceiling."""
     stream = torch.cuda.Stream()
-    rates = {}
+    rates: dict[str, float | None] = {}
     for mode in CUDNN_MODES:
         try:
             rates[mode] = _matmul_rate(torch, stream, mode, n, timing)

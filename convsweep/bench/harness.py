@@ -23,7 +23,7 @@ def run_harness(config: BenchConfig, best: dict[str, dict] | None, batch: int, p
     """`convsweep run-job` `runs` times per profiler (the same job: the later runs hit the compile
     cache), each a fresh process as Snakemake starts it; total_s is the job's own wall time from
     process start, wall_s the parent's clock around the process."""
-    out = {}
+    out: dict[str, dict] = {}
     if best is None:
         return {p: {"status": "skipped", "note": "no correct candidate for every conv layer"} for p in profilers}
     network = relative_to_root(config.network_path)
@@ -64,6 +64,7 @@ def _outcome(job: ResultFile | None, stderr: str) -> dict:
         return {"status": "failed", "error": (stderr.strip().splitlines() or ["no result"])[-1], "total_s": None,
                 "profiler": None, "phases_s": None, "compile_ms": None, "cache_hits": [], "forward_ms": None}
     m = job.measurements[0]
+    assert m.timings is not None  # a job writes each setting's (Measurement.new)
     return {"status": m.status, "error": m.error, "total_s": job.total_s, "profiler": m.profiler,
             "phases_s": m.phases_s, "compile_ms": m.timings.compile_ms, "cache_hits": m.cache_hits(),
             "forward_ms": m.timings.forward_ms}

@@ -64,8 +64,8 @@ def measure_instead(torch, timing: Timing, config: BenchConfig, network_inputs: 
     for mode in INSTEAD_MODES:
         for way, prepare in WAYS:
             log(f"PyTorch instead: {way}, {mode}" + (" (compiling and autotuning)" if way == TORCH_COMPILE else ""))
-            row = {"way": way, "mode": mode, "samples_ms": [], "max_rel_err": None, "prepare_s": None,
-                   "status": "ok", "error": None}
+            row: dict[str, Any] = {"way": way, "mode": mode, "samples_ms": [], "max_rel_err": None,
+                                   "prepare_s": None, "status": "ok", "error": None}
             try:
                 with torch_mode(torch, mode, config.cudnn_benchmark):
                     forward = network_forward(torch, config.network, base_w, base_x, mode)

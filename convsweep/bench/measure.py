@@ -92,6 +92,7 @@ def layer_inputs(gpu, timing: Timing, layer: Layer, seed: list[int], check_image
     float64 reference of the first and last `check_images` images."""
     c, h, w_ = layer.in_shape
     m, k = layer.out_channels, layer.kernel
+    assert m is not None and k is not None and layer.stride is not None  # a conv layer's
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((timing.batch, c, h, w_), dtype=np.float32)
     w = rng.standard_normal((m, c, k, k), dtype=np.float32)
@@ -111,9 +112,10 @@ def measure_candidate(gpu, timing: Timing, network, cand: Candidate, inputs: Lay
     """Check one candidate against float64, then time it; a failure is a record, not an exception."""
     var = get_variant(cand.variant)
     stream = timing.stream
-    rec = {"layer": cand.layer, "variant": cand.variant, "params": cand.params, "resolved_params": cand.resolved,
-           "precision": var.precision, "unit": var.unit, "tolerance": var.tolerance, "fused": list(var.fuses), "status": "failed",
-           "error": None, "max_rel_err": None, "max_rel_err_after": None, "samples_ms": []}
+    rec: dict[str, Any] = {
+        "layer": cand.layer, "variant": cand.variant, "params": cand.params, "resolved_params": cand.resolved,
+        "precision": var.precision, "unit": var.unit, "tolerance": var.tolerance, "fused": list(var.fuses),
+        "status": "failed", "error": None, "max_rel_err": None, "max_rel_err_after": None, "samples_ms": []}
     try:
         shape = network.variant_shape(network.layer(cand.layer), var.fuses, timing.batch)
         rec.update(shape=dataclasses.asdict(shape), bytes=shape.min_bytes, flops=shape.flops)

@@ -5,6 +5,7 @@ so the tests feed them fake numbers.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 from tabulate import tabulate
@@ -47,7 +48,7 @@ def throughput(nbytes: int | None, flops: int | None, ms: float | None) -> tuple
 def pick_best(records: list[dict]) -> dict | None:
     """The correct record with the lowest median (the first on a tie); None when none is correct."""
     ok = [r for r in records if r.get("status") == "ok" and median(r.get("samples_ms")) is not None]
-    return min(ok, key=lambda r: median(r["samples_ms"])) if ok else None
+    return min(ok, key=lambda r: cast(float, median(r["samples_ms"]))) if ok else None
 
 
 def tied_with(best: dict | None, record: dict) -> bool:
@@ -129,11 +130,12 @@ def build_result(meas: dict, targets: dict) -> dict:
                    met=None if not (judged and target) or row.get("status") == "skipped"
                    else (row.get("status") == "ok" and med is not None and med <= target))
         if cudnn_samples is not None:
-            cd = {mode: finite(median(cudnn_samples.get(mode, {}).get("samples_ms"))) for mode in CUDNN_MODES}
+            cd: dict[str | None, float | None] = {
+                mode: finite(median(cudnn_samples.get(mode, {}).get("samples_ms"))) for mode in CUDNN_MODES}
             row["cudnn_ms"] = cd
             mode = row.get("precision")
             row["cudnn_mode"] = mode
-            row["ours_over_cudnn"] = finite(med / cd[mode]) if med and cd.get(mode) else None
+            row["ours_over_cudnn"] = finite(med / cast(float, cd[mode])) if med and cd.get(mode) else None
         return row
 
     rows = []

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any, cast
 
 from ..errors import failure_message
 from ..formats import FP32
@@ -41,8 +42,9 @@ def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backe
     `load_torch` finds PyTorch: tests pass numpy stand-ins for both."""
     network = config.network
     batch, repeats = options.batch or config.batch, options.repeats or config.repeats
-    meas = {"config": str(config.path), "batch": batch, "repeats": repeats, "warmup": config.warmup, "seed": config.seed,
-            "bench_id": uuid.uuid4().hex, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    meas: dict[str, Any] = {
+        "config": str(config.path), "batch": batch, "repeats": repeats, "warmup": config.warmup, "seed": config.seed,
+        "bench_id": uuid.uuid4().hex, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     torch, torch_note = load_torch()  # imported before any timing, so the import is never inside a phase
     with backend.gpu() as gpu:
         meas["device"] = gpu.name
@@ -86,7 +88,7 @@ def run_bench(config: BenchConfig, options: BenchOptions = BenchOptions(), backe
             log(f"forward on the device: {', '.join(v.name for v in plan.variants.values())}")
             forwards.append((plan, measure_forward(gpu, timing, config, plan, net_inputs, backend)))
         fastest = min((pf for pf in forwards if pf[1]["status"] == "ok"), default=None,
-                      key=lambda pf: median(pf[1]["samples_ms"]))
+                      key=lambda pf: cast(float, median(pf[1]["samples_ms"])))  # an ok forward has samples
         if fastest is None:
             if forwards:  # every plan ran and failed: the first one's row says how
                 why = "no forward plan ran correctly"

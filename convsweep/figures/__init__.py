@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ConvsweepError
 from ..fileio import checked_directory
@@ -90,7 +90,7 @@ def plot(kind: str, url: str | None = None, experiment: str | None = None, out: 
     done = Plotted()
     for k, (path, why) in zip([t[0] for t in tasks], _draw_all(tasks)):
         if path is None:
-            done.skipped.append((k, why))
+            done.skipped.append((k, cast(str, why)))  # no figure: why not
         else:
             done.paths.append(path)
     if not done.paths:

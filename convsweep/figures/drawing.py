@@ -14,11 +14,19 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..axes import set_apart
 from ..errors import ConvsweepError
 from ..fileio import write_atomic
+
+if TYPE_CHECKING:
+    class MarkerColors(TypedDict):
+        """Line2D's colors of a series' markers (SeriesStyle.marker_colors)."""
+
+        color: str
+        markerfacecolor: str
+        markeredgecolor: str
 
 DPI = 120
 PANEL_WIDTH_IN = 5.0
@@ -281,7 +289,7 @@ class SeriesStyle:
     def hatch(self) -> str | None:
         return "///" if self.apart else None
 
-    def marker_colors(self) -> dict[str, str]:
+    def marker_colors(self) -> MarkerColors:
         return {"color": self.color, "markerfacecolor": "white" if self.apart else self.color,
                 "markeredgecolor": self.color if self.apart else "white"}
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..axes import cell_text, order_by
 from ..axes import columns as axis_columns
@@ -10,6 +10,9 @@ from ..reading import PROVENANCE_COLUMNS, Ceilings, MissingData, provenance
 from .drawing import (LEGEND_WIDTH_IN, MAX_BARS, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure, runs_note,
                       side_legend)
 from .rows import fetch
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 # Where a job's wall time goes, in the order it is spent; other phase names follow, sorted.
 PHASE_ORDER = ("process_start", "load", "reference", "compile", "gpu_wait", "context", "allocate", "setup",
@@ -65,7 +68,7 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
         bars, grouped_note = [{**job, "label": labels[job_id]} for job_id, job in jobs.items()], ""
     height_in = max(PANEL_HEIGHT_IN + 1.2, 2.2 + 0.32 * len(bars))
     fig, axes = new_figure(1, 1, PANEL_WIDTH_IN * 1.6 + LEGEND_WIDTH_IN, height_in)
-    ax = axes[0][0]
+    ax: Axes = axes[0][0]
     _bars(ax, bars, names)
     ax.set_xlabel("wall time (s)" + (", a mean job" if grouped else ""))
     ax.set_ylabel("variant (its jobs' mean)" if grouped else "job (variant and cell, as its id names them)")
@@ -127,6 +130,7 @@ def _bars(ax, bars: list[dict[str, Any]], names: list[str]) -> None:
 
     palette = colormaps["tab20"]
     left = [0.0] * len(bars)
+    color: str | tuple[float, float, float, float]
     for k, name in enumerate([*names, UNACCOUNTED_PHASE]):
         if name == UNACCOUNTED_PHASE:
             widths = [max(0.0, bar["total_s"] - sum(bar["phases"].values())) for bar in bars]

@@ -24,7 +24,7 @@ def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None 
     """Forward time and copy/kernel overlap against stream count, one panel column per batch and
     one line per variant and host-memory kind."""
     best, several = fastest(rows, ("variant", "batch", "host_memory", "streams"), time="forward_ms")
-    counts = {}
+    counts: dict[tuple, set[int]] = {}
     for variant, batch, memory, streams in best:
         counts.setdefault((variant, batch, memory), set()).add(streams)
     if not any(len(s) > 1 for s in counts.values()):
@@ -63,7 +63,7 @@ def _memory_order(memory: str) -> tuple[int, str]:
 def _lines(axes, best: dict[tuple, dict[str, Any]], cell: tuple, streams: list[int], style: dict[str, str]) -> None:
     """One cell's forward time (top) and overlap in % (bottom) against its stream counts; color
     says the host memory, marker and line the variant, so lines that coincide stay told apart."""
-    runs = [best[(*cell, s)] for s in streams]
+    runs = [best[cell + (s,)] for s in streams]  # mypy's parser takes (*cell, s) here for 3.11's star index
     label = f"{cell[0]}, {cell[2]}"
     axes[0].plot(streams, [r["forward_ms"] for r in runs], label=label, alpha=0.85, **style)
     overlap = [(s, 100 * r["overlap"]) for s, r in zip(streams, runs) if r["overlap"] is not None]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, selectinload
@@ -54,7 +54,7 @@ def _ceiling_row(bench: dict[str, Any], source: str) -> DeviceCeiling:
     ceilings = bench.get("ceilings")
     if not isinstance(ceilings, dict):
         raise StoreError(f"{source}: ceilings: expected the measured rates, as `convsweep bench --json` writes them")
-    environment = bench.get("environment") if isinstance(bench.get("environment"), dict) else {}
+    environment = cast(dict, bench.get("environment")) if isinstance(bench.get("environment"), dict) else {}
     matmul = ceilings.get("matmul_TFLOPps") or {}
     rates = {"dtod_gbps": _rate(need(ceilings.get("dtod_GBps"), "ceilings.dtod_GBps", "the device copy rate"),
                                 "ceilings.dtod_GBps", source)}

@@ -42,7 +42,8 @@ def ingest_confirmation(engine: Engine, confirmation: dict[str, Any], path: str 
 
 def _rows(session: Session, confirmation: dict[str, Any], source: str) -> list[Confirmation]:
     candidates = {c["measurement_id"]: c for c in confirmation["candidates"]}
-    runs = dict(session.execute(select(Run.measurement_id, Run.id).where(Run.measurement_id.in_(candidates))).all())
+    runs = dict(session.execute(select(Run.measurement_id, Run.id).where(Run.measurement_id.in_(candidates)))
+                .tuples().all())
     missing = sorted(set(candidates) - set(runs))
     if missing:
         raise StoreError(f"{source}: candidates: the runs it confirms are not stored ({missing[0]} and "

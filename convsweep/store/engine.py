@@ -300,6 +300,7 @@ def _foreign_keys_off(connection: Connection) -> Iterator[None]:
         yield
         return
     driver = connection.connection.driver_connection
+    assert driver is not None  # an open connection's
     driver.execute("PRAGMA foreign_keys=OFF")
     try:
         yield

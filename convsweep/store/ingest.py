@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -25,7 +25,7 @@ from convsweep.record import Measurement, ResultFile
 from .ceilings import BENCH_FORMAT, ingest_ceiling, latest_ceiling, set_floors
 from .engine import _writer, one_line, storing
 from .ingest_report import IngestReport
-from .models import Base, Build, Environment, KernelStat, LayerTime, Memcpy, Phase, Run, Sample, Sweep
+from .models import Build, Environment, KernelStat, LayerTime, Memcpy, Phase, Run, Sample, Sweep
 from .confirmations import ingest_confirmation
 from .profiles import ingest_profile
 from .strict_json import check_schema, check_values, read_json, utc_time
@@ -46,7 +46,8 @@ def check_result(result: Any, source: str) -> None:
     check_schema(result, "result", source)
 
 
-def _get_or_create(session: Session, model: type[Base], keys: dict[str, Any], values: dict[str, Any]) -> int:
+def _get_or_create(session: Session, model: type[Sweep | Environment | Build], keys: dict[str, Any],
+                   values: dict[str, Any]) -> int:
     """The id of the row with these key columns, inserted if missing; safe against concurrent inserts.
     Remembered for the session's transaction: a file's settings share their sweep, environment and
     layers build, which would otherwise cost two statements per setting each."""
@@ -57,7 +58,8 @@ def _get_or_create(session: Session, model: type[Base], keys: dict[str, Any], va
     return known[memo_key]
 
 
-def _find_or_insert(session: Session, model: type[Base], keys: dict[str, Any], values: dict[str, Any]) -> int:
+def _find_or_insert(session: Session, model: type[Sweep | Environment | Build], keys: dict[str, Any],
+                    values: dict[str, Any]) -> int:
     dialect = session.get_bind().dialect.name
     row = {**values, **keys}
     if dialect in ("postgresql", "sqlite"):
@@ -68,7 +70,7 @@ def _find_or_insert(session: Session, model: type[Base], keys: dict[str, Any], v
         if found is not None:
             return found
         session.execute(insert(model).values(row))
-    return session.scalar(select(model.id).filter_by(**keys))
+    return cast(int, session.scalar(select(model.id).filter_by(**keys)))  # found, or inserted just now
 
 
 def measurements(result: ResultFile, source: str) -> list[tuple[str, Measurement]]:
@@ -86,9 +88,11 @@ def measurements(result: ResultFile, source: str) -> list[tuple[str, Measurement
         if measurement.run_key != (spec_key := canonical_hash(measurement.spec)):
             raise StoreError(f"{source}: {where}run_key: {measurement.run_key!r} does not match its spec "
                              f"(whose key is {spec_key!r})")
-        if result.job_key is not None and measurement.grid.job_key != result.job_key:
-            raise StoreError(f"{source}: {where}grid.job_key: expected the file's job_key {result.job_key!r}, "
-                             f"got {measurement.grid.job_key!r}")
+        if result.job_key is not None:
+            assert measurement.grid is not None  # a format 3 file's (it has a job_key): the schema requires it
+            if measurement.grid.job_key != result.job_key:
+                raise StoreError(f"{source}: {where}grid.job_key: expected the file's job_key {result.job_key!r}, "
+                                 f"got {measurement.grid.job_key!r}")
     return found
 
 
@@ -159,7 +163,7 @@ def _run_row(session: Session, measurement: Measurement, result_path: str | None
     columns = measurement.run_columns()
     columns["started_at"] = utc_time(measurement.started_at, source, f"{where}started_at")
     run = Run(**columns, sweep_id=sweep_id, environment_id=environment_id, ingested_at=now, result_path=result_path)
-    run.builds = [session.get(Build, build_id) for build_id in sorted(build_ids)]
+    run.builds = [cast(Build, session.get(Build, build_id)) for build_id in sorted(build_ids)]  # stored above
     run.samples = [Sample(**row) for row in measurement.sample_rows()]
     run.kernels = [KernelStat(**row) for row in measurement.kernel_rows()]
     run.memcpys = [Memcpy(**row) for row in measurement.memcpy_rows()]

@@ -129,7 +129,7 @@ def _axis_column(axis: Axis):
 
 
 # The sweep's axes (convsweep.axes), a column each; adding one takes a migration that adds its column.
-AxisColumns = type("AxisColumns", (), {
+AxisColumns: Any = type("AxisColumns", (), {  # Any to mypy, which cannot see the columns made at run time
     "__doc__": "The run's cell: a column per axis of the sweep (convsweep.axes).",
     **{axis.name: _axis_column(axis) for axis in AXES}})
 

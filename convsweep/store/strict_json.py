@@ -12,7 +12,7 @@ import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from convsweep.errors import ConfigError, StoreError
 from convsweep.schema import key_path, validate
@@ -168,7 +168,7 @@ def _raise_first_problem(document: Any, source: str) -> None:
         depth, key, value = stack.pop()
         del path[max(depth - 1, 0):]
         if depth:
-            path.append(key)
+            path.append(cast(str | int, key))  # below the top, each value has its key or index
         problem = _problem(value)
         if problem is None and isinstance(value, (dict, list, tuple)) and depth >= MAX_DEPTH:
             problem = f"nested more than {MAX_DEPTH} levels deep"
