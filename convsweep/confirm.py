@@ -191,26 +191,3 @@ def summary_lines(written: dict[str, Any]) -> list[str]:
                      f"{winner['median_ms']:.4f} ms" + (f", tied with {tied}" if tied else "")
                      + (" (first ranking overturned)" if verdict["overturned"] else " (first ranking held)"))
     return lines
-
-
-def add_parser(sub) -> None:
-    """`convsweep confirm-job`, on the command line's subparsers."""
-    p = sub.add_parser("confirm-job", help="time a cell's fastest settings again, interleaved, and name each conv "
-                                           "layer's winner (a sweep runs one per cell)")
-    p.add_argument("--spec-file", required=True, help="the confirm spec (a sweep writes one per cell in "
-                                                      "<results>/<experiment>/specs/)")
-    p.add_argument("--out", required=True, help="the confirm JSON to write")
-    p.set_defaults(func=cmd_confirm_job)
-
-
-def cmd_confirm_job(args) -> None:
-    import json
-
-    try:
-        data = json.loads(Path(args.spec_file).read_text())
-    except (OSError, ValueError) as e:
-        raise ConvsweepError(f"--spec-file {args.spec_file}: cannot read a confirm spec ({e})") from None
-    if not isinstance(data, dict):
-        raise ConvsweepError(f"--spec-file {args.spec_file}: expected a JSON object")
-    for line in summary_lines(run_confirm_job(ConfirmSpec.from_dict(data), Path(args.out))):
-        print(line)

@@ -22,7 +22,6 @@ import json
 import math
 import os
 import re
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -30,8 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from .axes import AXES, NAMES, columns, job_id_part, order_by
-from .cliargs import positive_int
-from .errors import ConfigError, ConvsweepError, StoreError, StoreUnavailable, failure_message, writing
+from .errors import ConfigError, ConvsweepError, StoreError, writing
 from .fileio import canonical_hash, json_column
 
 if TYPE_CHECKING:
@@ -494,67 +492,3 @@ def import_cache(url: str | None, cache_path: str | Path, experiment: str = DEFA
 
 
 # -- the command line -------------------------------------------------------------------------------------------
-
-def cmd_export(args) -> None:
-    done = export_t4(args.db, args.experiment, args.out, metric=args.metric)
-    kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(done.invalidity.items()))
-    print(f"wrote {done.results} results of {args.experiment} ({kinds}) to {done.path} "
-          f"as Kernel Tuner T4 {done.schema_version}, time = {args.metric}")
-
-
-def cmd_import(args) -> None:
-    """Each cache on its own (its own transaction): a bad one is its line on stderr and the others go on, the
-    exit status 1 at the end, as `convsweep ingest` does; a store that cannot be used at all stops them all."""
-    failed = 0
-    for cache in args.cache:
-        try:
-            done = import_cache(args.db, cache, experiment=args.experiment, network=args.network,
-                                variant=args.variant, layer=args.layer, batch=args.batch)
-        except StoreUnavailable:
-            raise
-        except ConvsweepError as e:
-            failed += 1
-            print(f"convsweep: {failure_message(e)}", file=sys.stderr)
-            continue
-        k = done.kernel
-        statuses = ", ".join(f"{n} {status}" for status, n in sorted(done.by_status.items()))
-        print(f"{cache}: {k.variant} at {k.layer} of {k.network}, batch {k.batch}, experiment {args.experiment}: "
-              f"{done.added} runs stored" + (f" ({statuses})" if statuses else "")
-              + f", {done.unchanged} already stored")
-    if failed:
-        raise SystemExit(1)
-
-
-def add_parsers(sub, db_help: str) -> None:
-    """The `export` and `import` commands, on the command line's subparsers."""
-    p = sub.add_parser("export", help="write an experiment's stored results as Kernel Tuner's T4 results",
-                       description="Writes the newest measurement of every setting of an experiment in Kernel Tuner's "
-                                   "T4 results schema (checked against the schema of the installed kernel_tuner): "
-                                   "each result's configuration names the setting with flat keys (conv1.variant, "
-                                   "conv1.BLOCK, network and the axes), its objective `time` is --metric in ms.")
-    p.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0], help="(default: %(default)s)")
-    p.add_argument("--experiment", required=True, help="the experiment whose runs to write")
-    p.add_argument("--out", required=True, metavar="FILE", help="the JSON file to write")
-    p.add_argument("--metric", default="op_time",
-                   help="what `time` is: op_time (the conv layers' op times added up, per pass), forward_ms (the "
-                        "whole pass), or a conv layer's name for its op time alone (default: %(default)s)")
-    p.add_argument("--db", help=db_help)
-    p.set_defaults(func=cmd_export)
-    p = sub.add_parser("import", help="store a Kernel Tuner cache file's configurations as runs, marked as imported",
-                       description="Stores each configuration of a Kernel Tuner cache file as a run of one conv "
-                                   "layer (its time the layer's op time; one Kernel Tuner could not measure, failed "
-                                   "with the reason), marked as imported from the file, with the device it names. "
-                                   "The variant, layer and batch are read from the cache's kernel_name and "
-                                   "problem_size (the kernel's output, one thread per element) where not given. "
-                                   "Importing a file again stores nothing twice. A file that cannot be imported "
-                                   "is one line; the others go on, and the exit status is 1.")
-    p.add_argument("cache", nargs="+", help="the cache files (tune_kernel's cache=), each imported on its own: one "
-                                            "that cannot be is one line, and the others go on")
-    p.add_argument("--variant", help="the variant the kernel is (default: the one kernel_name names)")
-    p.add_argument("--layer", help="the conv layer it computed (default: the one problem_size is the output of)")
-    p.add_argument("--batch", type=positive_int, help="the images per pass (default: problem_size's)")
-    p.add_argument("--network", default=DEFAULT_NETWORK, help="the network of the layer (default: %(default)s)")
-    p.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="the experiment to store the runs under "
-                                                                    "(default: %(default)s)")
-    p.add_argument("--db", help=db_help)
-    p.set_defaults(func=cmd_import)

@@ -26,7 +26,8 @@ from sqlalchemy import inspect
 kernel_tuner = pytest.importorskip("kernel_tuner", reason="kernel_tuner is not installed (pip install -e '.[test]')")
 
 from convsweep.errors import ConfigError, ConvsweepError
-from convsweep.kerneltuner import add_parsers, check_t4, export_t4, import_cache, t4_results_schema
+from convsweep.commands import export, import_
+from convsweep.kerneltuner import check_t4, export_t4, import_cache, t4_results_schema
 from convsweep.network import load_network
 from convsweep.paths import resolve_network_path
 from convsweep.query import fetch_dicts
@@ -386,7 +387,9 @@ def test_kernel_tuners_t4_results_and_ours_of_the_same_tuning_agree(db_url, kt_t
 
 def run_cli(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="convsweep")
-    add_parsers(parser.add_subparsers(dest="command", required=True), "the database")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in (export, import_):
+        command.add_parser(sub)
     args = parser.parse_args(argv)
     args.func(args)
 
