@@ -285,6 +285,7 @@ def test_a_confirm_file_that_breaks_its_schema_is_one_line_naming_the_key(measur
 
 def test_the_report_says_the_confirmation_overturned_the_first_ranking(measured_cell, tmp_path, monkeypatch, db_url):
     from convsweep import report
+    from convsweep.document import to_markdown
 
     monkeypatch.setattr(TimedByBlock, "ms", {64: 1.5, 128: 1.2, 256: 3.0})
     out = tmp_path / "winners" / "w.json"
@@ -295,7 +296,7 @@ def test_the_report_says_the_confirmation_overturned_the_first_ranking(measured_
     rows = json.loads(run_query(as_reader(db_url), "winners", fmt="json"))
     assert [(r["layer"], r["ranking"], r["first winner now"], r["tied"]) for r in rows] == [
         ("op time 1", "overturned", "slower", 0), ("op time 2", "overturned", "slower", 0)]
-    text = report.to_markdown(report.build(report.load(db_url, "t")), tmp_path)
+    text = to_markdown(report.build(report.load(db_url, "t")), tmp_path)
     assert "## Winners confirmed" in text and "overturned the first ranking** in 2 of 2" in text
     assert "`naive` BLOCK=128" in text
 

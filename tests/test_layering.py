@@ -265,3 +265,17 @@ def test_imports_follow_readme_layers():
               for m, targets in import_graph().items() if m in row_of
               for target, line in targets.items() if row_of.get(target, -1) > row_of[m]]
     assert not upward, "\n".join(upward)
+
+
+def test_the_report_package_exports_what_it_loads_lazily():
+    """convsweep.report names its parts' API in __all__ and loads each part when first used: the Snakefile's
+    import of report.coverage stays light."""
+    import convsweep.report as report
+
+    assert sorted(report.__all__) == sorted(report._EXPORTS)
+    for name in report.__all__:
+        assert getattr(report, name) is getattr(__import__(f"convsweep.report.{report._EXPORTS[name]}",
+                                                           fromlist=[name]), name)
+    assert loaded_packages("convsweep.report.coverage", ("matplotlib",)) == []
+    loaded = loaded_packages("convsweep.report.coverage", ("convsweep",))
+    assert "convsweep.report.sections" not in loaded and "convsweep.report.files" not in loaded, loaded

@@ -155,11 +155,11 @@ def test_variants_run_from_the_baseline_to_the_fastest():
 @pytest.mark.parametrize("label, layer, expected", [
     ("naive", "conv2", "naive"), ("conv1=naive,conv2=tiled", "conv2", "tiled"), ("conv1=naive,conv2=tiled", "x", None)])
 def test_a_run_label_names_each_layers_variant(label, layer, expected):
-    assert report._layer_variant(label, layer) == expected
+    assert report.sections._layer_variant(label, layer) == expected
 
 
 def test_numbers_keep_four_digits_and_never_an_exponent():
-    assert [report._number(v) for v in (0.082, 7.3, 64.11, 999.96, 12345.6, None)] == \
+    assert [report.cells._number(v) for v in (0.082, 7.3, 64.11, 999.96, 12345.6, None)] == \
         ["0.08200", "7.300", "64.11", "1000", "12346", ""]
     assert report.tunables({"conv1": {"BLOCK": 64}, "conv2": {"BLOCK": 64}}) == "BLOCK=64"
     assert report.tunables({"conv1": {}, "conv2": {}}) == "defaults"

@@ -1,4 +1,4 @@
-"""A report lists what its sweep asked for and has no result of (convsweep.report_coverage, issue 54): per variant
+"""A report lists what its sweep asked for and has no result of (convsweep.report.coverage, issue 54): per variant
 its batches and why (left out by a machine without a GPU, stopped, never started, not stored), the profiles and
 confirmations not run, and where the failed settings are told; a run stored by an earlier attempt of a job whose
 last left no result is not shown as if it were current. As a user meets it: a sweep on this machine (no GPU)."""
@@ -20,7 +20,7 @@ from convsweep import report
 from convsweep.errors import ConvsweepError
 from convsweep.outcome import GPU_JOBS_ENV, NotRun
 from convsweep.document import Table
-from convsweep.report_coverage import TITLE, Planned, left_out_key, read_coverage, section as coverage_section
+from convsweep.report.coverage import TITLE, Planned, left_out_key, read_coverage, section as coverage_section
 from convsweep.store import ingest_result, open_store
 from store_fixtures import make_result
 

@@ -1,4 +1,4 @@
-from convsweep.report_coverage import left_out_key
+from convsweep.report.coverage import left_out_key
 
 
 # An experiment's report, in one process (a Python start and a matplotlib import are most of what a
@@ -8,7 +8,7 @@ from convsweep.report_coverage import left_out_key
 # is the output and `snakemake --report` takes every PNG in it. A kind without data is skipped (the
 # log says why); none at all leaves the folder empty, never a failed rule. The HTML page reads the
 # same inside the Snakemake report (which shows HTML, and offers CSV files as downloads).
-# The report also lists what the sweep asked for and has no result of (convsweep.report_coverage): a new result
+# The report also lists what the sweep asked for and has no result of (convsweep.report.coverage): a new result
 # makes it again through its input, and a change to the jobs this machine leaves out through `left_out`.
 rule make_report:
     input:

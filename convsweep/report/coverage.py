@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from . import axes
-from .config import variant_label
-from .document import Bullets, Heading, Paragraph, Table
-from .fileio import canonical_hash
-from .outcome import NotRun, Planned, last_reason
+from .. import axes
+from ..config import variant_label
+from ..document import Bullets, Heading, Paragraph, Table
+from ..fileio import canonical_hash
+from ..outcome import NotRun, Planned, last_reason
 
 PLANNED_FILE, NOT_RUN_FILE = "planned.json", "not-run.json"  # in results/<experiment>/, beside runs/, logs/, specs/
 TITLE = "Asked for and not measured"
