@@ -11,7 +11,6 @@ import gc
 import os
 import sys
 
-from .cliargs import process_age  # noqa: F401 (the age a job reads: tests and scripts import it from here)
 from .commands import add_parsers
 from .errors import ConvsweepError
 

@@ -115,7 +115,7 @@ def run_job(spec: JobSpec, out_path: Path, process_age: float | None = None,
     failure is stored, never raised; a spec whose settings cannot be worked out raises ConvsweepError,
     and a machine that cannot run the job raises MachineError, with no result file at `out_path`.
 
-    `process_age` is how long the process had run before this call (cli.process_age()): the
+    `process_age` is how long the process had run before this call (cliargs.process_age()): the
     phase process_start, counted into the job's total_s. `backend` None is the real GPU (tests
     hand in a fake one). `spec.profiler`: nsys (required), auto (nsys where it is found, else
     events, noted in each measurement) or events.

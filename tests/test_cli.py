@@ -150,7 +150,7 @@ def test_process_age_is_small_for_a_new_process_and_grows(tmp_path):
     `comm`) that holds spaces and parentheses."""
     python = tmp_path / "py (1) x"
     python.symlink_to(sys.executable)
-    code = "import time; from convsweep.cli import process_age; a = process_age(); time.sleep(0.2); print(a, process_age())"
+    code = "import time; from convsweep.cliargs import process_age; a = process_age(); time.sleep(0.2); print(a, process_age())"
     t = time.perf_counter()
     proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
     wall = time.perf_counter() - t
