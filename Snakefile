@@ -1,13 +1,13 @@
-# convsweep: variant x the sweep's axes (batch, streams ...: convsweep/axes.py), one job each; a job measures
+# convsweep: variant x the sweep's axes (batch, streams ...: convsweep/base/axes.py), one job each; a job measures
 # the tunable settings of its cell in one process.
-# Wiring only: the jobs, their specs, inputs and file names come from convsweep.plan.
+# Wiring only: the jobs, their specs, inputs and file names come from convsweep.app.plan.
 import sys
 
 from snakemake.utils import min_version, validate
 
 sys.path.insert(0, workflow.basedir)  # plan with this checkout's convsweep, whatever is installed
-from convsweep.outcome import shorten_failures
-from convsweep.plan import SweepPlan
+from convsweep.analysis.outcome import shorten_failures
+from convsweep.app.plan import SweepPlan
 
 min_version("8.0")
 
@@ -22,7 +22,7 @@ if not workflow.overwrite_configfiles:
 
 # convsweep's check first: it stops at a bad key with one line (file: key.path: what was expected);
 # Snakemake's validate then applies the same schema and defaults: workflow/schemas/experiments.schema.yaml
-# with the axes of convsweep/axes.py added, written to a file.
+# with the axes of convsweep/base/axes.py added, written to a file.
 # The plan reads `workflow` for where the jobs run: a machine without a GPU leaves the GPU jobs out, and says
 # so before any job runs (SweepPlan.left_out).
 plan = SweepPlan.for_snakefile(config, workflow.configfiles, checkout=workflow.basedir, workflow=workflow)
@@ -30,7 +30,7 @@ validate(config, plan.schema_file)
 RESULTS = plan.results_dir
 # Every rule's `convsweep` is this checkout's (a shell function: see SweepPlan.shell_prefix).
 shell.prefix(plan.shell_prefix(workflow.deployment_settings.deployment_method))
-# A job that fails is two lines of the terminal, its id and why, and its log (convsweep.outcome.BriefFailures).
+# A job that fails is two lines of the terminal, its id and why, and its log (convsweep.analysis.outcome.BriefFailures).
 shorten_failures(workflow)
 
 
@@ -49,10 +49,10 @@ onstart:
 
 
 # Whatever happened, the terminal ends with what the sweep stored and what did not finish, and why
-# (convsweep.outcome); the results of the jobs that finished are stored even when others failed.
+# (convsweep.analysis.outcome); the results of the jobs that finished are stored even when others failed.
 # Only the experiments asked for: `snakemake results/E/summary.md` leaves the others' files alone.
 # Jobs left out by the machine, or a sweep in which no setting finished ok, end it with status 1 after the table,
-# as a failed job would (convsweep.outcome.finish_sweep); some settings ok and others failed is status 0.
+# as a failed job would (convsweep.analysis.outcome.finish_sweep); some settings ok and others failed is status 0.
 onsuccess:
     plan.finish(workflow.dag_settings.targets)
 

@@ -15,7 +15,7 @@ python3 -m venv "$venv"
 out=$(CONVSWEEP_CACHE="$(dirname "$venv")/cache" "$venv/bin/convsweep" compile all --arch sm_90a --out "$(dirname "$venv")/all.json")
 "$venv/bin/python" - "$(dirname "$venv")/all.json" <<'PY'
 import json, sys
-from convsweep.variants import load_registry
+from convsweep.model.variants import load_registry
 
 built = {b["variant"] for b in json.load(open(sys.argv[1]))["builds"]}
 wanted = {name for name, var in load_registry().items() if not var.is_cpu}
@@ -23,7 +23,7 @@ missing = sorted(wanted - built)
 if missing:
     sys.exit(f"fresh install: these variants did not compile for sm_90a: {', '.join(missing)}")
 print(f"fresh install (pip install -e ., no extras): all {len(wanted)} GPU variants compiled for sm_90a with NVRTC "
-      f"{__import__('convsweep.compile', fromlist=['nvrtc_version']).nvrtc_version()}")
+      f"{__import__('convsweep.device.compile', fromlist=['nvrtc_version']).nvrtc_version()}")
 PY
 
 work="$(dirname "$venv")"

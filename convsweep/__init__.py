@@ -3,13 +3,13 @@
 The public Python API is `conv2d` (one conv layer with any registered variant, returning a
 numpy array); sweeps run through Snakemake and the `convsweep` command.
 """
-from .errors import CompileError, ConfigError, ConvsweepError, DataError, DeviceError, ShapeError, StoreError
+from convsweep.base.errors import CompileError, ConfigError, ConvsweepError, DataError, DeviceError, ShapeError, StoreError
 
 
 def __getattr__(name: str):
     """`convsweep.conv2d` on first use: planning a sweep imports this package, not the GPU runtime."""
     if name == "conv2d":
-        from .runner import conv2d
+        from convsweep.measure.runner import conv2d
 
         return conv2d
     raise AttributeError(f"module 'convsweep' has no attribute {name!r}")

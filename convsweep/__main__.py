@@ -1,4 +1,4 @@
 """`python -m convsweep`: the same as the `convsweep` command."""
-from .cli import run
+from convsweep.app.cli import run
 
 run()

@@ -113,7 +113,7 @@ dense(conv_t *__restrict__ y, const conv_t *__restrict__ x, const conv_t *__rest
         }
 }
 
-// The input's first step where the batch crossed the bus in another format (convsweep/formats.py):
+// The input's first step where the batch crossed the bus in another format (convsweep/inputs/formats.py):
 // y = x / divisor in conv_t, one thread per element. A division, not a multiply by 1/255, so a
 // byte becomes the float nearest to byte/255, as the host's own conversion gives.
 #define CONVERT_KERNEL(name, in_t, load)                                                              \

@@ -1,5 +1,5 @@
-// The harness's own kernels, never a variant's (convsweep/truth.py and convsweep/rounds.py launch them):
-// - the float64 truth: each layer kind of convsweep/layers.py computed in double on exactly what was
+// The harness's own kernels, never a variant's (convsweep/device/truth.py and convsweep/device/rounds.py launch them):
+// - the float64 truth: each layer kind of convsweep/model/layers.py computed in double on exactly what was
 //   shipped, after the candidate's pass and outside its timing;
 // - the rounds: a batch of the dataset's images, each perturbed from a seed drawn at run time
 //   (`perturb_*`), so no kernel has seen them before the pass that times it;
@@ -9,7 +9,7 @@
 // Deliberately simple: one thread per output (per group of output channels in conv2d_f64), a fixed
 // order of summation, no shared memory, no atomics, no block-wide synchronization. So each run gives the
 // same bits, and the same source compiles as plain C++ on the host (tests/host_kernels.py), where the CPU
-// tests hold it to numpy's float64 reference (convsweep/reference.py).
+// tests hold it to numpy's float64 reference (convsweep/model/reference.py).
 #ifndef CONVSWEEP_HOST
 #include <cuda_fp16.h>
 #endif
@@ -36,7 +36,7 @@ extern "C" __global__ void convert_f32_f64(double *y, const float *x, i64 n, dou
 extern "C" __global__ void convert_f64_f64(double *y, const double *x, i64 n, double divisor) { convert(y, x, n, divisor); }
 
 // The bilinear source of output i of n_out from n_in (half-pixel centres, the first centre clamped), as
-// convsweep.layers.bilinear_matrix builds it.
+// convsweep.model.layers.bilinear_matrix builds it.
 __device__ __forceinline__ void bilinear(int i, int n_in, int n_out, int &lo, int &hi, double &frac) {
     double src = ((double)i + 0.5) * ((double)n_in / (double)n_out) - 0.5;
     if (src < 0.0) src = 0.0;

@@ -26,12 +26,12 @@ import time
 import numpy as np
 
 from convsweep.bench.config import load_bench_config
-from convsweep.checks import check_logits
-from convsweep.errors import ConvsweepError, failure_message
-from convsweep.gpu import Gpu, _check
-from convsweep.inputs import load_batch
-from convsweep.runner import ConvPlan, GpuNetwork
-from convsweep.variants import get_variant
+from convsweep.model.checks import check_logits
+from convsweep.base.errors import ConvsweepError, failure_message
+from convsweep.device.gpu import Gpu, _check
+from convsweep.inputs.batch import load_batch
+from convsweep.measure.runner import ConvPlan, GpuNetwork
+from convsweep.model.variants import get_variant
 
 CONDITIONS = ("back-to-back", "pageable", "pinned", "device-copy", "idle", "back-to-back")
 IDLE_S = 0.040  # a pageable upload of the batch's 296 MB on the lent H100: 40.9 ms (a sweep job's h2d_ms)

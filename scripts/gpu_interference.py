@@ -20,8 +20,8 @@ import sys
 import threading
 import time
 
-from convsweep.config import RunSpec
-from convsweep.measure import measure
+from convsweep.sweep.config import RunSpec
+from convsweep.measure.settings import measure
 
 CONTEXT = ("from cuda.bindings import driver as d; d.cuInit(0); dev = d.cuDeviceGet(0)[1]; "
            "c = d.cuDevicePrimaryCtxRetain(dev)[1]; d.cuCtxSetCurrent(c); d.cuCtxSynchronize()")

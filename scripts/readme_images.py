@@ -19,10 +19,10 @@ import os
 import sys
 from pathlib import Path
 
-from convsweep.config import expand_config, load_config, variant_label
-from convsweep.errors import ConvsweepError
-from convsweep.paths import ROOT
-from convsweep.variants import load_registry
+from convsweep.sweep.config import expand_config, load_config, variant_label
+from convsweep.base.errors import ConvsweepError
+from convsweep.base.paths import ROOT
+from convsweep.model.variants import load_registry
 
 EXPERIMENT = "lenet86-baseline"  # the default sweep's experiment whose figures README shows
 KINDS = ("op-time", "roofline")  # README's figures of it, each docs/img/<kind>.png
@@ -81,7 +81,7 @@ def wanted_runs(experiments: str) -> set[tuple[str, int]]:
 
 def check_store(url: str, wanted: set[tuple[str, int]], where: str) -> str:
     """The one GPU the default experiment's ok GPU runs were measured on; ConvsweepError naming what is missing."""
-    from convsweep.query import fetch_dicts
+    from convsweep.analysis.query import fetch_dicts
 
     _, rows = fetch_dicts(url, """
         SELECT r.variant, r.batch, e.gpu
@@ -105,7 +105,7 @@ def check_store(url: str, wanted: set[tuple[str, int]], where: str) -> str:
 
 def check_bench(bench: str, gpu: str) -> None:
     """The bench file's ceilings must be the runs' GPU's."""
-    from convsweep.reading import load_ceilings
+    from convsweep.analysis.reading import load_ceilings
 
     device = load_ceilings(bench).device
     if device != gpu:

@@ -21,8 +21,8 @@ from torch import nn
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from convsweep.data import load_dataset  # noqa: E402
-from convsweep.network import Network, load_network, reference_forward, weight_shapes  # noqa: E402
+from convsweep.inputs.data import load_dataset  # noqa: E402
+from convsweep.model.network import Network, load_network, reference_forward, weight_shapes  # noqa: E402
 
 HELD_OUT_PER_CLASS = 100
 

@@ -14,13 +14,13 @@ import time
 
 import numpy as np
 
-from convsweep.formats import FORMATS
-from convsweep.gpu import Gpu
-from convsweep.inputs import load_batch
-from convsweep.network import load_network
-from convsweep.paths import ROOT
-from convsweep.rounds import Ledger, RoundMaker, round_sources
-from convsweep.truth import Truth, TruthKernels
+from convsweep.inputs.formats import FORMATS
+from convsweep.device.gpu import Gpu
+from convsweep.inputs.batch import load_batch
+from convsweep.model.network import load_network
+from convsweep.base.paths import ROOT
+from convsweep.device.rounds import Ledger, RoundMaker, round_sources
+from convsweep.device.truth import Truth, TruthKernels
 
 
 def timed(gpu, stream, work, repeats: int) -> float:

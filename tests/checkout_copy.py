@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from convsweep.paths import ROOT
+from convsweep.base.paths import ROOT
 
 
 def copy_checkout(dest: Path) -> Path:

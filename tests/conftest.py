@@ -25,7 +25,7 @@ def pytest_cmdline_main(config):
 
 @pytest.hookimpl(trylast=True)  # after pytest's own tmp_path plugin has set up its factory
 def pytest_configure(config):
-    # The shipped registry only: a developer's own kernel directories (convsweep.variants) are not
+    # The shipped registry only: a developer's own kernel directories (convsweep.model.variants) are not
     # what the tests are about; a test that wants extra variants (the red team) sets the variable.
     os.environ.pop("CONVSWEEP_VARIANTS", None)
     # A private cache per test session: tests never depend on what a previous run left behind.
@@ -40,7 +40,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    from convsweep.gpu import gpu_available
+    from convsweep.device.gpu import gpu_available
 
     if not any("gpu" in item.keywords for item in items):
         return

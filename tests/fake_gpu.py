@@ -8,13 +8,13 @@ import ctypes
 import numpy as np
 import pytest
 
-from convsweep.gpu import DeviceArray
-from convsweep.paths import ROOT
+from convsweep.device.gpu import DeviceArray
+from convsweep.base.paths import ROOT
 from host_kernels import compiler, host_library
-from convsweep.network import reference_forward
-from convsweep.reference import conv2d_reference, maxpool2d_reference
-from convsweep.runner import Backend
-from convsweep.timing import FLUSH
+from convsweep.model.network import reference_forward
+from convsweep.model.reference import conv2d_reference, maxpool2d_reference
+from convsweep.measure.runner import Backend
+from convsweep.measure.timing import FLUSH
 
 
 class NoBuilds:

@@ -2,7 +2,7 @@
 stands in for CUDA's qualifiers and indices), each callable with a grid and a block as a launch would be.
 
 The CPU tests hold the harness's float64 kernels to numpy this way, and tests/fake_gpu.py runs them on
-its numpy memory: every check of convsweep.integrity then runs the kernels it runs on the GPU, on a
+its numpy memory: every check of convsweep.measure.integrity then runs the kernels it runs on the GPU, on a
 machine without one. A launch runs its threads one after another, so only kernels without shared memory
 or synchronization (all of truth.cu's) give the GPU's answer.
 """
@@ -93,7 +93,7 @@ def _wrapper(source: Path, kernels: list[tuple[str, str]]) -> str:
 @functools.cache
 def host_library(source: str | Path) -> dict[str, HostKernel]:
     """Every kernel of `source` built for the host (once per source text and shim, cached on disk)."""
-    from convsweep.paths import cache_dir
+    from convsweep.base.paths import cache_dir
 
     source = Path(source).resolve()
     kernels = _kernels(source)

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convsweep.checks import normwise_error
-from convsweep.compile import compile_source, compile_variant
-from convsweep.errors import CompileError
-from convsweep.reference import conv2d_reference, maxpool2d_reference
+from convsweep.model.checks import normwise_error
+from convsweep.device.compile import compile_source, compile_variant
+from convsweep.base.errors import CompileError
+from convsweep.model.reference import conv2d_reference, maxpool2d_reference
 
 # -- without a GPU ---------------------------------------------------------------------------------
 
@@ -94,7 +94,7 @@ def gpu_fixture(variant):
 
     @pytest.fixture(scope="module")
     def gpu():
-        from convsweep.gpu import Gpu
+        from convsweep.device.gpu import Gpu
 
         with Gpu() as g:
             if g.compute_capability < variant.min_cc:
@@ -118,7 +118,7 @@ def assert_job_classifies_like_the_reference(variants: dict[str, str], tmp_path,
 def measure_like_the_reference(run, tolerance: float):
     """`run` measured with its logits (poisoned before each pass): all written, within `tolerance` of
     float64 and near the reference's accuracy; the result, for the caller's own checks."""
-    from convsweep.measure import measure
+    from convsweep.measure.settings import measure
     from test_gpu import reference_accuracy
 
     result = measure(run, keep_logits=True)

@@ -11,15 +11,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from convsweep.compile import compile_source
-from convsweep.errors import ConfigError, ShapeError
-from convsweep.formats import FORMATS
-from convsweep.layers import LAYER_KINDS
-from convsweep.measure import _floor_shape, build_requests
-from convsweep.network import load_network
-from convsweep.paths import KERNELS_DIR, ROOT
-from convsweep.schema import load_schema
-from convsweep.variants import ConvShape, load_registry
+from convsweep.device.compile import compile_source
+from convsweep.base.errors import ConfigError, ShapeError
+from convsweep.inputs.formats import FORMATS
+from convsweep.model.layers import LAYER_KINDS
+from convsweep.measure.settings import _floor_shape, build_requests
+from convsweep.model.network import load_network
+from convsweep.base.paths import KERNELS_DIR, ROOT
+from convsweep.base.schema import load_schema
+from convsweep.model.variants import ConvShape, load_registry
 
 LENET = load_network(ROOT / "networks/lenet86.yaml")
 REGISTRY = load_registry()
@@ -141,7 +141,7 @@ def test_a_variant_that_absorbs_but_cannot_is_refused_at_plan_time_naming_the_co
         FUSED.check_shape(shape, FUSED.defaults())
     assert "\n" not in str(info.value) and str(info.value).endswith("needs SRC_H * SRC_W % 16 == 0")
     # the runner refuses it before it compiles the variant or allocates anything
-    from convsweep import runner
+    from convsweep.measure import runner
 
     monkeypatch.setattr(runner, "compile_source", lambda *args: None)
     gpu = SimpleNamespace(stream=lambda: None, arch="sm_90", module=lambda build, private=False: None,

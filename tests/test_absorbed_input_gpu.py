@@ -9,10 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from convsweep.formats import FORMATS
-from convsweep.network import load_network
-from convsweep.paths import ROOT
-from convsweep.variants import get_variant
+from convsweep.inputs.formats import FORMATS
+from convsweep.model.network import load_network
+from convsweep.base.paths import ROOT
+from convsweep.model.variants import get_variant
 
 from test_formats_gpu import spec
 from test_gpu import normwise_error, run_job
@@ -26,7 +26,7 @@ UNFUSED = dataclasses.replace(FUSED, absorbs_input=())  # the same kernel, on up
 
 @pytest.fixture(scope="module")
 def gpu():
-    from convsweep.gpu import Gpu
+    from convsweep.device.gpu import Gpu
 
     with Gpu() as g:
         yield g
@@ -34,7 +34,7 @@ def gpu():
 
 @pytest.fixture(scope="module")
 def mnist():
-    from convsweep.data import load_dataset
+    from convsweep.inputs.data import load_dataset
 
     return load_dataset("mnist5k", image_size=86)
 
@@ -43,8 +43,8 @@ def forward(gpu, network, variant, shipped: np.ndarray, chunks: list[tuple[int, 
     """(logits, the run's steps) of `network` with `variant` at conv1 on the shipped bytes: one lane,
     chunk [lo, hi) after chunk on one stream, as a pass enqueues them; the logits poisoned (0xFF
     bytes: NaN) before, so one no kernel wrote shows."""
-    from convsweep.network import load_weights
-    from convsweep.runner import ConvPlan, GpuNetwork
+    from convsweep.model.network import load_weights
+    from convsweep.measure.runner import ConvPlan, GpuNetwork
 
     plan = ConvPlan({"conv1": variant}, {"conv1": variant.resolve_params({}, "conv1")})
     with gpu.scope():
@@ -64,7 +64,7 @@ def forward(gpu, network, variant, shipped: np.ndarray, chunks: list[tuple[int, 
 
 @pytest.mark.parametrize("batch", [1, 7, 300, 10001])
 def test_absorbing_the_upsample_leaves_the_logits_bit_for_bit_as_upsample_u8_then_the_kernel(gpu, mnist, batch):
-    from convsweep.data import batch_indices
+    from convsweep.inputs.data import batch_indices
 
     fmt = FORMATS["u8-source"]
     network = fmt.network(LENET, mnist)
@@ -86,7 +86,7 @@ def test_absorbing_the_upsample_leaves_the_logits_bit_for_bit_as_upsample_u8_the
 
     # and both are the network's logits, not the same garbage: within fp16's tolerance of float64
     if batch <= 300:
-        from convsweep.network import load_weights, reference_forward
+        from convsweep.model.network import load_weights, reference_forward
 
         reference = reference_forward(network, load_weights(LENET), shipped, dtype=np.float64, quiet=True)
         assert normwise_error(absorbed, reference) <= FUSED.tolerance
@@ -98,8 +98,8 @@ def test_a_u8_source_job_of_the_absorbing_fused_network_over_four_streams_as_a_g
     pass checked against the format's float64 reference. The accuracy is exactly the unfused path's on
     the same batch, and that of the fp32 input (mnist5k's seed batch of 1000 has one image whose top two
     float64 logits are 0.001 apart: the fp16 kernels' rounding, not the absorption, would move it)."""
-    from convsweep.inputs import load_batch
-    from convsweep.measure import _floor_shape
+    from convsweep.inputs.batch import load_batch
+    from convsweep.measure.settings import _floor_shape
 
     fused = {"conv1": "fp16_fused_network"}
     runs = {name: run_job(spec(variants=fused, params={"conv1": {}}, batch=1000, streams=4, timer="graph",

@@ -1,4 +1,4 @@
-"""The sweep's axes are declared once (convsweep.axes): the schemas, the `run` table, the specs, their
+"""The sweep's axes are declared once (convsweep.base.axes): the schemas, the `run` table, the specs, their
 ids and hashes, the expansion, compare's cell and report's columns all carry exactly those axes."""
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ import pytest
 import yaml
 from sqlalchemy import Integer, String
 
-from convsweep import axes, compare, report
-from convsweep.axes import AXES, NAMES
-from convsweep.config import JobSpec, RunSpec, expand_config, load_config
-from convsweep.errors import ConfigError
-from convsweep.paths import QUERIES_DIR, ROOT, SCHEMAS_DIR
-from convsweep.query import expand_cell
-from convsweep.schema import load_schema, schema_file
+from convsweep.base import axes
+from convsweep.analysis import compare
+from convsweep import report
+from convsweep.base.axes import AXES, NAMES
+from convsweep.sweep.config import JobSpec, RunSpec, expand_config, load_config
+from convsweep.base.errors import ConfigError
+from convsweep.base.paths import QUERIES_DIR, ROOT, SCHEMAS_DIR
+from convsweep.analysis.query import expand_cell
+from convsweep.base.schema import load_schema, schema_file
 from convsweep.store.models import Run
 
 SPEC_DEFS = ("job_spec", "spec")  # the result schema's specs: a job's cell, a measurement's setting
@@ -152,7 +154,7 @@ def test_a_graph_timed_job_captures_its_pass_once_and_times_each_replay_whole(tm
     times it with events, with nothing to say about nsys."""
     from fake_gpu import FAKE, FakeGpu
 
-    from convsweep.job import run_job
+    from convsweep.measure.job import run_job
 
     run = RunSpec(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
                   variants={"conv1": "naive", "conv2": "naive"}, params={"conv1": {}, "conv2": {}}, batch=40,
@@ -211,7 +213,7 @@ def test_no_module_but_axes_lists_the_axes_by_hand():
 
 def test_no_named_query_lists_the_axes_by_hand():
     """A named query (db/queries/*.sql) names the cell with {cell} and sorts it with {cell_order}, which the
-    query runner writes out from AXES (convsweep.query.expand_cell): past its comments and those placeholders it
+    query runner writes out from AXES (convsweep.analysis.query.expand_cell): past its comments and those placeholders it
     may name the one or two axes its question is about (per batch, along streams, warm against cold), never
     the cell, or a new axis would be missing from it as timer was from summary."""
     found = []

@@ -12,13 +12,13 @@ import pytest
 from convsweep import bench
 from convsweep.bench import cudnn, report
 from convsweep.bench.harness import run_harness
-from convsweep.checks import check_indices, check_output, loosest_precision, normwise_error
-from convsweep.errors import ConfigError
-from convsweep.fileio import write_json_atomic
-from convsweep.floors import Ceiling, Work, work_floor_ms
-from convsweep.network import load_network, reference_forward
-from convsweep.paths import ROOT
-from convsweep.runner import pass_chunks
+from convsweep.model.checks import check_indices, check_output, loosest_precision, normwise_error
+from convsweep.base.errors import ConfigError
+from convsweep.base.fileio import write_json_atomic
+from convsweep.device.floors import Ceiling, Work, work_floor_ms
+from convsweep.model.network import load_network, reference_forward
+from convsweep.base.paths import ROOT
+from convsweep.measure.runner import pass_chunks
 
 from bench_files import GOOD, write
 from fake_gpu import FAKE, FakeGpu
@@ -306,8 +306,8 @@ def test_end_to_end_rows_replay_a_captured_pass_or_enqueue_each(tmp_path, graph)
 @pytest.mark.parametrize("streams, memory", [(1, "pageable"), (4, "pinned")])
 def test_jobs_pipeline_over_a_fake_gpu(streams, memory):
     """job._measure_gpu after its pass moved to runner.pipeline_pass: the same samples as before."""
-    from convsweep.config import RunSpec
-    from convsweep.measure import measure
+    from convsweep.sweep.config import RunSpec
+    from convsweep.measure.settings import measure
 
     spec = RunSpec(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
                    variants={"conv1": "naive", "conv2": "naive"}, params={"conv1": {}, "conv2": {}}, batch=40,
@@ -326,14 +326,14 @@ def test_jobs_pipeline_over_a_fake_gpu(streams, memory):
 
 def test_bench_cli_with_a_bad_file_is_one_line(tmp_path):
     path = write(tmp_path, GOOD.replace("- restrict_unroll", "- {variant: nope}"))
-    proc = subprocess.run([sys.executable, "-m", "convsweep.cli", "bench", "--config", str(path)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "convsweep.app.cli", "bench", "--config", str(path)], capture_output=True, text=True)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"convsweep: {path}: candidates.conv1[1].variant: unknown variant")
 
 
 def test_bench_help():
-    proc = subprocess.run([sys.executable, "-m", "convsweep.cli", "bench", "--help"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "convsweep.app.cli", "bench", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0
     for flag in ("--config", "--batch", "--repeats", "--json", "--harness"):
         assert flag in proc.stdout
@@ -353,7 +353,7 @@ def test_harness_runs_real_jobs_through_the_cli(tmp_path):
 # -- PyTorch pieces that run on the CPU ----------------------------------------------------------
 def test_torch_network_matches_the_reference():
     torch = pytest.importorskip("torch")
-    from convsweep.network import load_weights
+    from convsweep.model.network import load_weights
 
     weights = load_weights(LENET)
     x = np.random.default_rng(0).random((3, 1, 86, 86), dtype=np.float32)
@@ -416,7 +416,7 @@ def test_torch_compile_max_autotune_runs_the_network_correctly(monkeypatch):
     from convsweep.bench import instead
     from convsweep.bench.cudnn import torch_cuda
     from convsweep.bench.measure import Timing
-    from convsweep.inputs import load_batch
+    from convsweep.inputs.batch import load_batch
 
     torch, why = torch_cuda()
     if torch is None:

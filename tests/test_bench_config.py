@@ -2,11 +2,11 @@
 import pytest
 
 from convsweep import bench
-from convsweep.checks import TOLERANCE
-from convsweep.errors import ConfigError
-from convsweep.gpu import HOST_MEMORY_KINDS
-from convsweep.paths import ROOT
-from convsweep.schema import load_schema
+from convsweep.model.checks import TOLERANCE
+from convsweep.base.errors import ConfigError
+from convsweep.device.gpu import HOST_MEMORY_KINDS
+from convsweep.base.paths import ROOT
+from convsweep.base.schema import load_schema
 
 from bench_files import GOOD, write
 

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from convsweep import browse
-from convsweep.errors import ConvsweepError, StoreError
-from convsweep.fileio import canonical_hash
-from convsweep.paths import QUERIES_DIR, ROOT
-from convsweep.query import fetch, list_queries, resolve_sql
+from convsweep.app import browse
+from convsweep.base.errors import ConvsweepError, StoreError
+from convsweep.base.fileio import canonical_hash
+from convsweep.base.paths import QUERIES_DIR, ROOT
+from convsweep.analysis.query import fetch, list_queries, resolve_sql
 from convsweep.store import ingest_result, open_store
 from store_fixtures import every_layer, make_confirmation, make_job_file, make_result, standard_results
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convsweep import data, inputs
-from convsweep.compile import compile_variant
-from convsweep.fileio import SEAL_KEY_NAME, SealedCache, payload_digest
-from convsweep.network import load_network, load_weights
-from convsweep.paths import ROOT
-from convsweep.variants import load_registry
+from convsweep.inputs import data, batch as inputs
+from convsweep.device.compile import compile_variant
+from convsweep.base.fileio import SEAL_KEY_NAME, SealedCache, payload_digest
+from convsweep.model.network import load_network, load_weights
+from convsweep.base.paths import ROOT
+from convsweep.model.variants import load_registry
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -324,8 +324,8 @@ def test_a_payload_over_many_pieces_has_one_digest_and_any_change_shows(tmp_path
 def test_a_validated_registry_memo_changed_on_disk_is_made_again(tmp_path, monkeypatch):
     """The registry's memo (schema.validated_file) decides a variant's precision and so its tolerance: a memo
     changed on disk (fp32 -> fp16, 1e-5 -> 1e-2) must not be used."""
-    from convsweep import schema
-    from convsweep.paths import KERNELS_DIR
+    from convsweep.base import schema
+    from convsweep.base.paths import KERNELS_DIR
 
     monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path))
     first = schema.validated_file(KERNELS_DIR / "variants.yaml", "variants")
@@ -337,7 +337,7 @@ def test_a_validated_registry_memo_changed_on_disk_is_made_again(tmp_path, monke
 
 
 def test_the_schema_file_snakemake_reads_is_checked_not_trusted(tmp_path, monkeypatch):
-    from convsweep import schema
+    from convsweep.base import schema
 
     monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path))
     path = schema.schema_file("experiments")

@@ -1,10 +1,10 @@
-"""convsweep.checks: normwise errors against float64, the verdicts and their messages, logits rules."""
+"""convsweep.model.checks: normwise errors against float64, the verdicts and their messages, logits rules."""
 import numpy as np
 import pytest
 
-from convsweep.checks import (PRECISION_ORDER, TOLERANCE, Check, check_indices, check_output, loosest_precision,
+from convsweep.model.checks import (PRECISION_ORDER, TOLERANCE, Check, check_indices, check_output, loosest_precision,
                               normwise_error)
-from convsweep.variants import load_registry
+from convsweep.model.variants import load_registry
 
 
 def independent_error(y, ref) -> float:
@@ -119,7 +119,7 @@ def test_tolerances_are_the_precisions_variants_declare():
 def _check(logits, ref, labels, precision):
     from types import SimpleNamespace
 
-    from convsweep.checks import check_logits
+    from convsweep.model.checks import check_logits
 
     var = SimpleNamespace(precision=precision, tolerance={"fp32": 1e-5, "fp16": 1e-2}[precision])
     check = check_logits(np.asarray(logits, float), np.asarray(ref, float), labels,
@@ -151,7 +151,7 @@ def test_check_logits_prediction_rules_per_precision():
     tolerance = 2 * np.max(np.abs(close - ref)) / np.max(np.abs(ref))  # the error check alone passes
 
     from types import SimpleNamespace
-    from convsweep.checks import check_logits
+    from convsweep.model.checks import check_logits
 
     fp32 = SimpleNamespace(precision="fp32", tolerance=tolerance)
     check = check_logits(close, ref, labels, np.arange(1000), [fp32])

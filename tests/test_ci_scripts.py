@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from convsweep.paths import ROOT
+from convsweep.base.paths import ROOT
 
 CI = ROOT / ".ci"
 BASH = shutil.which("bash") or "/bin/bash"

@@ -6,13 +6,13 @@ import time
 
 import pytest
 
-from convsweep.config import ROOT, JobSpec, RunSpec
+from convsweep.sweep.config import ROOT, JobSpec, RunSpec
 
 RESOLUTION_S = 0.02  # process_age: /proc/uptime and the start time each count in 1/100 s
 
 
 def convsweep(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "convsweep.cli", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "convsweep.app.cli", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def one_error_line(proc) -> str:
@@ -110,7 +110,7 @@ def test_compile_all_on_a_network_lists_what_it_could_not_build(tmp_path):
 
 
 def test_help_lists_every_command_and_every_option_has_help():
-    from convsweep.cli import build_parser
+    from convsweep.app.cli import build_parser
 
     top = convsweep("--help").stdout
     assert "SUPPRESS" not in top and "measure" not in top  # the nsys inner half is not a user command
@@ -130,7 +130,7 @@ def test_compare_help_prints_each_percent_once():
 
 
 def test_compile_all_builds_every_variant_for_the_gpus_own_target_and_says_which_another_target_rules_out(tmp_path):
-    from convsweep.variants import load_registry
+    from convsweep.model.variants import load_registry
 
     gpu_variants = {name for name, var in load_registry().items() if not var.is_cpu}
     out = tmp_path / "all.json"
@@ -150,7 +150,7 @@ def test_process_age_is_small_for_a_new_process_and_grows(tmp_path):
     `comm`) that holds spaces and parentheses."""
     python = tmp_path / "py (1) x"
     python.symlink_to(sys.executable)
-    code = "import time; from convsweep.cliargs import process_age; a = process_age(); time.sleep(0.2); print(a, process_age())"
+    code = "import time; from convsweep.app.cliargs import process_age; a = process_age(); time.sleep(0.2); print(a, process_age())"
     t = time.perf_counter()
     proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -225,7 +225,7 @@ def test_a_sweep_stops_before_any_job_when_the_database_is_unusable(tmp_path):
 
 def test_a_reader_that_goes_away_ends_the_command_quietly():
     """`convsweep ... | head`: the closed pipe ends the command with a shell's SIGPIPE status, no traceback."""
-    proc = subprocess.Popen([sys.executable, "-m", "convsweep.cli", "query", "--list"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "convsweep.app.cli", "query", "--list"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     proc.stdout.close()  # before it writes: its first write meets a pipe nobody reads
     assert proc.stderr.read() == ""
@@ -235,7 +235,8 @@ def test_a_reader_that_goes_away_ends_the_command_quietly():
 def test_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
     import errno
 
-    from convsweep import cli, job
+    from convsweep.app import cli
+    from convsweep.measure import job
 
     def full_disk(spec, out, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(out))
@@ -252,7 +253,7 @@ def test_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
         cli.main(["--verbose", *argv])
 
     with open("/dev/full", "w") as full:  # stdout on a full disk: the command's own writes fail
-        proc = subprocess.run([sys.executable, "-m", "convsweep.cli", "query", "--list"], stdout=full,
+        proc = subprocess.run([sys.executable, "-m", "convsweep.app.cli", "query", "--list"], stdout=full,
                               stderr=subprocess.PIPE, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("convsweep: No space left on device"), proc.stderr
     assert proc.stderr.count("\n") == 1
@@ -264,7 +265,8 @@ def test_a_query_param_without_a_value_is_one_line():
 
 
 def test_query_passes_its_time_limit_and_row_cap(monkeypatch, capsys):
-    from convsweep import cli, query, questions
+    from convsweep.app import cli
+    from convsweep.analysis import query, questions
 
     asked = {}
     monkeypatch.setattr(questions, "run_question", lambda *args, **kwargs: asked.update(kwargs) or "table")

@@ -3,10 +3,10 @@ import json
 
 import pytest
 
-from convsweep.cli import main as cli_main
-from convsweep.compare import SUSPECT, Selection, any_slower, compare, gate
-from convsweep.errors import ConvsweepError
-from convsweep.stats import FASTER, SAME, SLOWER
+from convsweep.app.cli import main as cli_main
+from convsweep.analysis.compare import SUSPECT, Selection, any_slower, compare, gate
+from convsweep.base.errors import ConvsweepError
+from convsweep.base.stats import FASTER, SAME, SLOWER
 from convsweep.store import ingest_result, open_store
 
 from store_fixtures import integrity_results, make_result
@@ -339,8 +339,8 @@ def test_the_github_workflow_gates_with_a_compare_the_cli_accepts():
 
     import yaml
 
-    from convsweep.cli import build_parser
-    from convsweep.paths import ROOT
+    from convsweep.app.cli import build_parser
+    from convsweep.base.paths import ROOT
 
     workflow = yaml.safe_load((ROOT / ".github/workflows/gpu-regressions.yml").read_text())
     gate_job = workflow["jobs"]["gate"]

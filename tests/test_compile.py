@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from convsweep.compile import BuildRequest, compile_all, compile_ptx, compile_source, compile_variant, parse_ptxas_log
-from convsweep.errors import CompileError, ShapeError
-from convsweep.paths import KERNELS_DIR
-from convsweep.variants import ConvShape, load_registry
+from convsweep.device.compile import BuildRequest, compile_all, compile_ptx, compile_source, compile_variant, parse_ptxas_log
+from convsweep.base.errors import CompileError, ShapeError
+from convsweep.base.paths import KERNELS_DIR
+from convsweep.model.variants import ConvShape, load_registry
 
 # Variants that compile the layer shape in are built for each of these they accept (LeNet-86's two
 # convs with their pools, and a stride-2 one with an overlapping pool).
@@ -20,8 +20,8 @@ GPU_VARIANTS = [(name, params) for name, var in load_registry().items() if not v
 
 def accepted_shapes(var, params) -> list[ConvShape]:
     if var.fuses_tail:  # a fused network is built for a network: LeNet-86's, from its first conv on
-        from convsweep.network import load_network
-        from convsweep.paths import ROOT
+        from convsweep.model.network import load_network
+        from convsweep.base.paths import ROOT
 
         lenet = load_network(ROOT / "networks" / "lenet86.yaml")
         return [lenet.variant_shape(lenet.layer("conv1"), var.fuses)]
@@ -94,9 +94,9 @@ def test_editing_an_included_header_rebuilds_the_kernel(tmp_path, monkeypatch):
     """The build cache's key covers every checkout header a kernel includes, transitively: an edit to
     mma_f16.cuh (wgmma_fused_network.cu -> fused_dense.cuh -> mma_f16.cuh) is compiled, not served from the
     cache; undone, the first build is a cache hit again."""
-    from convsweep.compile import kernel_sources, source_hash
-    from convsweep.network import load_network
-    from convsweep.paths import ROOT
+    from convsweep.device.compile import kernel_sources, source_hash
+    from convsweep.model.network import load_network
+    from convsweep.base.paths import ROOT
 
     monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path / "cache"))
     kernels = tmp_path / "kernels"
@@ -138,7 +138,7 @@ def test_shape_fixing_variants_build_per_shape_and_need_the_shape():
     first, second = (compile_variant(var, var.defaults(), "sm_90", s) for s in SHAPES[:2])
     assert first.params["K_FIXED"] == 7 and (first.params["C_FIXED"], second.params["C_FIXED"]) == (1, 4)
     assert first.options_hash != second.options_hash
-    from convsweep.errors import ConfigError
+    from convsweep.base.errors import ConfigError
 
     with pytest.raises(ConfigError, match="compiled per layer shape"):
         compile_variant(var, var.defaults(), "sm_90")
@@ -148,12 +148,12 @@ def test_the_default_sweep_jobs_build_what_they_run():
     """A job's build requests (layers.cu, and each conv layer's variant at the shape it runs, a fused
     max-pool included) all compile for sm_90a (the default sweep runs wgmma_fused_network, which needs
     it), and inside compile_all the runner's compiles are those builds."""
-    from convsweep.measure import build_requests
-    from convsweep.network import load_network
-    from convsweep.paths import ROOT
-    from convsweep.plan import SweepPlan
-    from convsweep.variants import get_variant
-    from convsweep.yamlio import load_yaml
+    from convsweep.measure.settings import build_requests
+    from convsweep.model.network import load_network
+    from convsweep.base.paths import ROOT
+    from convsweep.app.plan import SweepPlan
+    from convsweep.model.variants import get_variant
+    from convsweep.base.yamlio import load_yaml
 
     plan = SweepPlan(load_yaml((ROOT / "experiments.yaml").read_text()), ROOT / "experiments.yaml")
     network = load_network(ROOT / "networks" / "lenet86.yaml")
@@ -193,7 +193,7 @@ def test_compile_all_keeps_a_compile_error_as_that_builds_result(tmp_path, monke
 
 def test_a_ptxas_error_is_the_line_reported():
     """Past the front end (too much shared memory, say) the error is ptxas's, not the log's first line."""
-    from convsweep.compile import _first_error
+    from convsweep.device.compile import _first_error
 
     log = ("6: NVRTC_ERROR_COMPILATION, compilation log:\n\nkernels/x.cuh(292): warning #177-D: variable \"y0\" "
            "was declared but never referenced\nptxas info    : Used 32 registers\n ptxas error   : Entry function "
@@ -210,9 +210,9 @@ def test_the_window_kernels_default_register_cap_is_no_cap():
     from cuda.bindings import nvrtc
     from cuda.core import ProgramOptions
 
-    from convsweep.compile import _cuda_include_dirs, nvrtc_version
-    from convsweep.network import load_network
-    from convsweep.paths import ROOT
+    from convsweep.device.compile import _cuda_include_dirs, nvrtc_version
+    from convsweep.model.network import load_network
+    from convsweep.base.paths import ROOT
 
     net = load_network(ROOT / "networks/lenet86.yaml")
     var = load_registry()["fp16_sliding_window"]
@@ -230,7 +230,7 @@ def test_the_window_kernels_default_register_cap_is_no_cap():
             (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
             assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
             err, size = nvrtc.nvrtcGetPTXSize(program)
-            text = bytearray(size)  # NVRTC writes into it (never `b" " * size`: see convsweep.compile._nvrtc)
+            text = bytearray(size)  # NVRTC writes into it (never `b" " * size`: see convsweep.device.compile._nvrtc)
             (err,) = nvrtc.nvrtcGetPTX(program, text)
             return text.rstrip(b"\0").decode()
         finally:
@@ -244,7 +244,7 @@ def test_every_build_asks_nvrtc_not_to_cache_so_its_ptxas_log_is_read(tmp_path, 
     """NVRTC 12.9+ keeps a cache of its own and hands a cached build back without ptxas' log (NVRTC 13.0 on
     the lent H100 did, from a kernel's second build on): each compile asks for none, so every build's record
     has the registers, shared memory and spills of each kernel."""
-    from convsweep import compile as compile_module
+    from convsweep.device import compile as compile_module
 
     log = ("ptxas info    : Compiling entry function 'conv_forward' for 'sm_90'\n"
            "ptxas info    : Function properties for conv_forward\n"

@@ -4,10 +4,10 @@ import re
 import pytest
 import yaml
 
-from convsweep.axes import AXES
-from convsweep.config import JobSpec, expand_config, load_config, validate
-from convsweep.errors import ConfigError
-from convsweep.fileio import canonical_hash
+from convsweep.base.axes import AXES
+from convsweep.sweep.config import JobSpec, expand_config, load_config, validate
+from convsweep.base.errors import ConfigError
+from convsweep.base.fileio import canonical_hash
 
 BASE = {
     "experiments": {
@@ -215,7 +215,7 @@ def test_matrix_errors_name_the_key(tmp_path, mutate, expected):
 
 
 def test_restrictions_filter_the_grid_and_can_empty_it():
-    from convsweep.variants import Variant
+    from convsweep.model.variants import Variant
 
     tiles = {"TX": {"default": 16, "values": [8, 16, 32]}, "TY": {"default": 16, "values": [8, 16, 32]}}
     var = Variant(name="tiled", precision="fp32", description="", params=tiles, restrictions=("TX * TY <= 256",))
@@ -240,7 +240,7 @@ def test_validate_fills_defaults_in_place():
 
 
 def test_the_default_experiments_file_is_valid():
-    from convsweep.config import ROOT
+    from convsweep.sweep.config import ROOT
 
     jobs = expand_config(load_config(ROOT / "experiments.yaml"))
     assert {j.label for j in jobs} == {"naive", "fused_conv_relu_pool", "tf32_sliding_window", "fp16_sliding_window",
@@ -299,7 +299,7 @@ def test_paths_and_urls_that_are_plain_pass(tmp_path):
 
 def test_a_config_override_goes_through_the_same_check(tmp_path):
     """`snakemake --config results_dir='x$(touch pwned)'` reaches SweepPlan as the merged config dict."""
-    from convsweep.plan import SweepPlan
+    from convsweep.app.plan import SweepPlan
 
     path = write(tmp_path, BASE)
     config = {**yaml.safe_load(path.read_text()), "results_dir": "x$(touch pwned)"}
@@ -345,7 +345,7 @@ def alias_bomb() -> str:
 def test_an_alias_bomb_is_refused_quickly_however_the_sweep_is_read(tmp_path):
     import time
 
-    from convsweep.plan import SweepPlan
+    from convsweep.app.plan import SweepPlan
 
     path = write(tmp_path, alias_bomb())
     start = time.perf_counter()
@@ -393,7 +393,7 @@ def test_a_list_of_millions_of_batches_is_refused_quickly():
 
 
 def test_a_grid_of_too_many_settings_is_refused_before_it_is_enumerated(tmp_path, monkeypatch):
-    from convsweep import variants
+    from convsweep.model import variants
 
     monkeypatch.setattr(variants, "MAX_SETTINGS", 20)
     data = copy.deepcopy(BASE)
@@ -405,7 +405,7 @@ def test_a_grid_of_too_many_settings_is_refused_before_it_is_enumerated(tmp_path
 
 
 def test_a_sweep_of_too_many_jobs_is_refused_before_it_is_expanded(tmp_path, monkeypatch):
-    from convsweep import config
+    from convsweep.sweep import config
 
     monkeypatch.setattr(config, "MAX_JOBS", 5)
     data = copy.deepcopy(BASE)
@@ -431,7 +431,7 @@ def test_an_unknown_dataset_is_refused_while_the_sweep_is_planned(tmp_path, data
 
 
 def test_weights_that_do_not_fit_the_network_are_refused_while_the_sweep_is_planned(tmp_path):
-    from convsweep.config import ROOT
+    from convsweep.sweep.config import ROOT
 
     weights = ROOT / "data" / "lenet86-weights.npz"
     lenet = (ROOT / "networks" / "lenet86.yaml").read_text()
@@ -467,10 +467,10 @@ def test_device_bytes_counts_the_chunks_the_runner_cuts():
     """Each stream holds a lane of layer outputs for the largest chunk runner.pass_chunks cuts."""
     import math
 
-    from convsweep.config import device_bytes
-    from convsweep.network import load_network
-    from convsweep.paths import ROOT
-    from convsweep.runner import pass_chunks
+    from convsweep.sweep.config import device_bytes
+    from convsweep.model.network import load_network
+    from convsweep.base.paths import ROOT
+    from convsweep.measure.runner import pass_chunks
 
     net = load_network(ROOT / "networks" / "lenet86.yaml")
     steps = net.steps({"conv1": (), "conv2": ()})
@@ -533,7 +533,7 @@ def only_line(call) -> str:
      "5: experiments.lenet86.variants[0].conv3: unknown layer 'conv3' (conv layers: conv1, conv2)"),
     ("      naive:", "      naiv:",
      "8: experiments.lenet86.params.naiv: unknown variant 'naiv'; did you mean 'naive'?"),
-    ("{BLOCK:", "{BLOK:",  # refused in convsweep.variants, on the `where` the expansion gave it
+    ("{BLOCK:", "{BLOK:",  # refused in convsweep.model.variants, on the `where` the expansion gave it
      "8: experiments.lenet86.params.naive.BLOK: variant 'naive' has no tunable 'BLOK' (tunables: BLOCK)"),
     ("    batches:", "    dataset: mnist5\n    batches:",
      "6: experiments.lenet86.dataset: unknown dataset 'mnist5'; expected one of mnist5k, random, or IDX files as "
@@ -557,7 +557,7 @@ def test_an_experiment_named_with_dots_still_gets_its_lines(tmp_path):
 
 
 def test_an_unknown_variant_names_a_few_or_where_to_look_never_the_whole_registry(tmp_path):
-    from convsweep.variants import load_registry
+    from convsweep.model.variants import load_registry
 
     registry = load_registry()
     message = only_line(lambda: expand_config(load_config(newcomer_sweep(tmp_path, "[naive,", "[qqqqzzzz,"))))
@@ -571,7 +571,7 @@ def test_the_cli_and_the_workflow_say_the_same_line(tmp_path):
     import subprocess
     import sys
 
-    from convsweep.plan import SweepPlan
+    from convsweep.app.plan import SweepPlan
 
     path = newcomer_sweep(tmp_path, "batches:", "batchs:")
     proc = subprocess.run([sys.executable, "-m", "convsweep", "jobs", "--config", str(path)], capture_output=True,
@@ -586,7 +586,7 @@ def test_the_cli_and_the_workflow_say_the_same_line(tmp_path):
 
 def test_a_value_an_override_changed_has_no_line(tmp_path):
     """Snakemake's --config merges into the dict SweepPlan gets: what the file does not say has no line there."""
-    from convsweep.plan import SweepPlan
+    from convsweep.app.plan import SweepPlan
 
     path = newcomer_sweep(tmp_path, "[naive,", "[naiv,")
     config = yaml.safe_load(path.read_text())

@@ -1,4 +1,4 @@
-"""Winners confirmed (convsweep/confirm.py) on the CPU: which settings are re-measured, the interleaved
+"""Winners confirmed (convsweep/measure/confirm.py) on the CPU: which settings are re-measured, the interleaved
 rounds over a numpy GPU whose layer times are scripted, the verdicts, the file, its ingest and `query best`."""
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from convsweep import confirm
-from convsweep.config import JobSpec, RunSpec
-from convsweep.confirm import Candidate, ConfirmSpec, choose, judge, run_confirm_job
-from convsweep.errors import MachineError
-from convsweep.gpu import no_gpu
-from convsweep.job import run_job
-from convsweep.query import run_query
-from convsweep.record import Measurement, ResultFile, Timings
+from convsweep.measure import confirm
+from convsweep.sweep.config import JobSpec, RunSpec
+from convsweep.measure.confirm import Candidate, ConfirmSpec, choose, judge, run_confirm_job
+from convsweep.base.errors import MachineError
+from convsweep.device.gpu import no_gpu
+from convsweep.measure.job import run_job
+from convsweep.analysis.query import run_query
+from convsweep.measure.record import Measurement, ResultFile, Timings
 from convsweep.store import ingest_files, ingest_result, migrate, open_store
-from convsweep.store.strict_json import read_json
+from convsweep.base.strict_json import read_json
 
 from fake_gpu import FAKE, FakeClock, FakeGpuNetwork
 from store_fixtures import as_reader, every_layer, make_confirmation, make_job_file, make_result
@@ -285,7 +285,7 @@ def test_a_confirm_file_that_breaks_its_schema_is_one_line_naming_the_key(measur
 
 def test_the_report_says_the_confirmation_overturned_the_first_ranking(measured_cell, tmp_path, monkeypatch, db_url):
     from convsweep import report
-    from convsweep.document import to_markdown
+    from convsweep.base.document import to_markdown
 
     monkeypatch.setattr(TimedByBlock, "ms", {64: 1.5, 128: 1.2, 256: 3.0})
     out = tmp_path / "winners" / "w.json"
@@ -346,8 +346,8 @@ def test_the_default_sweep_confirms_each_one_stream_gpu_cell_of_several_settings
 
     import yaml
 
-    from convsweep.paths import ROOT
-    from convsweep.plan import SweepPlan
+    from convsweep.base.paths import ROOT
+    from convsweep.app.plan import SweepPlan
 
     config = yaml.safe_load((ROOT / "experiments.yaml").read_text())
     config["results_dir"] = str(tmp_path / "results")

@@ -3,10 +3,10 @@ then their fastest settings per layer measured again, interleaved, in one proces
 the same on the fake GPU with scripted times."""
 import pytest
 
-from convsweep.config import JobSpec
-from convsweep.confirm import ConfirmSpec, run_confirm_job
-from convsweep.job import run_job as run_one_job
-from convsweep.nsys import find_nsys
+from convsweep.sweep.config import JobSpec
+from convsweep.measure.confirm import ConfirmSpec, run_confirm_job
+from convsweep.measure.job import run_job as run_one_job
+from convsweep.device.nsys import find_nsys
 
 pytestmark = pytest.mark.gpu
 SWEEP = {"experiment": "confirm-gpu", "config_hash": "h", "config_path": "x.yaml"}

@@ -4,10 +4,10 @@ import hashlib
 import numpy as np
 import pytest
 
-from convsweep import data
-from convsweep.data import DATASETS, batch_indices, load_dataset, read_idx, upscale_bilinear
-from convsweep.errors import ConfigError, DataError
-from convsweep.fileio import SealedCache
+from convsweep.inputs import data
+from convsweep.inputs.data import DATASETS, batch_indices, load_dataset, read_idx, upscale_bilinear
+from convsweep.base.errors import ConfigError, DataError
+from convsweep.base.fileio import SealedCache
 
 
 def idx_bytes(array: np.ndarray, type_code: int = 0x08) -> bytes:
@@ -239,7 +239,7 @@ def test_batch_indices_rejects_empty():
 
 
 def test_check_dataset_knows_the_names_and_looks_for_the_files(tiny_set):
-    from convsweep.data import check_dataset
+    from convsweep.inputs.data import check_dataset
 
     check_dataset("mnist5k")
     check_dataset("random")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from convsweep.paths import ROOT
+from convsweep.base.paths import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")

@@ -2,8 +2,8 @@ import time
 
 import pytest
 
-from convsweep.errors import ConfigError
-from convsweep.expr import MAX_MAGNITUDE, evaluate
+from convsweep.base.errors import ConfigError
+from convsweep.base.expr import MAX_MAGNITUDE, evaluate
 
 WHERE = "variants.yaml: naive.restrictions"
 

@@ -14,7 +14,7 @@ import pytest
 
 from convsweep.figures import figure, plot
 from convsweep.figures.formats import format_rows
-from convsweep.reading import MissingData
+from convsweep.analysis.reading import MissingData
 from convsweep.store import ingest_result, open_store
 from store_fixtures import make_result
 
@@ -156,7 +156,7 @@ def test_one_format_or_no_floors_is_one_line_of_missing_data(tmp_path, results, 
 
 
 def test_cli_plot_formats_writes_a_png(url, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "convsweep.cli", "plot", "formats", "--experiment", EXPERIMENT,
+    proc = subprocess.run([sys.executable, "-m", "convsweep.app.cli", "plot", "formats", "--experiment", EXPERIMENT,
                            "--db", url, "--out", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [str(tmp_path / "formats.png")]

@@ -8,7 +8,7 @@ import pytest
 
 from convsweep.figures import FIGURES, figure, plot
 from convsweep.figures.history import history_rows
-from convsweep.reading import MissingData
+from convsweep.analysis.reading import MissingData
 
 from test_history import commit, measurement, series, store
 

@@ -8,7 +8,7 @@ import pytest
 
 from convsweep.figures import FIGURES, figure, plot
 from convsweep.figures.pareto import pareto_rows
-from convsweep.reading import MissingData
+from convsweep.analysis.reading import MissingData
 
 from test_pareto import COMMIT, CONV1_SHARE, EXPERIMENT, FRONT, SETTINGS, known_results, setting, store
 

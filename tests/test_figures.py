@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from convsweep.errors import ConvsweepError
-from convsweep.fileio import canonical_hash
+from convsweep.base.errors import ConvsweepError
+from convsweep.base.fileio import canonical_hash
 from convsweep.figures import FIGURES, KINDS, FigureKind, figure, plot
-from convsweep.reading import MissingData, load_ceilings
+from convsweep.analysis.reading import MissingData, load_ceilings
 from convsweep.store import ingest_files, ingest_result, open_store
 from store_fixtures import every_layer, make_job_file, make_result
 
@@ -416,7 +416,7 @@ def test_without_matplotlib_the_error_says_how_to_install_it(url, monkeypatch):
 
 
 def convsweep(*args):
-    return subprocess.run([sys.executable, "-m", "convsweep.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "convsweep.app.cli", *args], capture_output=True, text=True)
 
 
 def test_cli_plot_all_writes_every_figure_each_experiment_has(url, bench_file, tmp_path):
@@ -566,7 +566,7 @@ def test_an_out_directory_that_another_user_linked_is_refused(tmp_path, monkeypa
     if os.geteuid() == 0:
         os.lchown(out, 4242, 4242)
     else:
-        monkeypatch.setattr("convsweep.fileio._own_uid", lambda: os.geteuid() + 1)
+        monkeypatch.setattr("convsweep.base.fileio._own_uid", lambda: os.geteuid() + 1)
     with pytest.raises(ConvsweepError, match=r"out is a link, made by another user \(uid \d+\)"):
         plot("op-time", url=url, experiment="plain", out=out)
     assert files_under(elsewhere) == []

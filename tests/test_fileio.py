@@ -1,4 +1,4 @@
-"""convsweep.fileio: files appear whole or not at all, and canonical JSON names things stably."""
+"""convsweep.base.fileio: files appear whole or not at all, and canonical JSON names things stably."""
 import hashlib
 import json
 import os
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convsweep.errors import ConvsweepError
-from convsweep.fileio import (canonical_hash, checked_directory, remove_stale_temporaries, write_atomic,
+from convsweep.base.errors import ConvsweepError
+from convsweep.base.fileio import (canonical_hash, checked_directory, remove_stale_temporaries, write_atomic,
                               write_json_atomic, write_npy_atomic)
 
 
@@ -253,7 +253,7 @@ def foreign(link: Path, monkeypatch) -> Path:
     if os.geteuid() == 0:
         os.lchown(link, 4242, 4242)
     else:
-        monkeypatch.setattr("convsweep.fileio._own_uid", lambda: os.geteuid() + 1)
+        monkeypatch.setattr("convsweep.base.fileio._own_uid", lambda: os.geteuid() + 1)
     return link
 
 

@@ -1,15 +1,15 @@
-"""convsweep.findings: what a kernel's PTX does that a convolution needs not, read from what NVRTC makes of small
+"""convsweep.device.findings: what a kernel's PTX does that a convolution needs not, read from what NVRTC makes of small
 kernels written to do each thing (and of honest ones, which must show nothing), and from PTX text where NVRTC
 cannot build the thing without options convsweep never passes (a launch from the device needs -rdc)."""
 from __future__ import annotations
 
 import pytest
 
-from convsweep.findings import FINDINGS, describe, scan_ptx
+from convsweep.device.findings import FINDINGS, describe, scan_ptx
 
 
 def ptx_of(tmp_path, source: str) -> str:
-    from convsweep.compile import compile_ptx, nvrtc_version
+    from convsweep.device.compile import compile_ptx, nvrtc_version
 
     try:
         nvrtc_version()
@@ -89,10 +89,10 @@ def test_every_shipped_variant_is_clean():
     records it): these builds (defaults, sm_90a, LeNet-86's layers) are among those test_compile and `convsweep
     compile all` make, so the session's build cache (tests/conftest.py) makes each once; missing ones compile
     on a thread per core."""
-    from convsweep.compile import BuildRequest, compile_all, nvrtc_version
-    from convsweep.errors import CompileError
-    from convsweep.network import load_network
-    from convsweep.variants import load_registry
+    from convsweep.device.compile import BuildRequest, compile_all, nvrtc_version
+    from convsweep.base.errors import CompileError
+    from convsweep.model.network import load_network
+    from convsweep.model.variants import load_registry
 
     try:
         nvrtc_version()

@@ -1,4 +1,4 @@
-"""Floors at measured rates (convsweep.floors): the arithmetic, and the store's device_ceiling rows and
+"""Floors at measured rates (convsweep.device.floors): the arithmetic, and the store's device_ceiling rows and
 the floors every run on that GPU gets from them (convsweep.store.ceilings), on SQLite and PostgreSQL."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from convsweep.errors import StoreError
-from convsweep.floors import Ceiling, Work, compute_floor_ms, fastest_unit, forward_floor_ms, times_floor, work_floor_ms
-from convsweep.query import run_query
+from convsweep.base.errors import StoreError
+from convsweep.device.floors import Ceiling, Work, compute_floor_ms, fastest_unit, forward_floor_ms, times_floor, work_floor_ms
+from convsweep.analysis.query import run_query
 from convsweep.store import DeviceCeiling, Run, ingest_result, open_store
 
 from store_fixtures import as_reader, make_result

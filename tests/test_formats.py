@@ -1,4 +1,4 @@
-"""The input's format (convsweep.formats) without a GPU: what each format ships, the first layer that
+"""The input's format (convsweep.inputs.formats) without a GPU: what each format ships, the first layer that
 makes the network's input from it (convert, upsample) against the host's own fp32 images, the
 float64 reference computed from exactly what was shipped, fresh rounds in each format, the plan-time
 refusals, a job measured on the fake GPU, and layers.cu's new kernels compiling.
@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import yaml
 
-from convsweep.config import JobSpec, RunSpec, expand_config, load_config
-from convsweep.data import load_dataset, upscale_bilinear
-from convsweep.errors import ConfigError
-from convsweep.formats import FORMATS
-from convsweep.inputs import load_batch
-from convsweep.layers import LAYER_KINDS
-from convsweep.measure import measure
-from convsweep.network import load_network, reference_forward, reference_layer
-from convsweep.paths import ROOT
+from convsweep.sweep.config import JobSpec, RunSpec, expand_config, load_config
+from convsweep.inputs.data import load_dataset, upscale_bilinear
+from convsweep.base.errors import ConfigError
+from convsweep.inputs.formats import FORMATS
+from convsweep.inputs.batch import load_batch
+from convsweep.model.layers import LAYER_KINDS
+from convsweep.measure.settings import measure
+from convsweep.model.network import load_network, reference_forward, reference_layer
+from convsweep.base.paths import ROOT
 
 from fake_gpu import FAKE
 
@@ -283,7 +283,7 @@ def test_fp32_runs_keep_their_spec_and_run_key():
 @pytest.mark.parametrize("defines", [{}, {"CONV_T": "double"}], ids=["float", "double"])
 def test_layers_cu_compiles_with_the_convert_and_upsample_kernels(defines):
     try:
-        from convsweep.compile import LAYERS_SOURCE, compile_source, nvrtc_version
+        from convsweep.device.compile import LAYERS_SOURCE, compile_source, nvrtc_version
 
         nvrtc_version()
     except Exception as e:  # no cuda-python or no NVRTC library here
@@ -296,8 +296,8 @@ def test_layers_cu_compiles_with_the_convert_and_upsample_kernels(defines):
 
 
 def test_the_axis_and_the_formats_module_name_the_same_formats():
-    """The `input` axis's schema enum (what a sweep may ask for) and convsweep.formats (what each one
+    """The `input` axis's schema enum (what a sweep may ask for) and convsweep.inputs.formats (what each one
     ships) list the same names in the same order: one cannot gain a format the other lacks."""
-    from convsweep.axes import BY_NAME
+    from convsweep.base.axes import BY_NAME
 
     assert BY_NAME["input_format"].item_schema["enum"] == list(FORMATS)

@@ -6,11 +6,11 @@ formats is in tests/test_formats.py, which also says why UPSCALE_ULPS is the bou
 import numpy as np
 import pytest
 
-from convsweep.config import RunSpec
-from convsweep.formats import FORMATS
-from convsweep.network import load_network
-from convsweep.paths import ROOT
-from convsweep.variants import load_registry
+from convsweep.sweep.config import RunSpec
+from convsweep.inputs.formats import FORMATS
+from convsweep.model.network import load_network
+from convsweep.base.paths import ROOT
+from convsweep.model.variants import load_registry
 
 from test_formats import UPSCALE_ULPS
 from test_gpu import run_job, takes_every_lenet_conv
@@ -26,7 +26,7 @@ PIXEL_BYTES = {"fp32": 4 * 86 * 86, "fp16": 2 * 86 * 86, "u8": 86 * 86, "u8-sour
 
 @pytest.fixture(scope="module")
 def gpu():
-    from convsweep.gpu import Gpu
+    from convsweep.device.gpu import Gpu
 
     with Gpu() as g:
         yield g
@@ -44,10 +44,10 @@ def made_on_the_gpu(gpu, name: str, batch: int = 300):
     """LeNet-86 with `name`'s first layer on the GPU: a batch shipped as `name` carries it, enqueued
     once; returns (the dataset, the batch's indices, what the first layer wrote: the network's input
     [batch, 1, 86, 86]), its buffer poisoned (0xFF bytes: NaN) before, so an element it skips shows."""
-    from convsweep.data import batch_indices, load_dataset
-    from convsweep.network import load_weights
-    from convsweep.runner import ConvPlan, GpuNetwork
-    from convsweep.variants import get_variant
+    from convsweep.inputs.data import batch_indices, load_dataset
+    from convsweep.model.network import load_weights
+    from convsweep.measure.runner import ConvPlan, GpuNetwork
+    from convsweep.model.variants import get_variant
 
     dataset = load_dataset("mnist5k", image_size=86)
     idx = batch_indices(len(dataset.images), batch)
@@ -96,7 +96,7 @@ def test_the_gpus_fp16_convert_is_the_half_values_exactly(gpu):
 def test_an_fp16_variant_computes_the_same_logits_from_fp16_input_as_from_fp32(variant):
     """The fp16 kernels round their input to half (to nearest) anyway: shipping it as half loses
     nothing, so the logits are bit for bit those of the fp32 run (the seed pass's, keep_logits)."""
-    from convsweep.measure import measure
+    from convsweep.measure.settings import measure
 
     runs = {name: measure(spec(variants={"conv1": variant, "conv2": variant}, input_format=name, repeats=1),
                           keep_logits=True) for name in ("fp32", "fp16")}

@@ -12,11 +12,11 @@ import sqlite3
 import numpy as np
 import pytest
 
-from convsweep.config import JobSpec, RunSpec
-from convsweep.errors import ShapeError
-from convsweep.reference import conv2d_reference, maxpool2d_reference
-from convsweep.nsys import find_nsys
-from convsweep.variants import ConvShape, load_registry
+from convsweep.sweep.config import JobSpec, RunSpec
+from convsweep.base.errors import ShapeError
+from convsweep.model.reference import conv2d_reference, maxpool2d_reference
+from convsweep.device.nsys import find_nsys
+from convsweep.model.variants import ConvShape, load_registry
 
 pytestmark = pytest.mark.gpu
 
@@ -37,15 +37,15 @@ DOUBLE_CASES = [name for name, var in REGISTRY.items() if "float64" in var.dtype
 
 @pytest.fixture(scope="module")
 def gpu():
-    from convsweep.gpu import Gpu
+    from convsweep.device.gpu import Gpu
 
     with Gpu() as g:
         yield g
 
 
 def test_the_driver_counts_the_gpus_and_a_gpu_past_them_is_the_machines_failure():
-    from convsweep.errors import MachineError
-    from convsweep.gpu import Gpu, count_devices
+    from convsweep.base.errors import MachineError
+    from convsweep.device.gpu import Gpu, count_devices
 
     count = count_devices()
     assert count >= 1
@@ -59,7 +59,7 @@ def normwise_error(y, ref):
 
 def check_variant(gpu, variant, params, shape, dtype):
     """Fresh random inputs, NaN-poisoned output (conv2d), compared with float64 numpy."""
-    from convsweep.runner import conv2d
+    from convsweep.measure.runner import conv2d
 
     B, C, M, H, W, K, S, pool = shape
     var = REGISTRY[variant]
@@ -100,7 +100,7 @@ def test_float64_variant_matches_float64(gpu, variant, shape):
 
 
 def test_unsupported_shape_is_refused(gpu):
-    from convsweep.runner import conv2d
+    from convsweep.measure.runner import conv2d
 
     with pytest.raises(ShapeError, match="larger than"):
         conv2d(np.zeros((1, 1, 4, 4), np.float32), np.zeros((1, 1, 7, 7), np.float32), np.zeros(1, np.float32), gpu=gpu)
@@ -117,9 +117,9 @@ def test_unsupported_shape_is_refused(gpu):
 def test_dense_matches_float64(gpu, dtype, B, n_in, n_out, relu):
     from types import SimpleNamespace
 
-    from convsweep.compile import LAYERS_SOURCE, compile_source
-    from convsweep.layers import LAYER_KINDS, Layer
-    from convsweep.network import Step
+    from convsweep.device.compile import LAYERS_SOURCE, compile_source
+    from convsweep.model.layers import LAYER_KINDS, Layer
+    from convsweep.model.network import Step
 
     build = compile_source(LAYERS_SOURCE, "layers", {"CONV_T": "double"} if dtype == np.float64 else {}, gpu.arch)
     rng = np.random.default_rng()
@@ -156,8 +156,8 @@ def spec(profiler: str, **over) -> RunSpec:
 
 
 def run_job(run: RunSpec, out):
-    """`run` as a lone job; its one measurement (a convsweep.record.Measurement)."""
-    from convsweep.job import run_job as run_one_job
+    """`run` as a lone job; its one measurement (a convsweep.measure.record.Measurement)."""
+    from convsweep.measure.job import run_job as run_one_job
 
     result = run_one_job(JobSpec.for_run(run, SWEEP), out)
     assert len(result.measurements) == 1
@@ -165,9 +165,9 @@ def run_job(run: RunSpec, out):
 
 
 def reference_accuracy(batch: int) -> float:
-    from convsweep.data import batch_indices, load_dataset
-    from convsweep.network import load_network, load_weights, reference_forward
-    from convsweep.config import ROOT
+    from convsweep.inputs.data import batch_indices, load_dataset
+    from convsweep.model.network import load_network, load_weights, reference_forward
+    from convsweep.sweep.config import ROOT
 
     net = load_network(ROOT / "networks/lenet86.yaml")
     data = load_dataset("mnist5k", image_size=net.input_shape[-1])
@@ -255,7 +255,7 @@ def test_cold_cache_flushes_l2_outside_the_times_and_nvml_reads_clocks_and_energ
 @pytest.mark.parametrize("variants, streams", [({"conv1": "fp16_fused_network"}, 4),
                                               ({"conv1": "naive", "conv2": "naive"}, 1)])
 def test_a_graph_timed_job_replays_a_correct_pass_and_times_it_whole(tmp_path, variants, streams):
-    """timer graph (convsweep.axes): the pass captured once, each timed pass a replay whose logits are
+    """timer graph (convsweep.base.axes): the pass captured once, each timed pass a replay whose logits are
     checked against float64 like any pass's; only the whole forward is timed, and profiler auto times
     it with events (nsys cannot split a replay into layers)."""
     graph = run_job(spec("auto", variants=variants, params={layer: {} for layer in variants}, batch=100,
@@ -290,8 +290,8 @@ def test_job_under_nsys_reads_the_report(tmp_path):
 def takes_every_lenet_conv(var) -> bool:
     """Whether `var` accepts each LeNet-86 conv layer a network run would give it (a fused network: the
     first; it computes the rest). A one-layer variant (wgmma_conv2) runs in a network in its own test file."""
-    from convsweep.config import ROOT
-    from convsweep.network import load_network
+    from convsweep.sweep.config import ROOT
+    from convsweep.model.network import load_network
 
     net = load_network(ROOT / "networks/lenet86.yaml")
     try:
@@ -319,7 +319,7 @@ def test_fused_network_runs_any_batch_and_any_chunking(batch, streams, chunk):
     """The whole network in one kernel: batches that are not a multiple of its 8-image groups or of
     its blocks' shares, in one pass or pipelined in chunks on several streams; logits poisoned before each pass,
     checked against float64 and the reference's accuracy; one timed layer (conv1) holds every op."""
-    from convsweep.measure import measure
+    from convsweep.measure.settings import measure
 
     run = spec("events", batch=batch, repeats=2, streams=streams, host_memory="pinned" if streams > 1 else "pageable",
                chunk_images=chunk, variants={"conv1": "fp16_fused_network", "conv2": "fp16_fused_network"},
@@ -345,12 +345,12 @@ def test_a_captured_pass_runs_only_when_replayed_and_matches_float64(gpu, varian
     """A chunked pass over several streams captured as one CUDA graph (what timing.GraphReplay
     replays): capturing runs nothing (the logits stay poisoned), each replay writes them all again,
     checked against float64."""
-    from convsweep.checks import check_logits
-    from convsweep.inputs import load_batch
-    from convsweep.network import load_network
-    from convsweep.runner import ConvPlan, GpuNetwork, pass_chunks, pipeline_buffers, pipeline_pass, poison_logits
-    from convsweep.config import ROOT
-    from convsweep.variants import get_variant
+    from convsweep.model.checks import check_logits
+    from convsweep.inputs.batch import load_batch
+    from convsweep.model.network import load_network
+    from convsweep.measure.runner import ConvPlan, GpuNetwork, pass_chunks, pipeline_buffers, pipeline_pass, poison_logits
+    from convsweep.sweep.config import ROOT
+    from convsweep.model.variants import get_variant
 
     network = load_network(ROOT / "networks/lenet86.yaml")
     inputs = load_batch(network, "mnist5k", batch)
@@ -390,7 +390,7 @@ def test_other_workloads_run_and_match_float64(tmp_path, network, variant, batch
 
 
 def test_streams_with_pinned_memory_give_the_same_logits():
-    from convsweep.measure import measure
+    from convsweep.measure.settings import measure
 
     one = measure(spec("events", batch=3000, repeats=1, variants={"conv1": "naive", "conv2": "naive"}), keep_logits=True)
     for streams, memory in ((4, "pinned"), (3, "registered")):
@@ -459,7 +459,7 @@ def grid_job(profiler: str) -> JobSpec:
 def test_a_grid_job_measures_each_setting_as_its_own_run(tmp_path, profiler):
     """One process, one nsys session: the NVTX ranges give each setting its own kernels, launches
     and op times, and every setting computes the right answer."""
-    from convsweep.job import run_job as run_one_job
+    from convsweep.measure.job import run_job as run_one_job
 
     if profiler == "nsys" and find_nsys() is None:
         pytest.skip("nsys is not installed")
@@ -481,8 +481,8 @@ def test_a_grid_job_measures_each_setting_as_its_own_run(tmp_path, profiler):
 
 def test_auto_arch_from_nvml_is_the_devices_own():
     """`--arch auto` asks NVML (no CUDA context beside a timed job) and gets what the device says."""
-    from convsweep.gpu import Gpu
-    from convsweep.provenance import host_gpu_arch
+    from convsweep.device.gpu import Gpu
+    from convsweep.device.provenance import host_gpu_arch
 
     with Gpu() as gpu:
         assert host_gpu_arch() == gpu.arch
@@ -491,7 +491,7 @@ def test_auto_arch_from_nvml_is_the_devices_own():
 @pytest.mark.skipif(shutil.which("ncu") is None and not os.environ.get("NCU"), reason="ncu is not installed")
 def test_a_profile_job_reads_nsight_computes_metrics_for_each_conv_kernel(tmp_path):
     """Not yet run on the lent GPU (written in a session without one)."""
-    from convsweep.ncu import run_profile_job
+    from convsweep.measure.ncu import run_profile_job
 
     job = JobSpec.for_run(spec("events", batch=100), SWEEP)
     result = run_profile_job(job, tmp_path / "ncu" / "job.json")

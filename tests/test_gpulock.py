@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from convsweep.errors import DeviceError
-from convsweep.gpulock import claim_gpu, gpu_lock, lock_path
+from convsweep.base.errors import DeviceError
+from convsweep.device.gpulock import claim_gpu, gpu_lock, lock_path
 
 UUID = "5e1c2d6a-0000-4000-8000-00000000beef"
 HOLD = """
 import sys, time
-from convsweep.gpulock import gpu_lock
+from convsweep.device.gpulock import gpu_lock
 with gpu_lock(sys.argv[1], sys.argv[2]):
     print("holding", flush=True)
     time.sleep(float(sys.argv[3]))
@@ -243,7 +243,7 @@ def test_another_users_lock_is_shared_and_one_it_cannot_write_is_still_locked(mo
 GPUS = ["GPU-5e1c2d6a-0000-4000-8000-0000000000a0", "GPU-5e1c2d6a-0000-4000-8000-0000000000b1"]
 CLAIM = """
 import sys, time
-from convsweep.gpulock import claim_gpu
+from convsweep.device.gpulock import claim_gpu
 with claim_gpu(sys.argv[1].split(","), sys.argv[2], poll_s=0.05) as uuid:
     print(uuid, flush=True)
     time.sleep(float(sys.argv[3]))
@@ -277,7 +277,7 @@ def test_jobs_take_different_free_gpus_and_the_next_waits_for_one():
 
 def test_binding_shows_the_process_one_gpu_and_lets_go(monkeypatch):
     """A job process binds to a free GPU and holds its lock before CUDA starts, one GPU or several."""
-    from convsweep.gpulock import LOCKED_ENV, bind_free_gpu, holds_lock_of
+    from convsweep.device.gpulock import LOCKED_ENV, bind_free_gpu, holds_lock_of
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     holder = claim("job a", 30)

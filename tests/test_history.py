@@ -1,4 +1,4 @@
-"""Every job's history across commits and its steps (convsweep.history), on synthetic histories stored through the
+"""Every job's history across commits and its steps (convsweep.analysis.history), on synthetic histories stored through the
 real ingest: known steps up, down and two of them are found at their commit, pure noise and a slow drift under the
 threshold give none, suspect, incorrect and failed runs never count; and `convsweep query regressions` lists the
 steps read-only, in a table and as JSON, on SQLite and PostgreSQL."""
@@ -11,13 +11,13 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from convsweep.cli import main as cli_main
-from convsweep.errors import StoreError
-from convsweep.history import MIN_SEGMENT, REGRESSION_COLUMNS, histories
-from convsweep.query import list_queries
-from convsweep.questions import COMPUTED, named_queries
-from convsweep.questions import fetch_question as fetch, run_question as run_query
-from convsweep.stats import FASTER, SLOWER
+from convsweep.app.cli import main as cli_main
+from convsweep.base.errors import StoreError
+from convsweep.analysis.history import MIN_SEGMENT, REGRESSION_COLUMNS, histories
+from convsweep.analysis.query import list_queries
+from convsweep.analysis.questions import COMPUTED, named_queries
+from convsweep.analysis.questions import fetch_question as fetch, run_question as run_query
+from convsweep.base.stats import FASTER, SLOWER
 from convsweep.store import ingest_result, open_store
 
 from store_fixtures import as_reader

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from convsweep.errors import StoreError, StoreUnavailable
+from convsweep.base.errors import StoreError, StoreUnavailable
 from convsweep.store import ingest_files, ingest_result, open_store, read_result
-from convsweep.store.strict_json import MAX_DEPTH, MAX_RESULT_BYTES, check_values, nesting_depth, read_json
+from convsweep.base.strict_json import MAX_DEPTH, MAX_RESULT_BYTES, check_values, nesting_depth, read_json
 from store_fixtures import as_format_1, make_job_file, make_result, row_counts, standard_results, write_results
 
 
@@ -205,7 +205,7 @@ def test_any_failure_while_storing_one_file_leaves_nothing_of_it_and_the_rest_go
                                                                                   exc):
     """Raised late in the file's transaction, after its own sweep, environment and build rows were
     inserted: rolled back whole, the file's one line, and the next file stored."""
-    import convsweep.record as record
+    import convsweep.measure.record as record
 
     real = record.conv_layers
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from checkout_copy import copy_checkout
-from convsweep.paths import ROOT
+from convsweep.base.paths import ROOT
 
 SNAKEMAKE = shutil.which("snakemake")
 
@@ -21,7 +21,7 @@ def test_a_non_editable_install_is_refused_with_one_line(tmp_path):
     build = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(ROOT)],
                            capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-2000:]
-    assert (site / "convsweep" / "cli.py").is_file() and not (site / "kernels").exists()
+    assert (site / "convsweep" / "app" / "cli.py").is_file() and not (site / "kernels").exists()
     env = {**os.environ, "PYTHONPATH": str(site)}
     for command in (["query", "--list"], ["compile", "naive", "--arch", "sm_90"]):
         proc = subprocess.run([sys.executable, "-m", "convsweep", *command], capture_output=True, text=True,
@@ -73,7 +73,7 @@ def test_a_snakefile_plans_and_runs_its_own_checkout(tmp_path):
 
 
 def test_the_rules_convsweep_is_this_checkouts_in_this_python_or_the_conda_env():
-    from convsweep.plan import SweepPlan
+    from convsweep.app.plan import SweepPlan
 
     plain = SweepPlan.shell_prefix(())
     assert plain.startswith("set -euo pipefail; convsweep() {{ ")

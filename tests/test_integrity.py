@@ -1,16 +1,16 @@
-"""The integrity checks without a GPU: each detector of convsweep.integrity against a numpy network
+"""The integrity checks without a GPU: each detector of convsweep.measure.integrity against a numpy network
 that cheats the way a red-team kernel does (tests/redteam/ has the real ones, caught on the device),
 through the backend seam: the rounds, the float64 truth and the comparisons run kernels/truth.cu built
 for the host (tests/host_kernels.py). Then the verdicts and floors on their own."""
 import numpy as np
 import pytest
 
-from convsweep import integrity
-from convsweep.config import RunSpec
-from convsweep.measure import measure
-from convsweep.network import load_network, reference_forward
-from convsweep.peaks import Peaks
-from convsweep.record import Integrity, Measurement, Timings
+from convsweep.measure import integrity
+from convsweep.sweep.config import RunSpec
+from convsweep.measure.settings import measure
+from convsweep.model.network import load_network, reference_forward
+from convsweep.device.peaks import Peaks
+from convsweep.measure.record import Integrity, Measurement, Timings
 
 from fake_gpu import FAKE, FakeClock, FakeGpu, FakeGpuNetwork
 
@@ -141,7 +141,7 @@ class MemoInItsWorkspace(FakeGpuNetwork):
 
     def __init__(self, gpu, network, weights, plan, lanes, capacity):
         super().__init__(gpu, network, weights, plan, lanes, capacity)
-        from convsweep.runner import Lane
+        from convsweep.measure.runner import Lane
 
         out = network.layers[-1].out_shape
         self.lanes = [Lane(capacity, workspaces={"conv1": gpu.alloc((8 + capacity * out[0],), np.float64)})
@@ -170,7 +170,7 @@ class ReadsItsWorkspaceFirst(FakeGpuNetwork):
 
     def __init__(self, gpu, network, weights, plan, lanes, capacity):
         super().__init__(gpu, network, weights, plan, lanes, capacity)
-        from convsweep.runner import Lane
+        from convsweep.measure.runner import Lane
 
         self.lanes = [Lane(capacity, workspaces={"conv1": gpu.alloc((1,), np.float32)}) for _ in range(lanes)]
 
@@ -302,7 +302,7 @@ def test_a_round_that_is_not_visibly_new_does_not_count_and_another_is_timed(mon
 
 
 def test_a_generator_that_never_makes_a_visibly_new_round_fails_the_setting(monkeypatch):
-    from convsweep.rounds import Perturbation
+    from convsweep.device.rounds import Perturbation
 
     # the random dataset holds exactly the batch: every round sees the same images again, here unchanged
     monkeypatch.setattr(integrity, "PERTURBATION", Perturbation(max_shift=0, gain_lo=1.0, field=0.0, jitter=0.0))
@@ -455,14 +455,14 @@ class Layered(FakeGpuNetwork):
 
     def __init__(self, gpu, network, weights, plan, lanes, capacity):
         super().__init__(gpu, network, weights, plan, lanes, capacity)
-        from convsweep.runner import Lane
+        from convsweep.measure.runner import Lane
 
         self.steps = network.steps({name: var.fuses for name, var in plan.variants.items()})
         self.lanes = [Lane(capacity, {s.layer.name: gpu.alloc((capacity, *s.last.out_shape), np.float32)
                                       for s in self.steps if s.layer.is_conv}) for _ in range(lanes)]
 
     def enqueue(self, stream, lane, x, logits, n, events=None, flush=None):
-        from convsweep.network import reference_layer
+        from convsweep.model.network import reference_layer
 
         out, buffer, conv = self.gpu.read(x.rows(0, n)).astype(np.float64), None, None
         for layer in self.network.layers:

@@ -14,13 +14,13 @@ import time
 import numpy as np
 import pytest
 
-from convsweep import context as context_mod
-from convsweep import job as job_mod
-from convsweep.config import JobSpec, RunSpec
-from convsweep.errors import CompileError, ConvsweepError, MachineError, writing
-from convsweep.gpu import gpu_available, no_gpu
-from convsweep.job import run_job as run_one_job
-from convsweep.record import Measurement, SettingCounts
+from convsweep.measure import context as context_mod
+from convsweep.measure import job as job_mod
+from convsweep.sweep.config import JobSpec, RunSpec
+from convsweep.base.errors import CompileError, ConvsweepError, MachineError, writing
+from convsweep.device.gpu import gpu_available, no_gpu
+from convsweep.measure.job import run_job as run_one_job
+from convsweep.measure.record import Measurement, SettingCounts
 
 import fake_gpu
 from fake_gpu import FAKE, FakeEvent, FakeGpuNetwork, SlowingMonitor, SteadyClock, SteppingEveryEighthRead
@@ -145,8 +145,8 @@ def test_random_workloads_run_on_the_cpu_reference(tmp_path):
 def test_each_run_is_a_new_measurement_with_its_provenance(tmp_path):
     import subprocess
 
-    from convsweep.compile import source_hash
-    from convsweep.paths import KERNELS_DIR, ROOT
+    from convsweep.device.compile import source_hash
+    from convsweep.base.paths import KERNELS_DIR, ROOT
 
     first = run_job(spec(batch=8, repeats=1, warmup=0), tmp_path / "r.json")
     again = run_job(spec(batch=8, repeats=1, warmup=0), tmp_path / "r.json")
@@ -318,7 +318,7 @@ def test_a_random_search_measures_its_seeded_sample(tmp_path):
 def test_a_job_process_imports_no_heavy_module_before_it_starts_nsys_or_the_cuda_context():
     """run_job starts `nsys profile` (~2 s) or the CUDA context (~0.45 s) before it imports numpy,
     cuda.core or the network, so those imports overlap the slow starts instead of adding to them."""
-    code = ("import sys, convsweep.cli, convsweep.job; print(sorted({m.split('.')[0] for m in sys.modules} & "
+    code = ("import sys, convsweep.app.cli, convsweep.measure.job; print(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'numpy', 'cuda', 'jsonschema', 'sqlalchemy', 'alembic', 'pynvml'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -478,8 +478,8 @@ def test_without_nvml_nothing_is_guessed(tmp_path):
 def test_a_fused_network_job_times_one_layer_and_builds_one_variant(tmp_path):
     """fp16_fused_network at conv1 computes conv2 too: the job has one timed layer, one op time, one
     variant build (layers.cu aside), even when the spec names conv2 as well."""
-    from convsweep.context import JobContext
-    from convsweep.measure import build_requests
+    from convsweep.measure.context import JobContext
+    from convsweep.measure.settings import build_requests
 
     job = spec(variants={"conv1": "fp16_fused_network", "conv2": "fp16_fused_network"},
                params={"conv1": {"BLOCKS": 132}, "conv2": {}}, batch=24)
@@ -504,9 +504,9 @@ def test_a_job_opens_the_gpu_only_under_its_lock_and_closes_it_before_letting_go
 
     from fake_gpu import FakeGpu
 
-    from convsweep import provenance
-    from convsweep.gpulock import lock_path
-    from convsweep.runner import Backend
+    from convsweep.device import provenance
+    from convsweep.device.gpulock import lock_path
+    from convsweep.measure.runner import Backend
 
     monkeypatch.setenv("CONVSWEEP_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -539,7 +539,7 @@ def test_a_job_opens_the_gpu_only_under_its_lock_and_closes_it_before_letting_go
 def test_a_job_opens_nvml_once_for_its_gpu(tmp_path):
     """NVML's opening (~0.03 s on the lent H100's host) happens while the job holds the GPU: once,
     the environment's GPU identity read through the job's own monitor."""
-    from convsweep.provenance import GpuMonitor
+    from convsweep.device.provenance import GpuMonitor
 
     opened = []
 
@@ -646,7 +646,7 @@ def test_an_unknown_profiler_is_the_specs_error_not_the_machines(tmp_path):
 
 def run_job_command(job: JobSpec, out) -> subprocess.CompletedProcess:
     """`convsweep run-job` as the workflow runs it."""
-    return subprocess.run([sys.executable, "-m", "convsweep.cli", "run-job", "--spec",
+    return subprocess.run([sys.executable, "-m", "convsweep.app.cli", "run-job", "--spec",
                            json.dumps({**job.to_dict(), "sweep": job.sweep}), "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
 

@@ -1,4 +1,4 @@
-"""Kernel Tuner interop (convsweep.kerneltuner), checked against Kernel Tuner itself: stored runs exported as T4
+"""Kernel Tuner interop (convsweep.app.kerneltuner), checked against Kernel Tuner itself: stored runs exported as T4
 results valid under the schema of the installed kernel_tuner package, their values read back; a cache file that
 kernel_tuner's tune_kernel writes (its C backend, on the CPU) imported as runs marked as imported, with the device
 it names, its failed configurations failed with the reason, agreeing with kernel_tuner's own T4 results of the same
@@ -25,12 +25,12 @@ from sqlalchemy import inspect
 # A test dependency (pip install -e '.[test]'): a machine without it (the lent GPU's) skips this file, saying why.
 kernel_tuner = pytest.importorskip("kernel_tuner", reason="kernel_tuner is not installed (pip install -e '.[test]')")
 
-from convsweep.errors import ConfigError, ConvsweepError
-from convsweep.commands import export, import_
-from convsweep.kerneltuner import check_t4, export_t4, import_cache, t4_results_schema
-from convsweep.network import load_network
-from convsweep.paths import resolve_network_path
-from convsweep.query import fetch_dicts
+from convsweep.base.errors import ConfigError, ConvsweepError
+from convsweep.app.commands import export, import_
+from convsweep.app.kerneltuner import check_t4, export_t4, import_cache, t4_results_schema
+from convsweep.model.network import load_network
+from convsweep.base.paths import resolve_network_path
+from convsweep.analysis.query import fetch_dicts
 from convsweep.store import Base, ingest_result, migrate, open_store
 from kernel_tuner.file_utils import get_t4_results, output_file_schema
 from kernel_tuner.util import read_cache as kt_read_cache
@@ -59,7 +59,7 @@ T4_INVALIDITY = {"ok": "correct", "suspect": "correct", "incorrect": "correctnes
 
 def layer_output(layer: str = LAYER, variant: str = VARIANT) -> tuple[int, ...]:
     """The per-image output (M, H_out, W_out) of the variant at a conv layer of LeNet-86."""
-    from convsweep.variants import get_variant
+    from convsweep.model.variants import get_variant
 
     network = load_network(resolve_network_path("networks/lenet86.yaml"))
     return network.variant_shape(network.layer(layer), get_variant(variant).fuses).out_shape[1:]
@@ -490,7 +490,7 @@ def test_a_cache_whose_name_is_not_utf8_is_one_line(sqlite_url, tmp_path):
 
 
 def test_a_cache_past_the_size_cap_is_refused_unread(sqlite_url, tmp_path, monkeypatch):
-    import convsweep.kerneltuner as kerneltuner
+    import convsweep.app.kerneltuner as kerneltuner
 
     data = cache_like()
     for block in range(2, 40):
@@ -545,7 +545,7 @@ class CountedInt(int):
 def test_the_grid_of_a_cache_takes_no_comparison_per_pair_of_values():
     """Before: each configuration's value was looked for in the list of those before it, 2,000 values making
     ~2,000,000 comparisons (the 59 MB cache's ~280,000, ~4 * 10^10)."""
-    from convsweep.kerneltuner import Kernel, cache_result
+    from convsweep.app.kerneltuner import Kernel, cache_result
 
     n = 2_000
     data = synthetic_cache(n, CountedInt)
@@ -560,7 +560,7 @@ def test_the_grid_of_a_cache_takes_no_comparison_per_pair_of_values():
 def test_the_grid_of_a_cache_is_built_in_near_linear_time():
     """Four times the configurations take less than eight times as long (best of three), and 100,000 of them (a
     ~21 MB cache) well under a second on any machine: before, 32,000 took ~5 s and 100,000 minutes."""
-    from convsweep.kerneltuner import tunable_grid
+    from convsweep.app.kerneltuner import tunable_grid
 
     def seconds(n: int) -> float:
         entries = synthetic_cache(n)["cache"]

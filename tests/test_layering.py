@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from convsweep.paths import MIGRATIONS_DIR, ROOT
+from convsweep.base.paths import MIGRATIONS_DIR, ROOT
 
 FIGURES_DIR = ROOT / "convsweep" / "figures"
 
@@ -28,11 +28,11 @@ def loaded_packages(modules: str, packages: tuple[str, ...]) -> list[str]:
 def test_the_planner_the_command_line_and_the_report_load_without_matplotlib():
     """The Snakefile plans through plan (which checks the bench file), every command starts in cli,
     and report imports the figure registry: matplotlib loads only when a figure is drawn."""
-    assert loaded_packages("convsweep.plan, convsweep.cli, convsweep.report, convsweep.figures", ("matplotlib",)) == []
+    assert loaded_packages("convsweep.app.plan, convsweep.app.cli, convsweep.report, convsweep.figures", ("matplotlib",)) == []
 
 
 def test_the_reading_vocabulary_loads_neither_the_database_nor_matplotlib():
-    assert loaded_packages("convsweep.reading", ("matplotlib", "sqlalchemy")) == []
+    assert loaded_packages("convsweep.analysis.reading", ("matplotlib", "sqlalchemy")) == []
 
 
 def convsweep_imports(path: Path) -> set[str]:
@@ -52,7 +52,7 @@ def convsweep_imports(path: Path) -> set[str]:
 
 def test_figures_import_the_vocabulary_and_the_query_layer_never_the_report_or_the_command_line():
     modules = sorted(FIGURES_DIR.glob("*.py"))
-    assert {"convsweep.reading", "convsweep.figures.drawing"} <= convsweep_imports(FIGURES_DIR / "op_time.py")
+    assert {"convsweep.analysis.reading", "convsweep.figures.drawing"} <= convsweep_imports(FIGURES_DIR / "op_time.py")
     for path in modules:
         above = {m for m in convsweep_imports(path) if m.split(".")[1] in ("report", "cli", "document", "compare")}
         assert not above, f"{path.name} imports {sorted(above)}"
@@ -181,10 +181,10 @@ def test_imports_are_read():
     # The reader itself: relative, absolute, `from . import x` and function-level imports are all edges.
     graph = import_graph()
     assert "convsweep.store.engine" in graph["convsweep.store.ingest"]  # from .engine import ...
-    assert "convsweep.nsys" in graph["convsweep.job"]  # from . import nsys as nsys_mod
-    assert "convsweep.measure" in graph["convsweep.job"]  # inside the functions that measure
-    assert "convsweep.store" in graph["convsweep.query"]  # from convsweep.store import make_engine, ...
-    assert "convsweep.errors" in graph["convsweep"]  # the package's __init__.py
+    assert "convsweep.device.nsys" in graph["convsweep.measure.job"]  # from . import nsys as nsys_mod
+    assert "convsweep.measure.settings" in graph["convsweep.measure.job"]  # inside the functions that measure
+    assert "convsweep.store" in graph["convsweep.analysis.query"]  # from convsweep.store import make_engine, ...
+    assert "convsweep.base.errors" in graph["convsweep"]  # the package's __init__.py
 
 
 def test_no_import_cycles():
@@ -196,8 +196,8 @@ def test_no_import_cycles():
 def test_job_and_measure_import_one_way():
     # job.py decides where settings are measured and imports measure; both read the job's context from below.
     graph = import_graph()
-    assert "convsweep.measure" in graph["convsweep.job"] and "convsweep.job" not in graph["convsweep.measure"]
-    assert "convsweep.context" in graph["convsweep.measure"]
+    assert "convsweep.measure.settings" in graph["convsweep.measure.job"] and "convsweep.measure.job" not in graph["convsweep.measure.settings"]
+    assert "convsweep.measure.context" in graph["convsweep.measure.settings"]
 
 
 def module_lengths() -> dict[str, int]:
@@ -232,7 +232,7 @@ def test_migration_imports_no_live_code(path):
 
 def readme_layers() -> list[list[str]]:
     """The rows of docs/layout.md's package table, bottom first, each the modules its first cell names:
-    `errors` is convsweep.errors, `bench/` the package convsweep.bench and every module in it."""
+    `errors` is convsweep.base.errors, `bench/` the package convsweep.bench and every module in it."""
     section = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8").split("## The package", 1)[1]
     lines = section.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("| `"))
@@ -279,3 +279,37 @@ def test_the_report_package_exports_what_it_loads_lazily():
     assert loaded_packages("convsweep.report.coverage", ("matplotlib",)) == []
     loaded = loaded_packages("convsweep.report.coverage", ("convsweep",))
     assert "convsweep.report.sections" not in loaded and "convsweep.report.files" not in loaded, loaded
+
+
+def wing_of(module: str) -> str:
+    """The wing a package module lives in: convsweep.device.gpu's is device; the package's own files have none."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE_DIR / parts[1]).is_dir()) else ""
+
+
+def test_each_wing_says_what_it_may_import_and_imports_nothing_else():
+    """Each wing's __init__ ends its docstring with "May import: ..." (the wings below it in docs/layout.md's
+    table, "nothing of convsweep outside this wing", or "every other wing"); what its modules import is held
+    to that sentence, so the folder a newcomer opens says where its imports may go."""
+    wings = sorted(p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").is_file())
+    order = [row[0].split(".")[1] for row in readme_layers()]
+    assert sorted(order) == wings, (order, wings)
+    graph = import_graph()
+    wrong = []
+    for wing in wings:
+        doc = ast.get_docstring(ast.parse((PACKAGE_DIR / wing / "__init__.py").read_text(encoding="utf-8"))) or ""
+        said = re.search(r"May import: ([^.]+)\.", doc.replace("\n", " "))
+        if wing in ("store", "bench", "figures", "report"):  # the wings that were packages before: their table row says it
+            allowed = set(order[:order.index(wing)])
+        else:
+            assert said, f"convsweep/{wing}/__init__.py's docstring does not end with 'May import: ...'"
+            text = said.group(1).strip()
+            allowed = (set() if text.startswith("nothing") else set(wings) - {wing} if text.startswith("every other wing")
+                       else {name.strip() for name in text.split(",")})
+            assert allowed <= set(order[:order.index(wing)]), f"{wing} may import {sorted(allowed)}: not all below it"
+        for module, targets in graph.items():
+            if wing_of(module) != wing:
+                continue
+            wrong += [f"{module} imports {target}" for target in targets
+                      if wing_of(target) not in (wing, "", *allowed)]
+    assert not wrong, "\n".join(wrong)

@@ -1,14 +1,14 @@
-"""convsweep.layers: each layer kind's shapes, weights, float64 reference and traffic, checked against
+"""convsweep.model.layers: each layer kind's shapes, weights, float64 reference and traffic, checked against
 independent numpy loops on tiny networks; the GPU enqueue functions are exercised by the GPU tests."""
 import numpy as np
 import pytest
 import yaml
 
-from convsweep.errors import ConfigError, ShapeError
-from convsweep.gpu import DeviceArray
-from convsweep.layers import FLATTEN, LAYER_KINDS
-from convsweep.network import Step, load_network, reference_layer, weight_shapes
-from convsweep.paths import ROOT
+from convsweep.base.errors import ConfigError, ShapeError
+from convsweep.device.gpu import DeviceArray
+from convsweep.model.layers import FLATTEN, LAYER_KINDS
+from convsweep.model.network import Step, load_network, reference_layer, weight_shapes
+from convsweep.base.paths import ROOT
 
 LENET_LAYERS = yaml.safe_load((ROOT / "networks/lenet86.yaml").read_text())["layers"]
 
@@ -25,7 +25,7 @@ TINY_LAYERS = [
 ]
 
 
-# The input's first layers (convsweep.formats): bytes onto [0, 1], then a bilinear upscale of each
+# The input's first layers (convsweep.inputs.formats): bytes onto [0, 1], then a bilinear upscale of each
 # non-square plane to 13 x 13: input [2, 7, 5] -> convert -> upsample (2, 13, 13).
 TINY_INPUT_LAYERS = [
     {"name": "bytes", "type": "convert", "divisor": 255},

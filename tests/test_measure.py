@@ -1,4 +1,4 @@
-"""The GPU session both measuring paths open (convsweep.measure.gpu_session), on a numpy GPU: what it holds while
+"""The GPU session both measuring paths open (convsweep.measure.settings.gpu_session), on a numpy GPU: what it holds while
 its block runs, and that it lets all of it go, the GPU's lock last, when the block fails."""
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import os
 
 import pytest
 
-from convsweep.config import JobSpec
-from convsweep.errors import MachineError
-from convsweep.gpu import no_gpu
-from convsweep.gpulock import LOCKED_ENV, lock_path
-from convsweep.inputs import load_batch
-from convsweep.measure import gpu_session
-from convsweep.network import load_network
-from convsweep.paths import resolve_network_path
+from convsweep.sweep.config import JobSpec
+from convsweep.base.errors import MachineError
+from convsweep.device.gpu import no_gpu
+from convsweep.device.gpulock import LOCKED_ENV, lock_path
+from convsweep.inputs.batch import load_batch
+from convsweep.measure.settings import gpu_session
+from convsweep.model.network import load_network
+from convsweep.base.paths import resolve_network_path
 
 from fake_gpu import FAKE, FakeGpu, SlowingMonitor
 
@@ -43,7 +43,7 @@ def lock_held() -> bool:
 def gpu_machine(tmp_path, monkeypatch):
     """A host of one GPU, the fake one, that NVML names: the session takes its lock before opening it."""
     monkeypatch.setenv("CONVSWEEP_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.setattr("convsweep.provenance.gpu_uuids", lambda: [f"GPU-{FakeGpu.uuid}"])
+    monkeypatch.setattr("convsweep.device.provenance.gpu_uuids", lambda: [f"GPU-{FakeGpu.uuid}"])
     for name in ("CUDA_VISIBLE_DEVICES", LOCKED_ENV):
         monkeypatch.delenv(name, raising=False)
 
@@ -89,7 +89,7 @@ def test_a_gpu_that_cannot_be_opened_is_the_machines_error_and_leaves_nothing_he
 
 
 def test_where_nvml_cannot_say_which_gpu_the_lock_of_the_one_opened_outlives_its_context(gpu_machine, monkeypatch):
-    monkeypatch.setattr("convsweep.provenance.gpu_uuids", lambda: [])  # no NVML: no lock before the context
+    monkeypatch.setattr("convsweep.device.provenance.gpu_uuids", lambda: [])  # no NVML: no lock before the context
     closed = []
 
     class ClosingGpu(FakeGpu):

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from convsweep import ncu as ncu_mod
-from convsweep.config import JobSpec
-from convsweep.errors import MachineError
-from convsweep.ncu import LaunchProfile, launch_metrics, profile_command, profiled_kernels, read_report, run_profile_job
-from convsweep.query import run_query
+from convsweep.measure import ncu as ncu_mod
+from convsweep.sweep.config import JobSpec
+from convsweep.base.errors import MachineError
+from convsweep.measure.ncu import LaunchProfile, launch_metrics, profile_command, profiled_kernels, read_report, run_profile_job
+from convsweep.analysis.query import run_query
 from convsweep.store import ingest_files, ingest_result, open_store
-from convsweep.variants import get_variant
+from convsweep.model.variants import get_variant
 
 from store_fixtures import as_reader, row_counts
 
@@ -314,7 +314,7 @@ def test_a_child_that_cannot_open_a_gpu_fails_the_profile_job_as_the_machines(mo
 
 
 def test_the_profile_schema_names_a_bad_key(tmp_path):
-    from convsweep.errors import StoreError
+    from convsweep.base.errors import StoreError
 
     engine = open_store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     bad = {"format": "ncu-1", "profile_id": "p", "job_id": "j", "job_key": "k", "sweep": SWEEP, "status": "ok",

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import yaml
 
-from convsweep.data import load_dataset
-from convsweep.errors import ConfigError, DataError, ShapeError
-from convsweep.network import (Network, load_network, load_weights, reference_forward, reference_forward_parallel,
+from convsweep.inputs.data import load_dataset
+from convsweep.base.errors import ConfigError, DataError, ShapeError
+from convsweep.model.network import (Network, load_network, load_weights, reference_forward, reference_forward_parallel,
                                reference_layer, weight_shapes)
-from convsweep.reference import conv2d_reference, maxpool2d_reference
-from convsweep.variants import ConvShape
+from convsweep.model.reference import conv2d_reference, maxpool2d_reference
+from convsweep.model.variants import ConvShape
 
 REPO = Path(__file__).resolve().parent.parent
 LENET = REPO / "networks" / "lenet86.yaml"
@@ -164,9 +164,9 @@ def test_conv2d_reference_chunks_and_float32(monkeypatch):
     x = rng.standard_normal((9, 2, 10, 10))
     weight, bias = rng.standard_normal((3, 2, 3, 3)), rng.standard_normal(3)
     whole = conv2d_reference(x, weight, bias)
-    monkeypatch.setattr("convsweep.reference.CONV_CHUNK_ELEMENTS", 2 * 3 * 3 * 8 * 8)  # one image per chunk
+    monkeypatch.setattr("convsweep.model.reference.CONV_CHUNK_ELEMENTS", 2 * 3 * 3 * 8 * 8)  # one image per chunk
     np.testing.assert_allclose(conv2d_reference(x, weight, bias), whole, rtol=1e-13)
-    monkeypatch.setattr("convsweep.reference.CONV_CHUNK_ELEMENTS", 1)  # too large for columns: shifted GEMMs
+    monkeypatch.setattr("convsweep.model.reference.CONV_CHUNK_ELEMENTS", 1)  # too large for columns: shifted GEMMs
     np.testing.assert_allclose(conv2d_reference(x, weight, bias, stride=2), naive_conv(x, weight, bias, 2), rtol=1e-12, atol=1e-12)
     single = conv2d_reference(x.astype(np.float32), weight, bias)
     assert single.dtype == np.float32
@@ -279,8 +279,8 @@ def test_the_other_workloads_load_with_seeded_random_weights():
 
 
 def test_a_fused_network_shape_names_its_later_layers_and_swallows_them():
-    from convsweep.paths import ROOT
-    from convsweep.variants import get_variant
+    from convsweep.base.paths import ROOT
+    from convsweep.model.variants import get_variant
 
     lenet = load_network(ROOT / "networks" / "lenet86.yaml")
     fuses = get_variant("fp16_fused_network").fuses
@@ -315,7 +315,7 @@ def write_weights(tmp_path, network: Network, **changes) -> Path:
 
 
 def test_check_weights_compares_the_file_with_the_layers_from_the_headers(tmp_path, lenet):
-    from convsweep.network import check_weights
+    from convsweep.model.network import check_weights
 
     check_weights(lenet)  # the committed weights fit
     net = load_network(write_network(tmp_path, [CONV], weights="w.npz"))
@@ -343,7 +343,7 @@ def test_check_weights_compares_the_file_with_the_layers_from_the_headers(tmp_pa
 
 def test_check_weights_reads_headers_only(tmp_path, monkeypatch):
     """The planner checks every sweep's weights: it must not load their arrays (np.load)."""
-    from convsweep import network as network_mod
+    from convsweep.model import network as network_mod
 
     net = load_network(write_network(tmp_path, [CONV], weights="w.npz"))
     write_weights(tmp_path, net)

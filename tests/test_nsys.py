@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from convsweep.nsys import find_nsys, nsys_version, read_activities, summarize
+from convsweep.device.nsys import find_nsys, nsys_version, read_activities, summarize
 
 TID = 77
 

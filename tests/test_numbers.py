@@ -1,10 +1,10 @@
-"""convsweep.numbers: medians skip what was not measured; what JSON cannot hold becomes null."""
+"""convsweep.base.numbers: medians skip what was not measured; what JSON cannot hold becomes null."""
 import math
 
 import numpy as np
 import pytest
 
-from convsweep.numbers import finite, median
+from convsweep.base.numbers import finite, median
 
 
 def test_median_skips_none():

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from store_fixtures import integrity_results, make_result, write_results
 
-from convsweep.errors import ConvsweepError
-from convsweep.outcome import (FAILURES, REASON_CHARS, BriefFailures, ExperimentFiles, JobFiles, NotRun, finish_sweep,
+from convsweep.base.errors import ConvsweepError
+from convsweep.analysis.outcome import (FAILURES, REASON_CHARS, BriefFailures, ExperimentFiles, JobFiles, NotRun, finish_sweep,
                                last_reason, settings_not_ok)
 from convsweep.store import ingest_files, open_store
 

@@ -1,4 +1,4 @@
-"""Fronts of op time against energy per pass (convsweep.pareto) on synthetic runs stored through the real ingest:
+"""Fronts of op time against energy per pass (convsweep.analysis.pareto) on synthetic runs stored through the real ingest:
 a known front per conv layer and cell, ties and dominated settings, runs without energy left out and counted,
 suspect and incorrect runs (and a setting whose latest measurement is suspect) never on it; `convsweep query pareto`
 as a table and as JSON, read-only, listed by `convsweep query --list`, on SQLite and PostgreSQL; and the report's
@@ -10,10 +10,10 @@ import json
 import pytest
 
 from convsweep import report
-from convsweep.cli import main as cli_main
-from convsweep.errors import StoreError
-from convsweep.pareto import PARETO_COLUMNS, fronts, non_dominated
-from convsweep.questions import COMPUTED, fetch_question, named_queries, run_question
+from convsweep.app.cli import main as cli_main
+from convsweep.base.errors import StoreError
+from convsweep.analysis.pareto import PARETO_COLUMNS, fronts, non_dominated
+from convsweep.analysis.questions import COMPUTED, fetch_question, named_queries, run_question
 
 from store_fixtures import as_reader
 from test_compare import stored

@@ -1,11 +1,11 @@
-"""convsweep.paths: resolve_network_path (absolute as given, beside the naming file, then the checkout), and stored
+"""convsweep.base.paths: resolve_network_path (absolute as given, beside the naming file, then the checkout), and stored
 names as safe file names inside the results directory."""
 import re
 from pathlib import Path
 
 import pytest
 
-from convsweep.paths import NAME_MAX_CHARS, RESULTS_DIR, ROOT, resolve_network_path, results_directory, safe_name
+from convsweep.base.paths import NAME_MAX_CHARS, RESULTS_DIR, ROOT, resolve_network_path, results_directory, safe_name
 
 LENET = "networks/lenet86.yaml"
 

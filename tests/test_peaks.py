@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from convsweep.errors import DeviceError
-from convsweep.peaks import (PER_SM_FLOPS_PER_CLOCK, UNITS, Peaks, flops_per_s, floor_ms, floor_rate,
+from convsweep.base.errors import DeviceError
+from convsweep.device.peaks import (PER_SM_FLOPS_PER_CLOCK, UNITS, Peaks, flops_per_s, floor_ms, floor_rate,
                              forward_floor_ms, pcie_bytes_per_s, peaks_of)
-from convsweep.provenance import GpuMonitor
+from convsweep.device.provenance import GpuMonitor
 
 T = 1e12
 

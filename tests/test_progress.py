@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from convsweep import bench
-from convsweep.config import JobSpec
-from convsweep.job import run_job
-from convsweep.network import FORWARD_CHUNK, load_network, load_weights, reference_forward
-from convsweep.paths import ROOT
-from convsweep.progress import ENV_VAR, progress
+from convsweep.sweep.config import JobSpec
+from convsweep.measure.job import run_job
+from convsweep.model.network import FORWARD_CHUNK, load_network, load_weights, reference_forward
+from convsweep.base.paths import ROOT
+from convsweep.base.progress import ENV_VAR, progress
 from convsweep.store import ingest_files, open_store
 
 from bench_files import GOOD, write
@@ -111,7 +111,7 @@ def test_bench_shows_its_candidates(monkeypatch, capfd, tmp_path):
     assert any(line.startswith("conv1: ") for line in logged)
 
 
-@pytest.mark.parametrize("module", ["convsweep.job", "convsweep.progress"])
+@pytest.mark.parametrize("module", ["convsweep.measure.job", "convsweep.base.progress"])
 def test_progress_imports_tqdm_only_when_a_bar_is_made(module):
     import subprocess
 

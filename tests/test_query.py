@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from convsweep.axes import NAMES
-from convsweep.errors import StoreError
-from convsweep.fileio import canonical_hash
-from convsweep.query import QUERIES_DIR, list_queries, render, run_query
+from convsweep.base.axes import NAMES
+from convsweep.base.errors import StoreError
+from convsweep.base.fileio import canonical_hash
+from convsweep.analysis.query import QUERIES_DIR, list_queries, render, run_query
 from convsweep.store import ingest_result, open_store
 from store_fixtures import (as_reader, every_layer, integrity_results, layer_floors, make_job_file, make_result,
                             row_counts, standard_results, with_one_result)
@@ -463,7 +463,7 @@ def test_sqlite_attach_is_refused_and_creates_no_file(sqlite_url, tmp_path):
     with pytest.raises(StoreError, match=r"^read-only connection: "):
         run_query(sqlite_url, f"ATTACH DATABASE '{target}' AS other")
     # The authorizer refuses it too, below the statement check
-    from convsweep.query import _read_only_engine
+    from convsweep.analysis.query import _read_only_engine
     from convsweep.store import resolve_url
     from sqlalchemy.exc import DBAPIError
 
@@ -522,7 +522,7 @@ def test_sqlite_authorizer_names_what_it_refused(sqlite_url):
     """Below the statement check: a write reaches the authorizer, which refuses it and says what it was."""
     from sqlalchemy.exc import DBAPIError
 
-    from convsweep.query import _read_only_engine
+    from convsweep.analysis.query import _read_only_engine
     from convsweep.store import resolve_url
 
     engine = _read_only_engine(resolve_url(sqlite_url))

@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from convsweep.errors import StoreError
-from convsweep.query import (DEFAULT_MAX_BYTES, DEFAULT_MAX_CELL_BYTES, DEFAULT_MAX_ROWS, fetch, fetch_dicts, render,
+from convsweep.base.errors import StoreError
+from convsweep.analysis.query import (DEFAULT_MAX_BYTES, DEFAULT_MAX_CELL_BYTES, DEFAULT_MAX_ROWS, fetch, fetch_dicts, render,
                              run_query)
 from store_fixtures import as_reader, row_counts, with_one_result
 
@@ -235,8 +235,8 @@ def big_url(stored_url):
 # The peak as /proc has it: getrusage's ru_maxrss would count the pytest process this one was forked from.
 PEAK_RSS = """
 import sys
-from convsweep.errors import StoreError
-from convsweep.query import run_query
+from convsweep.base.errors import StoreError
+from convsweep.analysis.query import run_query
 for sql in sys.argv[2:]:
     try:
         run_query(sys.argv[1], sql, fmt="csv")
@@ -298,7 +298,7 @@ def sleeping_client(url: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
     """A `convsweep query` process asleep in pg_sleep on the server, and the application name its backend has."""
     name = f"convsweep_t_{uuid.uuid4().hex[:8]}"
     client_url = make_url(as_reader(url)).update_query_dict({"application_name": name})
-    code = ("import sys; from convsweep.query import run_query; "
+    code = ("import sys; from convsweep.analysis.query import run_query; "
             "run_query(sys.argv[1], 'SELECT pg_sleep(1e6)', timeout_s=float(sys.argv[2]))")
     client = subprocess.Popen([sys.executable, "-c", code, client_url.render_as_string(hide_password=False),
                                str(timeout_s)], stderr=subprocess.DEVNULL)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from convsweep.floors import Ceiling, Work, work_floor_ms
-from convsweep.query import run_query
+from convsweep.device.floors import Ceiling, Work, work_floor_ms
+from convsweep.analysis.query import run_query
 from convsweep.store import ingest_result, open_store
 from store_fixtures import as_reader, integrity_results
 
@@ -85,7 +85,7 @@ def test_best_never_picks_a_run_whose_timed_passes_were_not_all_on_unseen_inputs
 
 
 def test_what_a_runs_kernels_do_shows_beside_it_in_best_and_failures(db_url):
-    """A finding (convsweep.findings) is not a verdict: the run stays the winner, with the finding beside it."""
+    """A finding (convsweep.device.findings) is not a verdict: the run stays the winner, with the finding beside it."""
     files = integrity_results()
     for job_file in files:
         for m in job_file["measurements"]:

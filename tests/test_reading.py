@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from convsweep.errors import ConvsweepError
-from convsweep.reading import load_ceilings, provenance
+from convsweep.base.errors import ConvsweepError
+from convsweep.analysis.reading import load_ceilings, provenance
 
 
 @pytest.mark.parametrize("text, why", [("{", "not JSON"), ('{"ceilings": {}}', "no ceilings.dtod_GBps")])

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from convsweep.config import expand_config, load_config, variant_label
-from convsweep.paths import ROOT
+from convsweep.sweep.config import expand_config, load_config, variant_label
+from convsweep.base.paths import ROOT
 from convsweep.store import ingest_result, open_store
-from convsweep.variants import load_registry
+from convsweep.model.variants import load_registry
 from store_fixtures import make_result
 
 SCRIPT = ROOT / "scripts" / "readme_images.py"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from convsweep.config import JobSpec, RunSpec
-from convsweep.job import run_job
-from convsweep.record import (FORMAT, GridPlace, Measurement, ResultFile, Sample, SettingCounts, Stopping, Timings,
+from convsweep.sweep.config import JobSpec, RunSpec
+from convsweep.measure.job import run_job
+from convsweep.measure.record import (FORMAT, GridPlace, Measurement, ResultFile, Sample, SettingCounts, Stopping, Timings,
                               build_key)
-from convsweep.schema import load_schema
+from convsweep.base.schema import load_schema
 from fake_gpu import FAKE
 from store_fixtures import INTEGRITY_FIXTURES, as_format_1, integrity_results, make_job_file, make_result
 
@@ -169,6 +169,6 @@ def test_child_rows_name_columns_of_their_tables():
 
 
 def test_the_record_imports_no_database_code():
-    code = "import sys, convsweep.record; print(sorted(m for m in sys.modules if m.split('.')[0] == 'sqlalchemy'))"
+    code = "import sys, convsweep.measure.record; print(sorted(m for m in sys.modules if m.split('.')[0] == 'sqlalchemy'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -1,4 +1,4 @@
-"""The red team: kernels and networks that cheat, each held to the verdict convsweep.integrity must give.
+"""The red team: kernels and networks that cheat, each held to the verdict convsweep.measure.integrity must give.
 
 They live in tests/redteam/, never in the shipped registry: the kernels register through
 CONVSWEEP_VARIANTS=tests/redteam/variants.yaml, the networks go in through runner.Backend(network=...).
@@ -45,9 +45,9 @@ import functools
 
 import pytest
 
-from convsweep.config import RunSpec
-from convsweep.paths import ROOT
-from convsweep.variants import VARIANTS_ENV, ConvShape, load_registry
+from convsweep.sweep.config import RunSpec
+from convsweep.base.paths import ROOT
+from convsweep.model.variants import VARIANTS_ENV, ConvShape, load_registry
 
 # Every verdict here rests on timed passes (the caching test and the probe most of all): the GPU tests
 # run alone, no other worker's kernels beside them (gpu_turns.py); the CPU ones are not held.
@@ -88,8 +88,8 @@ def spec(cheat: str | None = None, layer: str | None = None, **over) -> RunSpec:
 
 def measured(run: RunSpec, network=None):
     """`run` measured in this process, with `network` (a GpuNetwork class) building the network."""
-    from convsweep.measure import measure
-    from convsweep.runner import Backend
+    from convsweep.measure.settings import measure
+    from convsweep.measure.runner import Backend
 
     return measure(run, backend=Backend() if network is None else Backend(network=network))
 
@@ -121,7 +121,7 @@ def test_no_red_team_kernel_is_in_the_shipped_registry(monkeypatch):
 @pytest.mark.parametrize("name", list(KERNEL_LAYER))
 def test_every_red_team_kernel_compiles(redteam, name, arch):
     try:
-        from convsweep.compile import compile_variant, nvrtc_version
+        from convsweep.device.compile import compile_variant, nvrtc_version
 
         nvrtc_version()
     except Exception as e:  # no cuda-bindings or no NVRTC library: nothing to compile with
@@ -130,14 +130,14 @@ def test_every_red_team_kernel_compiles(redteam, name, arch):
     build = compile_variant(variant, variant.defaults(), arch)
     assert build.cubin[:4] == b"\x7fELF"
     assert set(variant.kernel_names) <= {k.name for k in build.kernels}
-    # What each keeps between passes in module-scope memory is on its build's record (convsweep.findings).
+    # What each keeps between passes in module-scope memory is on its build's record (convsweep.device.findings).
     module_scope = {"redteam_compute_once", "redteam_memo_third", "redteam_memo_layer", "redteam_memo_corner_blind",
                     "redteam_round0"}
     assert any("global_write" in keys for keys in build.findings.values()) == (name in module_scope), build.findings
 
 
 def test_the_host_level_cheats_are_networks_a_backend_takes():
-    from convsweep.runner import Backend, GpuNetwork
+    from convsweep.measure.runner import Backend, GpuNetwork
     from redteam.networks import PersistingL2Network, SideStreamNetwork
 
     for network in (SideStreamNetwork, PersistingL2Network, functools.partial(PersistingL2Network, once=True)):
@@ -150,7 +150,7 @@ def persisting_l2_supported() -> bool:
     """Whether the GPU lets a context set L2 aside for persisting lines (not under MIG, for one)."""
     from cuda.bindings import driver
 
-    from convsweep.gpu import _check
+    from convsweep.device.gpu import _check
 
     _check(driver.cuInit(0), "cuInit")
     device = _check(driver.cuDeviceGet(0), "cuDeviceGet")
@@ -302,7 +302,7 @@ def test_weights_cut_far_below_half_precision_are_caught_and_what_passes_is_meas
 
 @pytest.mark.gpu
 def test_sanitize_finds_a_write_out_of_bounds_and_passes_an_honest_kernel(redteam):
-    from convsweep.sanitize import find_sanitizer
+    from convsweep.sweep.sanitize import find_sanitizer
 
     if find_sanitizer() is None:
         pytest.skip("compute-sanitizer is not installed here")
@@ -316,7 +316,7 @@ def test_sanitize_finds_a_write_out_of_bounds_and_passes_an_honest_kernel(redtea
 
 def test_the_red_team_sweep_plans_every_kernel_beside_naive(redteam):
     """tests/redteam/sweep.yaml, which the device sitting runs to hold `query best` and `winners` to the red team."""
-    from convsweep.config import expand_config, load_config
+    from convsweep.sweep.config import expand_config, load_config
 
     jobs = expand_config(load_config(REDTEAM_DIR / "sweep.yaml"), "tests/redteam/sweep.yaml")
     swept = {name for job in jobs for name in job.variants.values()}

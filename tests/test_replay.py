@@ -1,4 +1,4 @@
-"""`convsweep replay` (convsweep.replay): strategies judged against grids the lent H100 measured whole, with no
+"""`convsweep replay` (convsweep.analysis.replay): strategies judged against grids the lent H100 measured whole, with no
 GPU. The grids files in tests/data were written by `convsweep replay --save` on the H100 (issue 35's sitting):
 lenet86-wide (sweeps/tuning-wide.yaml, 36 jobs, 298 settings) and search-grid (sweeps/search.yaml, 8 jobs, 1,250
 settings). The database path is tested on grids stored through the real ingest."""
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from convsweep.cli import main as cli_main
-from convsweep.errors import ConvsweepError
-from convsweep.fileio import canonical_hash
-from convsweep.replay import budget_for, judge, load_grids, save_grids, stored_grids
+from convsweep.app.cli import main as cli_main
+from convsweep.base.errors import ConvsweepError
+from convsweep.base.fileio import canonical_hash
+from convsweep.analysis.replay import budget_for, judge, load_grids, save_grids, stored_grids
 
 from test_compare import stored as with_samples
 from test_history import store
@@ -208,7 +208,7 @@ def test_the_file_replay_save_writes_passes_the_checks(tmp_path):
 
 
 def test_a_grids_file_past_the_bounds_is_refused_unparsed(tmp_path, monkeypatch):
-    import convsweep.replay as replay
+    import convsweep.analysis.replay as replay
 
     deep = tmp_path / "deep.json"
     deep.write_text('{"format": "convsweep-grids-1", "jobs": ' + "[" * 100_000 + "]" * 100_000 + "}")

@@ -11,11 +11,12 @@ import os
 
 import pytest
 
-from convsweep import axes, document, report
-from convsweep.cli import main
-from convsweep.errors import ConvsweepError
+from convsweep.base import axes, document
+from convsweep import report
+from convsweep.app.cli import main
+from convsweep.base.errors import ConvsweepError
 from convsweep.figures import draw
-from convsweep.ncu import LaunchProfile
+from convsweep.measure.ncu import LaunchProfile
 from convsweep.store import ingest_result, open_store
 from store_fixtures import every_layer, integrity_results, make_job_file, make_result
 
@@ -399,7 +400,7 @@ def test_the_report_refuses_an_output_directory_another_user_linked(tmp_path, mo
     if os.geteuid() == 0:
         os.lchown(out, 4242, 4242)
     else:
-        monkeypatch.setattr("convsweep.fileio._own_uid", lambda: os.geteuid() + 1)
+        monkeypatch.setattr("convsweep.base.fileio._own_uid", lambda: os.geteuid() + 1)
     for where in ({"markdown": out / "report.md"}, {"tables": out}, {"summary": out / "summary.md"}):
         with pytest.raises(ConvsweepError, match=r"out is a link, made by another user \(uid \d+\)"):
             report.write(url, EXPERIMENT, **where)

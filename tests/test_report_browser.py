@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from convsweep import browse
-from convsweep.paths import ROOT
+from convsweep.app import browse
+from convsweep.base.paths import ROOT
 
 SNAKEMAKE = shutil.which("snakemake")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -78,7 +78,7 @@ def built(tmp_path_factory) -> Built:
     (work / "experiments.yaml").write_text(yaml.safe_dump({"experiments": {EXPERIMENT: {
         "network": "networks/lenet86.yaml", "variants": ["reference"], "batches": [8, 16], "repeats": 2,
         "warmup": 0, "profiler": "events"}}}))
-    run([sys.executable, "-m", "convsweep.cli", "ingest", *map(str, sorted(FIXTURE.glob("*.json")))], env, "ingest")
+    run([sys.executable, "-m", "convsweep.app.cli", "ingest", *map(str, sorted(FIXTURE.glob("*.json")))], env, "ingest")
     snakemake = [SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work), "--cores", "1",
                  "--config", f"results_dir={work / 'results'}"]
     after_run, report = work / "after-run.html", work / "report.html"

@@ -17,9 +17,9 @@ import yaml
 
 from checkout_copy import copy_checkout
 from convsweep import report
-from convsweep.errors import ConvsweepError
-from convsweep.outcome import GPU_JOBS_ENV, NotRun
-from convsweep.document import Table
+from convsweep.base.errors import ConvsweepError
+from convsweep.analysis.outcome import GPU_JOBS_ENV, NotRun
+from convsweep.base.document import Table
 from convsweep.report.coverage import TITLE, Planned, left_out_key, read_coverage, section as coverage_section
 from convsweep.store import ingest_result, open_store
 from store_fixtures import make_result

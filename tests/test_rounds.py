@@ -1,4 +1,4 @@
-"""Rounds no kernel has seen (convsweep.rounds) on the CPU: kernels/truth.cu's perturb_* built for the host and
+"""Rounds no kernel has seen (convsweep.device.rounds) on the CPU: kernels/truth.cu's perturb_* built for the host and
 run on the fake GPU. A round keeps the data's character (blank stays blank, values in range, digits still
 classified as their labels), never holds an image twice, is the same bit for bit from the same seed and
 another from another, and is visibly new against every earlier sighting of its images; the ledger that
@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from convsweep.checks import TOLERANCE
-from convsweep.data import batch_indices
-from convsweep.inputs import load_batch
-from convsweep.network import load_network, reference_forward
-from convsweep.rounds import (FRESH_SHARE, FRESH_THRESHOLD, PERTURBATION, SOURCE_PERTURBATION, Ledger, RoundMaker,
+from convsweep.model.checks import TOLERANCE
+from convsweep.inputs.data import batch_indices
+from convsweep.inputs.batch import load_batch
+from convsweep.model.network import load_network, reference_forward
+from convsweep.device.rounds import (FRESH_SHARE, FRESH_THRESHOLD, PERTURBATION, SOURCE_PERTURBATION, Ledger, RoundMaker,
                               _occurrence, draw_seed, fresh_share, round_sources)
-from convsweep.truth import TruthKernels
+from convsweep.device.truth import TruthKernels
 
 from fake_gpu import FakeGpu, FakeStream
 from host_kernels import compiler

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from checkout_copy import copy_checkout
-from convsweep import plan as plan_module
-from convsweep.paths import ROOT
+from convsweep.app import plan as plan_module
+from convsweep.base.paths import ROOT
 
 SNAKEMAKE = shutil.which("snakemake")
 RULE_FILES = [ROOT / "Snakefile", *sorted((ROOT / "workflow" / "rules").glob("*.smk"))]

@@ -3,10 +3,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from convsweep.errors import DeviceError, MachineError
-from convsweep.gpu import count_devices, gpu_available
-from convsweep.runner import ConvOp, pass_chunks
-from convsweep.variants import ConvShape, get_variant
+from convsweep.base.errors import DeviceError, MachineError
+from convsweep.device.gpu import count_devices, gpu_available
+from convsweep.measure.runner import ConvOp, pass_chunks
+from convsweep.model.variants import ConvShape, get_variant
 
 
 def test_a_variant_newer_than_the_gpu_is_refused_before_it_compiles():
@@ -63,7 +63,7 @@ def test_a_driver_that_sees_devices_counts_them():
 
 @pytest.mark.skipif(gpu_available()[0], reason="checks a machine without a GPU")
 def test_opening_the_gpu_where_there_is_none_is_a_machine_error():
-    from convsweep.gpu import Gpu
+    from convsweep.device.gpu import Gpu
 
     with pytest.raises(MachineError, match=r"^no NVIDIA GPU or driver on this machine \(.+\)$"):
         Gpu()
@@ -84,7 +84,7 @@ class RecordingGpu:
         return name
 
     def alloc(self, shape, dtype):
-        from convsweep.gpu import DeviceArray
+        from convsweep.device.gpu import DeviceArray
         import numpy as np
 
         self.allocations.append(shape)
@@ -101,7 +101,7 @@ def test_prepared_weights_are_written_once_per_binding_and_passed_to_every_launc
     import numpy as np
     from test_wgmma_fused import LENET, fused_shape
 
-    from convsweep.gpu import DeviceArray
+    from convsweep.device.gpu import DeviceArray
 
     variant, gpu = get_variant("wgmma_fused_network"), RecordingGpu()
     op = ConvOp(gpu, variant, variant.defaults(), fused_shape(LENET, 1), "sm_90a")

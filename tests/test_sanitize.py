@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import stat
 
-from convsweep.config import RunSpec
-from convsweep.measure import measure
-from convsweep.sanitize import find_sanitizer, read_report, sanitized_run, verdict
+from convsweep.sweep.config import RunSpec
+from convsweep.measure.settings import measure
+from convsweep.sweep.sanitize import find_sanitizer, read_report, sanitized_run, verdict
 
 from fake_gpu import FAKE
 

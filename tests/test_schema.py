@@ -2,8 +2,8 @@ import time
 
 import pytest
 
-from convsweep.errors import ConfigError
-from convsweep.schema import MAX_VALUE_CHARS, _shown, check_size, did_you_mean, validate
+from convsweep.base.errors import ConfigError
+from convsweep.base.schema import MAX_VALUE_CHARS, _shown, check_size, did_you_mean, validate
 
 SCHEMA = {
     "type": "object",
@@ -96,7 +96,7 @@ def test_nan_and_infinities_are_refused_wherever_they_are(value, spelled):
 
 def test_a_sweep_file_with_nan_is_refused_while_it_is_read(tmp_path):
     """YAML's .nan passed experiments.schema.yaml's bounds and stopped the sweep later with a traceback (issue 52)."""
-    from convsweep.config import load_config
+    from convsweep.sweep.config import load_config
 
     path = tmp_path / "experiments.yaml"
     experiment = ("experiments:\n  e:\n    variants: [reference]\n    batches: [8]\n    repeats: auto\n"

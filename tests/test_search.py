@@ -1,4 +1,4 @@
-"""Model-guided search (convsweep.search): the proposals are valid settings, each at most once, within the budget
+"""Model-guided search (convsweep.sweep.search): the proposals are valid settings, each at most once, within the budget
 and reproducible by seed; a failed or wrong setting is told as a failure, never as a time; a guided job over the
 fake GPU measures its budget in the order proposed, says so in each measurement, and resumes where it stopped;
 and the sweep file's search is checked with one line per mistake."""
@@ -10,11 +10,11 @@ import math
 
 import pytest
 
-from convsweep.config import expand_config, load_config
-from convsweep.errors import ConfigError
-from convsweep.job import run_job as run_one_job
-from convsweep.record import SettingCounts
-from convsweep.search import COMPILE_AHEAD, Search, objective, proposals, run
+from convsweep.sweep.config import expand_config, load_config
+from convsweep.base.errors import ConfigError
+from convsweep.measure.job import run_job as run_one_job
+from convsweep.measure.record import SettingCounts
+from convsweep.sweep.search import COMPILE_AHEAD, Search, objective, proposals, run
 
 from test_config import BASE, write
 # fake_forward_once_per_batch: test_job's autouse fixture, autouse here too (the guided jobs run the same batches)

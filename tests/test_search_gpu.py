@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from convsweep.config import JobSpec
-from convsweep.job import run_job as run_one_job
-from convsweep.nsys import find_nsys
+from convsweep.sweep.config import JobSpec
+from convsweep.measure.job import run_job as run_one_job
+from convsweep.device.nsys import find_nsys
 
 pytestmark = pytest.mark.gpu
 SWEEP = {"experiment": "search-gpu", "config_hash": "h", "config_path": "x.yaml"}
@@ -47,7 +47,7 @@ def test_a_guided_job_under_nsys_resumes_its_search_in_the_child(tmp_path):
     check(first, spec)
     assert all(m.profiler == "nsys" for m in first.measurements)
     # Half of it left behind as an interrupted job's: the child is told those and proposes the rest.
-    from convsweep import context as context_mod, job as job_mod
+    from convsweep.measure import context as context_mod, job as job_mod
 
     kept = first.measurements[:3]
     store = job_mod.ResumeStore(out, job_mod.resume_key(context_mod.JobContext.open(spec)))

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, text
 
-from convsweep.paths import ROOT
-from convsweep.plan import SweepPlan
+from convsweep.base.paths import ROOT
+from convsweep.app.plan import SweepPlan
 from store_fixtures import as_reader
 
 SLURM_ENV = "CONVSWEEP_TEST_SLURM"
@@ -86,7 +86,7 @@ def test_cpu_sweep_through_slurm_into_postgresql(slurm_cluster, tmp_path: Path, 
     assert len({r.run_key for r in rows}) == len(rows)  # each run stored once
     assert {r.status for r in rows} == {"ok"}
 
-    query = subprocess.run([sys.executable, "-m", "convsweep.cli", "query", "summary", "--db", as_reader(empty_pg_url)],
+    query = subprocess.run([sys.executable, "-m", "convsweep.app.cli", "query", "summary", "--db", as_reader(empty_pg_url)],
                            capture_output=True, text=True, cwd=ROOT)
     assert query.returncode == 0, query.stderr
     assert query.stdout.count("reference") == settings, query.stdout

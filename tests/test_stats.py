@@ -3,7 +3,7 @@ known shift (and none), and the stopping rule of repeats auto."""
 import numpy as np
 import pytest
 
-from convsweep.stats import FASTER, SAME, SLOWER, UNSURE, StoppingRule, compare_samples, relative_spread
+from convsweep.base.stats import FASTER, SAME, SLOWER, UNSURE, StoppingRule, compare_samples, relative_spread
 
 
 def noisy(centre: float, n: int, noise: float, seed: int) -> list[float]:

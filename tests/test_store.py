@@ -23,17 +23,17 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import Connection, Engine, MetaData, Table, delete, func, insert, inspect, select
 from sqlalchemy.orm import Session
 
-from convsweep.axes import NAMES
-from convsweep.cli import main as cli_main
-from convsweep.config import JobSpec, RunSpec
-from convsweep.errors import StoreError
-from convsweep.config import variant_label
-from convsweep.fileio import canonical_hash
-from convsweep.job import run_job
-from convsweep.query import run_query
-from convsweep.record import FORMAT, ResultFile
-from convsweep.paths import MIGRATIONS_DIR
-from convsweep.schema import load_schema
+from convsweep.base.axes import NAMES
+from convsweep.app.cli import main as cli_main
+from convsweep.sweep.config import JobSpec, RunSpec
+from convsweep.base.errors import StoreError
+from convsweep.sweep.config import variant_label
+from convsweep.base.fileio import canonical_hash
+from convsweep.measure.job import run_job
+from convsweep.analysis.query import run_query
+from convsweep.measure.record import FORMAT, ResultFile
+from convsweep.base.paths import MIGRATIONS_DIR
+from convsweep.base.schema import load_schema
 from convsweep.store.engine import SCHEMA_REVISION
 from convsweep.store import (
     Base,
@@ -51,7 +51,7 @@ from convsweep.store import (
     resolve_url,
     sqlite_path,
 )
-from convsweep.errors import StoreUnavailable
+from convsweep.base.errors import StoreUnavailable
 from convsweep.store.engine import _writer
 from convsweep.store.ingest import _run_row
 from store_fixtures import (
@@ -344,7 +344,7 @@ def test_ingest_stores_the_relative_spread_of_each_median(engine):
 
 def test_failed_runs_keep_their_floors_in_layer_time(engine):
     ingest_result(engine, make_result("broken", 100, status="failed"), None)
-    # A job that failed before it knew its shapes writes "floors": {} (convsweep/job.py)
+    # A job that failed before it knew its shapes writes "floors": {} (convsweep/measure/job.py)
     ingest_result(engine, make_result("broken", 200, status="failed", floors={}), None)
     # Floors and op times may name a layer spec.variants does not: it gets a row too, after the
     # layers of spec.variants (op times' layers first)
@@ -611,7 +611,7 @@ def test_the_result_schema_is_valid_and_lists_the_formats_ingest_takes_oldest_fi
 
 
 def test_results_a_job_writes_are_stored(engine, tmp_path):
-    """What convsweep/job.py writes matches the schema: a CPU reference job, and one that failed
+    """What convsweep/measure/job.py writes matches the schema: a CPU reference job, and one that failed
     (its dataset given as IDX files that are not there; the run keeps the dataset's name)."""
     spec = dict(experiment="t", network="networks/lenet86.yaml", dataset="mnist5k",
                 variants={"conv1": "reference", "conv2": "reference"}, params={"conv1": {}, "conv2": {}},

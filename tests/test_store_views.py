@@ -13,8 +13,8 @@ import pytest
 import yaml
 from sqlalchemy import inspect
 
-from convsweep.axes import NAMES
-from convsweep.paths import MIGRATIONS_DIR, QUERIES_DIR, SCHEMAS_DIR
+from convsweep.base.axes import NAMES
+from convsweep.base.paths import MIGRATIONS_DIR, QUERIES_DIR, SCHEMAS_DIR
 from convsweep.store import ingest_result, migrate, open_store
 from convsweep.store.views import TRUSTED, VERDICTS, latest_run_sql, run_summary_sql
 from store_fixtures import INTEGRITY_FIXTURES, make_result

@@ -1,4 +1,4 @@
-"""The timers, observers and sampling loop of convsweep.timing with stand-ins: a GPU whose events read a
+"""The timers, observers and sampling loop of convsweep.measure.timing with stand-ins: a GPU whose events read a
 scripted clock, NVML monitors that answer from a script, PyTorch's events as fakes, a steady host clock."""
 import contextlib
 import itertools
@@ -6,14 +6,14 @@ import itertools
 import numpy as np
 import pytest
 
-from convsweep.network import load_network, load_weights
-from convsweep.paths import ROOT
-from convsweep.runner import ConvPlan, pipeline_buffers, pipeline_pass
-from convsweep.timing import FLUSH
-from convsweep.stats import StoppingRule
-from convsweep.timing import (CudaEvents, EnergyCounter, EnergyObserver, GraphReplay, HealthObserver, HostClock,
+from convsweep.model.network import load_network, load_weights
+from convsweep.base.paths import ROOT
+from convsweep.measure.runner import ConvPlan, pipeline_buffers, pipeline_pass
+from convsweep.measure.timing import FLUSH
+from convsweep.base.stats import StoppingRule
+from convsweep.measure.timing import (CudaEvents, EnergyCounter, EnergyObserver, GraphReplay, HealthObserver, HostClock,
                               L2FlushObserver, Observer, TorchEvents, sample)
-from convsweep.variants import get_variant
+from convsweep.model.variants import get_variant
 
 from fake_gpu import FakeGpuNetwork, ScriptedGpu, SlowingMonitor, SteadyClock, SteppingEveryEighthRead
 

@@ -13,8 +13,8 @@ import pytest
 from kernel_checks import (assert_refused_in_one_line, conv_relu_pool_reference, fresh_conv_inputs,
                            needs_disassembler, replay_error, sass_of)
 
-from convsweep.compile import compile_ptx, compile_variant
-from convsweep.variants import ConvShape, load_registry
+from convsweep.device.compile import compile_ptx, compile_variant
+from convsweep.model.variants import ConvShape, load_registry
 
 NAME = "tma_conv1"
 CONV1 = ConvShape(1, 1, 4, 86, 86, 7, 1, 2, 2)  # LeNet-86's conv1 with its 2x2 pool
@@ -113,7 +113,7 @@ def test_the_launch_plan_matches_the_kernel_geometry(variant, shape):
     (ConvShape(1, 1, 4, 88, 86, 7, 1, 2, 2), "H_pool % SPLIT_H == 0"),  # H_pool 41, SPLIT_H 2
 ])
 def test_shapes_outside_its_constraints_are_refused_naming_the_constraint(variant, shape, why):
-    from convsweep.errors import ShapeError
+    from convsweep.base.errors import ShapeError
 
     with pytest.raises(ShapeError, match=re.escape(why)):
         variant.check_shape(shape, variant.defaults())

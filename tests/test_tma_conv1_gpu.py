@@ -8,7 +8,7 @@ import pytest
 from kernel_checks import assert_job_classifies_like_the_reference, gpu_fixture, measure_like_the_reference, setting_id
 from test_gpu import check_variant, spec
 
-from convsweep.variants import load_registry
+from convsweep.model.variants import load_registry
 
 pytestmark = pytest.mark.gpu
 

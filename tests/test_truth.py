@@ -1,4 +1,4 @@
-"""The float64 truth (convsweep.truth, kernels/truth.cu) on the CPU: its kernels built for the host
+"""The float64 truth (convsweep.device.truth, kernels/truth.cu) on the CPU: its kernels built for the host
 (tests/host_kernels.py) and run on the fake GPU's memory, held to numpy's float64 reference to 1e-12
 normwise for every layer kind, every network in networks/ (small stand-ins for the large one) and every
 input format; and the device comparison held to the host's, NaN, ties and parts included."""
@@ -9,13 +9,13 @@ import math
 import numpy as np
 import pytest
 
-from convsweep import truth as truth_module
-from convsweep.checks import RowStats, normwise_error
-from convsweep.formats import FORMATS
-from convsweep.inputs import load_batch
-from convsweep.layers import LAYER_KINDS
-from convsweep.network import load_network, random_weights, reference_forward
-from convsweep.truth import Truth, TruthKernels, check_against_host, host_sample
+from convsweep.device import truth as truth_module
+from convsweep.model.checks import RowStats, normwise_error
+from convsweep.inputs.formats import FORMATS
+from convsweep.inputs.batch import load_batch
+from convsweep.model.layers import LAYER_KINDS
+from convsweep.model.network import load_network, random_weights, reference_forward
+from convsweep.device.truth import Truth, TruthKernels, check_against_host, host_sample
 
 from fake_gpu import FakeGpu, FakeStream
 from host_kernels import compiler, host_library
@@ -120,7 +120,7 @@ def test_a_batch_larger_than_a_chunk_runs_in_chunks_with_the_same_answer(kernels
 
 
 def test_kept_layers_are_the_numpy_layers_outputs(kernels):
-    from convsweep.network import reference_layer
+    from convsweep.model.network import reference_layer
 
     batch = load_batch(load_network("networks/lenet86.yaml"), "mnist5k", 3)
     gpu, stream = kernels.gpu, FakeStream()
@@ -165,7 +165,7 @@ def test_the_host_check_of_the_truth_refuses_a_difference():
 
 
 def test_nvrtc_builds_the_truth_for_each_gpu_generation():
-    from convsweep.compile import compile_source, nvrtc_version
+    from convsweep.device.compile import compile_source, nvrtc_version
 
     try:
         nvrtc_version()

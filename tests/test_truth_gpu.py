@@ -7,15 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from convsweep.checks import RowStats, normwise_error
-from convsweep.config import RunSpec
-from convsweep.formats import FORMATS
-from convsweep.inputs import load_batch
-from convsweep.measure import measure
-from convsweep.network import load_network, random_weights, reference_forward
-from convsweep.paths import ROOT
-from convsweep.rounds import FRESH_SHARE, RoundMaker
-from convsweep.truth import Truth, TruthKernels
+from convsweep.model.checks import RowStats, normwise_error
+from convsweep.sweep.config import RunSpec
+from convsweep.inputs.formats import FORMATS
+from convsweep.inputs.batch import load_batch
+from convsweep.measure.settings import measure
+from convsweep.model.network import load_network, random_weights, reference_forward
+from convsweep.base.paths import ROOT
+from convsweep.device.rounds import FRESH_SHARE, RoundMaker
+from convsweep.device.truth import Truth, TruthKernels
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +24,7 @@ TOLERANCE = 1e-12
 
 @pytest.fixture(scope="module")
 def gpu():
-    from convsweep.gpu import Gpu
+    from convsweep.device.gpu import Gpu
 
     with Gpu() as g:
         yield g

@@ -3,14 +3,14 @@ import re
 
 import pytest
 
-from convsweep.checks import TOLERANCE
-from convsweep.errors import ConfigError, ShapeError
-from convsweep.expr import evaluate
-from convsweep.layers import LAYER_KINDS
-from convsweep.paths import REGISTRY_PATH
-from convsweep.schema import load_schema
-from convsweep.variants import DTYPES, ConvShape, Variant, load_registry
-from convsweep.yamlio import read_yaml_file
+from convsweep.model.checks import TOLERANCE
+from convsweep.base.errors import ConfigError, ShapeError
+from convsweep.base.expr import evaluate
+from convsweep.model.layers import LAYER_KINDS
+from convsweep.base.paths import REGISTRY_PATH
+from convsweep.base.schema import load_schema
+from convsweep.model.variants import DTYPES, ConvShape, Variant, load_registry
+from convsweep.base.yamlio import read_yaml_file
 
 
 def test_expressions_are_arithmetic_only():
@@ -108,7 +108,7 @@ def test_bad_registry_entries_are_one_line_naming_file_and_key(tmp_path, text, e
 
 def test_a_checked_registry_is_remembered_until_it_or_its_schema_changes(tmp_path, monkeypatch):
     """A job process re-reading an unchanged registry skips jsonschema; an edit is checked again."""
-    from convsweep import schema
+    from convsweep.base import schema
 
     monkeypatch.setenv("CONVSWEEP_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "variants.yaml"
@@ -227,7 +227,7 @@ def own_registry(directory, text: str, sources=("mine.cu",)):
 
 
 def test_a_registry_named_in_the_environment_joins_the_shipped_one(tmp_path, monkeypatch):
-    from convsweep.variants import VARIANTS_ENV, get_variant
+    from convsweep.model.variants import VARIANTS_ENV, get_variant
 
     path = own_registry(tmp_path / "mykernels", f"mine: {{precision: fp32, source: mine.cu, {LAUNCH}}}\n")
     monkeypatch.setenv(VARIANTS_ENV, str(path))
@@ -238,7 +238,7 @@ def test_a_registry_named_in_the_environment_joins_the_shipped_one(tmp_path, mon
 
 
 def test_the_environment_is_part_of_the_registry_cache_key(tmp_path, monkeypatch):
-    from convsweep.variants import VARIANTS_ENV
+    from convsweep.model.variants import VARIANTS_ENV
 
     first = own_registry(tmp_path / "a", f"first: {{precision: fp32, source: mine.cu, {LAUNCH}}}\n")
     second = own_registry(tmp_path / "b", f"second: {{precision: fp32, source: mine.cu, {LAUNCH}}}\n")
@@ -254,7 +254,7 @@ def test_the_environment_is_part_of_the_registry_cache_key(tmp_path, monkeypatch
 
 
 def test_a_relative_path_in_the_environment_is_taken_from_the_current_directory(tmp_path, monkeypatch):
-    from convsweep.variants import VARIANTS_ENV
+    from convsweep.model.variants import VARIANTS_ENV
 
     own_registry(tmp_path / "mykernels", f"mine: {{precision: fp32, source: mine.cu, {LAUNCH}}}\n")
     monkeypatch.chdir(tmp_path)
@@ -269,7 +269,7 @@ def test_a_relative_path_in_the_environment_is_taken_from_the_current_directory(
     (f"a: {{precision: fp32, source: other.cu, {LAUNCH}}}", "a.source: expected an existing .cu file in mykernels/"),
 ])
 def test_a_bad_registry_of_ones_own_is_one_line_naming_its_file_and_key(tmp_path, monkeypatch, text, expected):
-    from convsweep.variants import VARIANTS_ENV
+    from convsweep.model.variants import VARIANTS_ENV
 
     path = own_registry(tmp_path / "mykernels", text)
     monkeypatch.setenv(VARIANTS_ENV, str(path))
@@ -281,7 +281,7 @@ def test_a_bad_registry_of_ones_own_is_one_line_naming_its_file_and_key(tmp_path
 
 
 def test_a_name_two_registries_of_ones_own_define_is_refused(tmp_path, monkeypatch):
-    from convsweep.variants import VARIANTS_ENV
+    from convsweep.model.variants import VARIANTS_ENV
 
     entry = f"mine: {{precision: fp32, source: mine.cu, {LAUNCH}}}\n"
     first, second = own_registry(tmp_path / "a", entry), own_registry(tmp_path / "b", entry)
@@ -292,7 +292,7 @@ def test_a_name_two_registries_of_ones_own_define_is_refused(tmp_path, monkeypat
 
 
 def test_a_missing_registry_in_the_environment_names_the_variable_and_the_file(tmp_path, monkeypatch):
-    from convsweep.variants import VARIANTS_ENV
+    from convsweep.model.variants import VARIANTS_ENV
 
     missing = tmp_path / "nowhere" / "variants.yaml"
     monkeypatch.setenv(VARIANTS_ENV, str(missing))
@@ -324,7 +324,7 @@ b:
     ("    - {kernel: k,", "    - {kernl: k,", "9: b.launches[0].kernl: unknown key; did you mean 'kernel'?"),
 ])
 def test_a_registry_error_names_its_line(tmp_path, monkeypatch, old, new, expected):
-    from convsweep.variants import VARIANTS_ENV
+    from convsweep.model.variants import VARIANTS_ENV
 
     assert old in BLOCK_STYLE
     path = own_registry(tmp_path / "mykernels", BLOCK_STYLE.replace(old, new, 1))
@@ -338,7 +338,7 @@ def test_a_registry_error_names_its_line(tmp_path, monkeypatch, old, new, expect
 
 
 def test_an_unknown_variant_is_the_nearest_names_or_where_they_are_listed(tmp_path, monkeypatch):
-    from convsweep.variants import VARIANTS_ENV, get_variant, unknown_variant
+    from convsweep.model.variants import VARIANTS_ENV, get_variant, unknown_variant
 
     registry = load_registry()
     with pytest.raises(ConfigError, match=r"^variants\.yaml: unknown variant 'naiv'; did you mean 'naive'\?$"):

@@ -11,10 +11,10 @@ import pytest
 from kernel_checks import (assert_refused_in_one_line, conv_relu_pool_reference, fresh_conv_inputs,
                            needs_disassembler, replay_error, sass_of)
 
-from convsweep.compile import compile_ptx, compile_variant
-from convsweep.errors import ConfigError
-from convsweep.fileio import canonical_hash
-from convsweep.variants import ConvShape, load_registry
+from convsweep.device.compile import compile_ptx, compile_variant
+from convsweep.base.errors import ConfigError
+from convsweep.base.fileio import canonical_hash
+from convsweep.model.variants import ConvShape, load_registry
 
 NAME = "wgmma_conv2"
 CONV2 = ConvShape(1, 4, 16, 40, 40, 7, 1, 4, 4)  # LeNet-86's conv2 with its 4x4 pool
@@ -27,7 +27,7 @@ def variant():
 
 def test_it_builds_for_sm_90a_the_target_auto_gives_an_h100(variant):
     """auto on an H100 resolves to sm_90a (provenance.own_arch), as it does where there is no GPU to ask."""
-    from convsweep.provenance import NO_GPU_ARCH, own_arch
+    from convsweep.device.provenance import NO_GPU_ARCH, own_arch
 
     assert variant.arch == ("sm_90a",) and variant.min_cc == 9.0
     assert own_arch(9, 0) == NO_GPU_ARCH == "sm_90a" and own_arch(8, 0) == "sm_80"

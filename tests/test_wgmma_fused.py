@@ -18,13 +18,13 @@ import pytest
 
 from kernel_checks import assert_refused_in_one_line, needs_disassembler, sass_of
 
-from convsweep.checks import normwise_error
-from convsweep.compile import compile_ptx, compile_variant, nvrtc_version
-from convsweep.errors import ShapeError
-from convsweep.network import load_network, load_weights
-from convsweep.paths import ROOT
-from convsweep.reference import conv2d_reference, maxpool2d_reference
-from convsweep.variants import load_registry
+from convsweep.model.checks import normwise_error
+from convsweep.device.compile import compile_ptx, compile_variant, nvrtc_version
+from convsweep.base.errors import ShapeError
+from convsweep.model.network import load_network, load_weights
+from convsweep.base.paths import ROOT
+from convsweep.model.reference import conv2d_reference, maxpool2d_reference
+from convsweep.model.variants import load_registry
 
 NAME = "wgmma_fused_network"
 LENET = load_network(ROOT / "networks/lenet86.yaml")

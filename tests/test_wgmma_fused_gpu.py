@@ -12,10 +12,10 @@ from kernel_checks import gpu_fixture, measure_like_the_reference, setting_id
 from test_gpu import reference_accuracy, spec
 from test_wgmma_fused import network_of_size, random_weights
 
-from convsweep.checks import normwise_error
-from convsweep.network import load_network, load_weights, reference_forward_parallel
-from convsweep.paths import ROOT
-from convsweep.variants import load_registry
+from convsweep.model.checks import normwise_error
+from convsweep.model.network import load_network, load_weights, reference_forward_parallel
+from convsweep.base.paths import ROOT
+from convsweep.model.variants import load_registry
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +28,7 @@ gpu = gpu_fixture(VARIANT)
 
 def forward(gpu, network, weights, params, images) -> np.ndarray:
     """The network on `images` with this variant at conv1 (it swallows the rest), logits poisoned before."""
-    from convsweep.runner import ConvPlan, GpuNetwork
+    from convsweep.measure.runner import ConvPlan, GpuNetwork
 
     plan = ConvPlan({"conv1": VARIANT}, {"conv1": VARIANT.resolve_params(params, NAME)})
     with gpu.scope():
@@ -78,7 +78,7 @@ def test_random_weights_too(gpu, batch):
 def test_binding_new_weights_prepares_them_again(gpu):
     """The prepared buffer (registry prepare: fc1's fragments, the B tiles) follows the weights: one op bound
     to LeNet-86's trained weights, run, then bound to random ones, computes the random ones' logits."""
-    from convsweep.runner import ConvPlan, GpuNetwork
+    from convsweep.measure.runner import ConvPlan, GpuNetwork
 
     rng = np.random.default_rng()
     images = rng.uniform(0.0, 1.0, (300, *LENET.input_shape)).astype(np.float32)
@@ -121,7 +121,7 @@ def test_it_runs_any_batch_and_any_chunking_as_a_job(batch, streams, chunk):
 
 
 def test_the_accuracy_at_batch_10000_is_the_references_0_9932():
-    from convsweep.measure import measure
+    from convsweep.measure.settings import measure
 
     result = measure(spec("events", batch=10000, repeats=3, variants=BOTH, params={"conv1": {}}), keep_logits=True)
     assert result.status == "ok", result.error

@@ -7,7 +7,7 @@ import pytest
 from kernel_checks import assert_job_classifies_like_the_reference, gpu_fixture, setting_id
 from test_gpu import check_variant
 
-from convsweep.variants import load_registry
+from convsweep.model.variants import load_registry
 
 pytestmark = pytest.mark.gpu
 
@@ -29,7 +29,7 @@ gpu = gpu_fixture(VARIANT)
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 @pytest.mark.parametrize("params", CASES, ids=setting_id)
 def test_wgmma_conv2_matches_float64(gpu, params, shape):
-    from convsweep.variants import ConvShape
+    from convsweep.model.variants import ConvShape
 
     B, C, M, H, W, K, S, pool = shape
     VARIANT.check_shape(ConvShape(B, C, M, H, W, K, S, *pool), params)  # each shape here is one it takes

@@ -21,10 +21,10 @@ import yaml
 from sqlalchemy import create_engine, text
 
 from checkout_copy import copy_checkout
-from convsweep.errors import ConvsweepError
-from convsweep.outcome import REASON_CHARS
-from convsweep.paths import ROOT
-from convsweep.plan import GPU_JOBS_ENV, SweepPlan, release_scheduler_timer
+from convsweep.base.errors import ConvsweepError
+from convsweep.analysis.outcome import REASON_CHARS
+from convsweep.base.paths import ROOT
+from convsweep.app.plan import GPU_JOBS_ENV, SweepPlan, release_scheduler_timer
 
 SNAKEMAKE = shutil.which("snakemake")
 pytestmark = pytest.mark.skipif(SNAKEMAKE is None, reason="snakemake is not installed")
@@ -167,9 +167,9 @@ def test_cpu_sweep(tmp_path, db_url):
         env = {**os.environ, "CONVSWEEP_DB": db_url}
         check_sweep(tmp_path, "sqlite:///unused.sqlite", env=env)
         assert not (tmp_path / "unused.sqlite").exists()
-        return  # `convsweep query` refuses the test server's superuser role (convsweep.query says why)
+        return  # `convsweep query` refuses the test server's superuser role (convsweep.analysis.query says why)
     check_sweep(tmp_path, db_url, dict(os.environ))
-    query = subprocess.run([sys.executable, "-m", "convsweep.cli", "query", "summary", "--db", db_url],
+    query = subprocess.run([sys.executable, "-m", "convsweep.app.cli", "query", "summary", "--db", db_url],
                            capture_output=True, text=True)
     assert query.returncode == 0 and "reference" in query.stdout, query.stderr
 
@@ -475,13 +475,13 @@ def test_a_sweep_killed_halfway_resumes_with_every_job_stored_once(tmp_path):
 def test_planning_a_sweep_does_not_import_the_gpu_runtime():
     """The Snakefile's parse plans every job (settings, sources) from the network's structure alone."""
     code = ("import sys\n"
-            "from convsweep.plan import SweepPlan\n"
-            "from convsweep.paths import ROOT\n"
-            "from convsweep.yamlio import load_yaml\n"
+            "from convsweep.app.plan import SweepPlan\n"
+            "from convsweep.base.paths import ROOT\n"
+            "from convsweep.base.yamlio import load_yaml\n"
             "plan = SweepPlan(load_yaml((ROOT / 'experiments.yaml').read_text()), ROOT / 'experiments.yaml')\n"
             "for job in plan.jobs:\n"
             "    job.runs(), plan.registry_entries(job.experiment, job.job_id), plan.job_sources(job.experiment, job.job_id)\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('cuda', 'convsweep.gpu', 'convsweep.runner'))))\n")
+            "print(sorted(m for m in sys.modules if m.startswith(('cuda', 'convsweep.device.gpu', 'convsweep.measure.runner'))))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
@@ -689,7 +689,7 @@ def test_nan_in_the_sweep_file_stops_the_sweep_with_one_line_before_any_job(tmp_
 
 
 def test_a_store_is_known_by_its_stamp_and_reading_it_creates_nothing(tmp_path):
-    from convsweep.plan import stamp_store, store_identity
+    from convsweep.app.plan import stamp_store, store_identity
     from convsweep.store import open_store
 
     url = f"sqlite:///{tmp_path / 'db' / 'results.sqlite'}"
@@ -710,7 +710,7 @@ def test_a_store_is_known_by_its_stamp_and_reading_it_creates_nothing(tmp_path):
 def test_a_postgresql_database_made_again_is_another_store(empty_pg_url):
     from sqlalchemy.engine import make_url
 
-    from convsweep.plan import store_identity
+    from convsweep.app.plan import store_identity
 
     first = store_identity(empty_pg_url)
     assert first is not None and first.startswith("postgresql oid ") and store_identity(empty_pg_url) == first
@@ -771,7 +771,7 @@ def test_a_machine_without_a_gpu_says_so_first_runs_no_gpu_job_and_exits_1(tmp_p
     assert "retries" not in first.stderr  # `snakemake` again would run nothing more here
     assert mixed[-1] == ("convsweep: 6 jobs were not run: `snakemake` on a machine with an NVIDIA GPU runs them; "
                          "`snakemake --configfile sweeps/cpu.yaml` runs the CPU sweep alone")
-    from convsweep.outcome import NotRun
+    from convsweep.analysis.outcome import NotRun
 
     not_run = NotRun.read(results / "mixed" / "not-run.json")
     assert not_run.reason.startswith("no NVIDIA GPU or driver on this machine (")
@@ -828,7 +828,7 @@ class FakeWorkflow:
 
 
 def machine(gpu: bool, nsys=None, ncu=None):
-    from convsweep.provenance import Machine
+    from convsweep.device.provenance import Machine
 
     if gpu:
         return Machine(1, None, ("NVIDIA H100 80GB HBM3",), "550.54.15", nsys, ncu)
@@ -868,7 +868,7 @@ def test_without_a_gpu_the_plan_leaves_the_gpu_jobs_out_but_where_a_cluster_runs
     assert plan.targets()[-1] == "results/not-run.flag"
     assert "leaves out the 2 that need a GPU" in capsys.readouterr().err
     plan.write_not_run()
-    from convsweep.outcome import NotRun
+    from convsweep.analysis.outcome import NotRun
 
     assert [kind for kind, _ in NotRun.read(tmp_path / "results" / "e" / "not-run.json").jobs] == ["run", "profile"]
 

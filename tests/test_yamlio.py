@@ -3,9 +3,9 @@ import tracemalloc
 
 import pytest
 
-from convsweep import yamlio
-from convsweep.errors import ConfigError
-from convsweep.yamlio import MAX_FILE_BYTES, MAX_NODES, load_yaml, read_yaml_file
+from convsweep.base import yamlio
+from convsweep.base.errors import ConfigError
+from convsweep.base.yamlio import MAX_FILE_BYTES, MAX_NODES, load_yaml, read_yaml_file
 
 
 def billion_laughs(kind: str = "list", levels: int = 9) -> str:

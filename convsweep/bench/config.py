@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, ConvsweepError
-from ..formats import FORMATS
-from ..network import load_network
-from ..paths import ROOT, resolve_network_path
-from ..schema import load_schema, validate
-from ..variants import load_registry
-from ..yamlio import read_yaml_file
+from convsweep.base.errors import ConfigError, ConvsweepError
+from convsweep.inputs.formats import FORMATS
+from convsweep.model.network import load_network
+from convsweep.base.paths import ROOT, resolve_network_path
+from convsweep.base.schema import load_schema, validate
+from convsweep.model.variants import load_registry
+from convsweep.base.yamlio import read_yaml_file
 
 DEFAULT_CONFIG = "bench/default.yaml"
 
@@ -33,7 +33,7 @@ class Candidate:
 class BenchConfig:
     path: Path
     network_path: Path
-    network: Any  # convsweep.network.Network
+    network: Any  # convsweep.model.network.Network
     dataset: str
     batch: int
     repeats: int

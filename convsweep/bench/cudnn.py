@@ -14,13 +14,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..checks import normwise_error
-from ..errors import failure_message
-from ..network import Network
-from ..numbers import finite, median
-from ..timing import TorchEvents, sample
+from convsweep.model.checks import normwise_error
+from convsweep.base.errors import failure_message
+from convsweep.model.network import Network
+from convsweep.base.numbers import finite, median
+from convsweep.measure.timing import TorchEvents, sample
 from .config import BenchConfig
-from ..inputs import Batch
+from convsweep.inputs.batch import Batch
 from .measure import Timing
 from .report import CUDNN_MODES
 

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..config import JobSpec, RunSpec, variant_label
-from ..nsys import find_nsys
-from ..paths import ROOT, relative_to_root
-from ..record import ResultFile
+from convsweep.sweep.config import JobSpec, RunSpec, variant_label
+from convsweep.device.nsys import find_nsys
+from convsweep.base.paths import ROOT, relative_to_root
+from convsweep.measure.record import ResultFile
 from .config import BenchConfig
 
 
@@ -45,7 +45,7 @@ def run_harness(config: BenchConfig, best: dict[str, dict] | None, batch: int, p
                 path = Path(tmp) / f"{profiler}-{i}.json"
                 log(f"harness: {profiler} job, run {i + 1}/{runs}")
                 t = time.perf_counter()
-                proc = subprocess.run([sys.executable, "-m", "convsweep.cli", "run-job", "--spec", text, "--out", str(path)],
+                proc = subprocess.run([sys.executable, "-m", "convsweep.app.cli", "run-job", "--spec", text, "--out", str(path)],
                                       capture_output=True, text=True, cwd=ROOT)
                 wall = time.perf_counter() - t
                 job = ResultFile.from_json(json.loads(path.read_text())) if path.is_file() else None

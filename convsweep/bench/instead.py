@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..checks import normwise_error
-from ..errors import failure_message
-from ..inputs import Batch
-from ..numbers import finite
+from convsweep.model.checks import normwise_error
+from convsweep.base.errors import failure_message
+from convsweep.inputs.batch import Batch
+from convsweep.base.numbers import finite
 from .config import BenchConfig
 from .cudnn import network_forward, network_on_device, torch_mode, torch_samples
 from .measure import Timing

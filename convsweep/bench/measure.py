@@ -2,7 +2,7 @@
 candidate on fixed random inputs (checked against float64 before and after timing), the whole
 forward with the best candidates, and the end-to-end pipeline jobs run. The inputs are fixed, and
 every table of the bench says so: a kernel's ranking is a sweep's, whose passes are each on a round
-no kernel has seen (convsweep.integrity).
+no kernel has seen (convsweep.measure.integrity).
 
 Every function takes the GPU (and, where it builds ops, the `Backend`) as an argument and
 returns a record; a failure is a record with its message, never an exception.
@@ -16,18 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from ..checks import check_indices, check_logits, check_output, loosest_precision
-from ..errors import failure_message
-from ..floors import fastest_unit
-from ..gpu import DeviceArray
-from ..inputs import Batch
-from ..network import Layer
-from ..reference import conv2d_reference, maxpool2d_reference
-from ..runner import Backend, ConvPlan, pass_chunks, pipeline_buffers, pipeline_pass
-from ..config import variant_label
-from ..stats import StoppingRule
-from ..timing import CudaEvents, pipeline_timer, sample
-from ..variants import ConvShape, get_variant
+from convsweep.model.checks import check_indices, check_logits, check_output, loosest_precision
+from convsweep.base.errors import failure_message
+from convsweep.device.floors import fastest_unit
+from convsweep.device.gpu import DeviceArray
+from convsweep.inputs.batch import Batch
+from convsweep.model.network import Layer
+from convsweep.model.reference import conv2d_reference, maxpool2d_reference
+from convsweep.measure.runner import Backend, ConvPlan, pass_chunks, pipeline_buffers, pipeline_pass
+from convsweep.sweep.config import variant_label
+from convsweep.base.stats import StoppingRule
+from convsweep.measure.timing import CudaEvents, pipeline_timer, sample
+from convsweep.model.variants import ConvShape, get_variant
 from .config import BenchConfig, Candidate
 from .report import network_traffic, pick_best
 

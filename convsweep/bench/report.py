@@ -10,10 +10,10 @@ from typing import cast
 import numpy as np
 from tabulate import tabulate
 
-from ..floors import UNITS, Ceiling, Work, forward_floor_ms, work_floor_ms
-from ..network import Network, weight_shapes
-from ..numbers import finite, median
-from ..stats import MIN_SAMPLES, bootstrap_ratio, relative_spread
+from convsweep.device.floors import UNITS, Ceiling, Work, forward_floor_ms, work_floor_ms
+from convsweep.model.network import Network, weight_shapes
+from convsweep.base.numbers import finite, median
+from convsweep.base.stats import MIN_SAMPLES, bootstrap_ratio, relative_spread
 
 BENCH_FORMAT = "bench-2"  # the version of the bench JSON (`convsweep bench --json`); 2: ceilings a store takes
 CUDNN_MODES = ("fp32", "tf32", "fp16")  # cuDNN columns; a variant is compared with the mode of its precision class
@@ -21,7 +21,7 @@ INSTEAD_MODES = ("fp32", "fp16")  # PyTorch's whole forward, the ways a user wou
 
 
 def ceiling_of(result_ceilings: dict, device: str | None) -> Ceiling | None:
-    """The measured rates a bench result's `ceilings` hold, as convsweep.floors takes them (None
+    """The measured rates a bench result's `ceilings` hold, as convsweep.device.floors takes them (None
     without the device copy rate)."""
     c = result_ceilings
     if not c.get("dtod_GBps"):
@@ -307,7 +307,7 @@ def format_report(result: dict) -> str:
     if not result["rows"]:  # --ceilings-only: the rates are the whole answer
         return "\n".join(head)
     table = tabulate(table_rows(result), headers=TABLE_HEADERS, tablefmt="github", disable_numparse=True)
-    notes = ["floor (convsweep/floors.py): the row's least bytes (inputs, weights, output once each) at the device "
+    notes = ["floor (convsweep/device/floors.py): the row's least bytes (inputs, weights, output once each) at the device "
              "copy rate, or its FLOPs at the measured matmul rate of its unit, whichever is longer; forward: every "
              "launched layer's traffic (the whole network fused into one kernel: "
              + (_ms(next((r.get("network_floor_ms") for r in result["rows"] if r["kind"] == "forward"), None)) or "?")

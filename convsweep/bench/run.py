@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, cast
 
-from ..errors import failure_message
-from ..formats import FP32
-from ..inputs import load_batch
-from ..numbers import median
-from ..progress import progress
-from ..provenance import environment
-from ..runner import Backend
+from convsweep.base.errors import failure_message
+from convsweep.inputs.formats import FP32
+from convsweep.inputs.batch import load_batch
+from convsweep.base.numbers import median
+from convsweep.base.progress import progress
+from convsweep.device.provenance import environment
+from convsweep.measure.runner import Backend
 from .config import BenchConfig
 from .cudnn import measure_cudnn, measure_matmul, torch_cuda
 from .harness import run_harness

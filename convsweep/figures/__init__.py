@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from ..errors import ConvsweepError
-from ..fileio import checked_directory
-from ..paths import RESULTS_DIR, results_directory, safe_name
-from ..reading import Ceilings, MissingData, load_ceilings
+from convsweep.base.errors import ConvsweepError
+from convsweep.base.fileio import checked_directory
+from convsweep.base.paths import RESULTS_DIR, results_directory, safe_name
+from convsweep.analysis.reading import Ceilings, MissingData, load_ceilings
 from . import formats, history, op_time, pareto, phases, roofline, speedup, streams, tuning
 from .drawing import matplotlib_classes, save
 from .rows import experiments, layer_rows
@@ -135,7 +135,7 @@ def _draw_all(tasks: list[tuple]) -> list[tuple[Path | None, str | None]]:
     import os
     import sys
 
-    from .. import query  # noqa: F401  loaded once, before the fork, not once per figure
+    from convsweep.analysis import query  # noqa: F401  loaded once, before the fork, not once per figure
 
     groups: dict[tuple, list[int]] = {}
     for index, (kind, experiment, *_) in enumerate(tasks):

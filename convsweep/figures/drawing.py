@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from ..axes import set_apart
-from ..errors import ConvsweepError
-from ..fileio import write_atomic
+from convsweep.base.axes import set_apart
+from convsweep.base.errors import ConvsweepError
+from convsweep.base.fileio import write_atomic
 
 if TYPE_CHECKING:
     class MarkerColors(TypedDict):

@@ -1,11 +1,11 @@
 """The formats figure: each input format's end-to-end time against the batch, beside its floor at the GPU's
-measured rates (convsweep.floors)."""
+measured rates (convsweep.device.floors)."""
 from __future__ import annotations
 
 from typing import Any
 
-from ..axes import BY_NAME, columns as axis_columns
-from ..reading import PROVENANCE_COLUMNS, Ceilings, MissingData, fastest, provenance
+from convsweep.base.axes import BY_NAME, columns as axis_columns
+from convsweep.analysis.reading import PROVENANCE_COLUMNS, Ceilings, MissingData, fastest, provenance
 from .drawing import (BATCH_MARKERS, MAX_TICK_LABELS, PANEL_HEIGHT_IN, batch_axis, figure_width, finish,
                       many_batches_note, new_figure, panel_legend, plain_log, runs_note)
 from .rows import fetch

@@ -1,10 +1,10 @@
 """The history figure: each job's Op Time across its measurements in commit order, with the steps
-convsweep.history found (`convsweep query regressions` lists them)."""
+convsweep.analysis.history found (`convsweep query regressions` lists them)."""
 from __future__ import annotations
 
 from typing import Any
 
-from ..reading import Ceilings, MissingData, provenance
+from convsweep.analysis.reading import Ceilings, MissingData, provenance
 from .drawing import MAX_TICK_LABELS, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure
 
 MAX_PANELS = 12  # jobs drawn, one small panel each: those with steps first, then the most measured
@@ -16,7 +16,7 @@ SHORT_HASH = 7
 def history_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
     """One row per ok or suspect measurement of every job of `experiment`, in the order measured: its median Op
     Time and interval, its job, and the step that starts at it (None where none does)."""
-    from ..history import histories
+    from convsweep.analysis.history import histories
 
     rows = []
     for job, history in enumerate(histories(url, experiment)):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..reading import Ceilings, fastest, provenance
+from convsweep.analysis.reading import Ceilings, fastest, provenance
 from .drawing import (MAX_TICK_LABELS, PANEL_HEIGHT_IN, batch_axis, figure_width, finish, many_batches_note,
                       new_figure, panel_legend, plain_log, runs_note, series_styles)
 from .rows import conv_layers, timed_layers

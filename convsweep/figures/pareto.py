@@ -1,10 +1,10 @@
 """The pareto figure: per conv layer and batch, every setting's op time against its energy per pass, and the
-front of those no other setting beats on both (convsweep.pareto; `convsweep query pareto` lists it)."""
+front of those no other setting beats on both (convsweep.analysis.pareto; `convsweep query pareto` lists it)."""
 from __future__ import annotations
 
 from typing import Any
 
-from ..reading import Ceilings, MissingData, provenance
+from convsweep.analysis.reading import Ceilings, MissingData, provenance
 from .drawing import (LEGEND_WIDTH_IN, MAX_COLUMNS, MAX_ROWS, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure,
                       picked_note, plain_log, side_legend, spread, variant_colors)
 
@@ -15,7 +15,7 @@ LOG_SPAN = 10  # an axis whose values span this factor or more is logarithmic
 def pareto_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
     """One row per timed ok setting of every conv layer and cell of `experiment` (the latest measurement of each):
     its op time and interval, its energy per pass (None: not measured) and whether it is on its front."""
-    from ..pareto import fronts
+    from convsweep.analysis.pareto import fronts
 
     return [{"run_id": p.run_id, "layer_index": front.layer_index, "layer": front.layer, "batch": front.batch,
              "cell": front.cell_text, "variant": p.variant, "setting": p.setting, "op_time_ms": p.op_time_ms,
@@ -28,7 +28,7 @@ def pareto_rows(url: str | None, experiment: str) -> list[dict[str, Any]]:
 def draw(rows: list[dict[str, Any]], experiment: str, ceilings: Ceilings | None = None):
     """Each setting's op time against its energy per pass, per conv layer and batch, with the front of the settings
     no other beats on both drawn as a step line. Op time with its 95% interval; colour per variant."""
-    from ..pareto import left_out_line
+    from convsweep.analysis.pareto import left_out_line
 
     measured = [r for r in rows if r["energy_per_pass_j"] is not None]
     if not measured:

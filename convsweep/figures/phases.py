@@ -4,9 +4,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..axes import cell_text, order_by
-from ..axes import columns as axis_columns
-from ..reading import PROVENANCE_COLUMNS, Ceilings, MissingData, provenance
+from convsweep.base.axes import cell_text, order_by
+from convsweep.base.axes import columns as axis_columns
+from convsweep.analysis.reading import PROVENANCE_COLUMNS, Ceilings, MissingData, provenance
 from .drawing import (LEGEND_WIDTH_IN, MAX_BARS, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure, runs_note,
                       side_legend)
 from .rows import fetch

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..reading import Ceilings, MissingData, fastest, provenance
+from convsweep.analysis.reading import Ceilings, MissingData, fastest, provenance
 from .drawing import (BATCH_MARKERS, PANEL_HEIGHT_IN, VARIANT_LINESTYLES, SeriesStyle, figure_width, finish,
                       new_figure, plain_log, runs_note, series_styles, side_legend)
 from .rows import conv_layers, timed_layers

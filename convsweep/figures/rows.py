@@ -2,7 +2,7 @@
 figures draw, each named by its series (variant, whole network, and the axes that set series apart:
 a cold L2).
 
-The database is read through convsweep.query (read-only, SQLite or PostgreSQL alike), imported only
+The database is read through convsweep.analysis.query (read-only, SQLite or PostgreSQL alike), imported only
 when a figure reads: SQLAlchemy is slow to load.
 """
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..axes import columns as axis_columns, series_suffix
-from ..fileio import json_column
-from ..reading import PROVENANCE_COLUMNS, MissingData, whole_network
+from convsweep.base.axes import columns as axis_columns, series_suffix
+from convsweep.base.fileio import json_column
+from convsweep.analysis.reading import PROVENANCE_COLUMNS, MissingData, whole_network
 
 # Each setting's conv layers' DRAM traffic in its latest Nsight Compute profile (table kernel_profile).
 NCU_DRAM_BYTES_SQL = """
@@ -23,7 +23,7 @@ NCU_DRAM_BYTES_SQL = """
 
 def fetch(url: str | None, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of a read-only query as dicts."""
-    from ..query import fetch_dicts
+    from convsweep.analysis.query import fetch_dicts
 
     return fetch_dicts(url, sql, params)[1]
 

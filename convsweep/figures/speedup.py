@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..axes import series_values
-from ..reading import BASELINE_VARIANT, Ceilings, MissingData, fastest, provenance
+from convsweep.base.axes import series_values
+from convsweep.analysis.reading import BASELINE_VARIANT, Ceilings, MissingData, fastest, provenance
 from .drawing import (MAX_BAR_GROUPS, MAX_BARS, PANEL_HEIGHT_IN, SeriesStyle, figure_width, finish, listed,
                       new_figure, panel_legend, picked_note, plain_log, runs_note, series_styles, spread)
 from .rows import conv_layers, timed_layers

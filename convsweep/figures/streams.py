@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..axes import columns as axis_columns
-from ..reading import PROVENANCE_COLUMNS, Ceilings, MissingData, fastest, provenance
+from convsweep.base.axes import columns as axis_columns
+from convsweep.analysis.reading import PROVENANCE_COLUMNS, Ceilings, MissingData, fastest, provenance
 from .drawing import (BATCH_MARKERS, MAX_COLUMNS, PANEL_HEIGHT_IN, VARIANT_LINESTYLES, figure_width, finish,
                       new_figure, panel_legend, picked_note, plain_log, runs_note, spread)
 from .rows import fetch

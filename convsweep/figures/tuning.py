@@ -5,10 +5,10 @@ import textwrap
 from collections.abc import Iterable
 from typing import Any
 
-from ..reading import Ceilings, MissingData, provenance
+from convsweep.analysis.reading import Ceilings, MissingData, provenance
 from .drawing import (LEGEND_WIDTH_IN, MAX_COLUMNS, MAX_ROWS, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, finish, new_figure,
                       picked_note, plain_log, runs_note, side_legend, spread, variant_colors)
-from ..axes import series_suffix
+from convsweep.base.axes import series_suffix
 
 LABELLED_SETTINGS_MAX = 24  # a tuning panel names each setting up to this many, else ranks only
 

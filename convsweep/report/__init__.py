@@ -6,7 +6,7 @@ then the figures. Written as Markdown (report.md, figures
 linked), as one self-contained HTML page (figures embedded: what the Snakemake report shows) and as
 CSV tables.
 
-The database is read through convsweep.query (read-only, SQLite or PostgreSQL alike), imported only
+The database is read through convsweep.analysis.query (read-only, SQLite or PostgreSQL alike), imported only
 when a report is made: SQLAlchemy is slow to load.
 
 The parts, each doing one thing: `runs` (an experiment's runs loaded, and what follows from them alone), `cells` (how a value is

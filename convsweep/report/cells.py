@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import tunables_text
+from convsweep.sweep.config import tunables_text
 
 
 NO_VALUE = "—"

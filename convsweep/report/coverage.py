@@ -5,7 +5,7 @@ why: this machine left them out, their last attempt stopped (its log's last `con
 of a job whose last attempt left no result (its kernel since edited, say) are from an earlier attempt: the
 report leaves them out and says so here.
 
-Read from the experiment's results folder, as the rules name its files (convsweep.plan): the sweep's record
+Read from the experiment's results folder, as the rules name its files (convsweep.app.plan): the sweep's record
 of the run jobs it plans (Planned, `planned.json`), its record of the jobs this
 machine left out (outcome.NotRun, `not-run.json`), and each job's spec, result and log. Without a plan record
 the jobs left out are all it knows of; without either record there is nothing to say.
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from .. import axes
-from ..config import variant_label
-from ..document import Bullets, Heading, Paragraph, Table
-from ..fileio import canonical_hash
-from ..outcome import NotRun, Planned, last_reason
+from convsweep.base import axes
+from convsweep.sweep.config import variant_label
+from convsweep.base.document import Bullets, Heading, Paragraph, Table
+from convsweep.base.fileio import canonical_hash
+from convsweep.analysis.outcome import NotRun, Planned, last_reason
 
 PLANNED_FILE, NOT_RUN_FILE = "planned.json", "not-run.json"  # in results/<experiment>/, beside runs/, logs/, specs/
 TITLE = "Asked for and not measured"
@@ -219,7 +219,7 @@ def _count(n: int, noun: str, plural: str | None = None) -> str:
 
 
 def left_out_key(plan, experiment: str) -> str:
-    """What the plan (convsweep.plan.SweepPlan) leaves out of the experiment on this machine and why, as a short
+    """What the plan (convsweep.app.plan.SweepPlan) leaves out of the experiment on this machine and why, as a short
     key: make_report's parameter, so that a change to it makes the report again, as a new result does (the jobs
     left out have no result to be newer)."""
     if not plan.left_out:

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..document import Heading, Paragraph, to_html, to_markdown
-from ..fileio import checked_directory, write_atomic
-from ..figures import figure_files
+from convsweep.base.document import Heading, Paragraph, to_html, to_markdown
+from convsweep.base.fileio import checked_directory, write_atomic
+from convsweep.figures import figure_files
 from .coverage import read_coverage, section as coverage_section
 from .runs import Experiment, NoRuns, _rows, load
 from .sections import build
@@ -50,7 +50,7 @@ def write(url: str | None, experiment: str, markdown: Path | None = None, page: 
 
 def _write_blocks(data: Experiment, blocks: list, markdown: Path | None, page: Path | None, tables: Path | None,
                   summary: Path | None) -> Written:
-    from ..query import render
+    from convsweep.analysis.query import render
 
     done = Written()
     experiment = data.name

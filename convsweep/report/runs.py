@@ -1,4 +1,4 @@
-"""An experiment's runs read from the store (read-only, through convsweep.query), and what follows from them
+"""An experiment's runs read from the store (read-only, through convsweep.analysis.query), and what follows from them
 alone: each run's cell, the fastest ok run of each variant and cell, the variants' order and the speedups."""
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import axes
-from ..errors import ConvsweepError
-from ..fileio import json_column
+from convsweep.base import axes
+from convsweep.base.errors import ConvsweepError
+from convsweep.base.fileio import json_column
 from .coverage import Coverage
-from ..reading import (BASELINE_VARIANT, PROVENANCE_COLUMNS, fastest as fastest_rows)
+from convsweep.analysis.reading import (BASELINE_VARIANT, PROVENANCE_COLUMNS, fastest as fastest_rows)
 
 
 # What tells two runs of one variant apart besides its tunables, the sweep's axes: (column, heading). A
@@ -35,7 +35,7 @@ ORDER BY r.variant, {axes.order_by("r")}, r.id"""
 @dataclass
 class Experiment:
     """What the report of one experiment is made from: its runs (the latest measurement of each
-    setting), its rows of the `why` query and its fronts of op time against energy (convsweep.pareto)."""
+    setting), its rows of the `why` query and its fronts of op time against energy (convsweep.analysis.pareto)."""
 
     name: str
     runs: list[dict[str, Any]]
@@ -47,7 +47,7 @@ class Experiment:
 
 
 def _rows(url: str | None, sql: str, params: dict[str, Any] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
-    from ..query import fetch_dicts
+    from convsweep.analysis.query import fetch_dicts
 
     return fetch_dicts(url, sql, params)
 
@@ -58,7 +58,7 @@ class NoRuns(ConvsweepError):
 
 def load(url: str | None, experiment: str) -> Experiment:
     """The experiment's runs, Nsight Compute rows and fronts; NoRuns when it has no run stored."""
-    from ..pareto import fronts
+    from convsweep.analysis.pareto import fronts
 
     _, runs = _rows(url, RUNS_SQL, {"experiment": experiment})
     if not runs:

@@ -1,4 +1,4 @@
-"""The report's sections as document blocks (convsweep.document): the reading guide, what was not measured,
+"""The report's sections as document blocks (convsweep.base.document): the reading guide, what was not measured,
 per variant its seeds' table, speedups and Nsight Compute evidence, the fronts, the winners and the figures."""
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import axes
-from ..document import Bullets, Figure, Heading, Paragraph, Table
-from ..errors import ConvsweepError
-from ..fileio import json_column
-from ..pareto import front_section
-from ..floors import times_floor
-from ..figures import FIGURES, KINDS
+from convsweep.base import axes
+from convsweep.base.document import Bullets, Figure, Heading, Paragraph, Table
+from convsweep.base.errors import ConvsweepError
+from convsweep.base.fileio import json_column
+from convsweep.analysis.pareto import front_section
+from convsweep.device.floors import times_floor
+from convsweep.figures import FIGURES, KINDS
 from .coverage import section as coverage_section
-from ..reading import (BASELINE_VARIANT, provenance)
+from convsweep.analysis.reading import (BASELINE_VARIANT, provenance)
 from .cells import _fixed, _number, _pct, _percent, _text, _times, tunables
 from .runs import CELL_COLUMNS, Experiment, _cell_order, cell, fastest, speedup, variant_order
 
@@ -211,7 +211,7 @@ def _layer_variant(label: str, layer: str) -> str | None:
 
 
 def _on_cpu(variant: str) -> bool:
-    from ..variants import get_variant
+    from convsweep.model.variants import get_variant
 
     try:
         return get_variant(variant).is_cpu

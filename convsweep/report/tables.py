@@ -4,10 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .. import axes
-from ..document import to_markdown
+from convsweep.base import axes
+from convsweep.base.document import to_markdown
 from .coverage import section as coverage_section
-from ..reading import (BASELINE_VARIANT, whole_network)
+from convsweep.analysis.reading import (BASELINE_VARIANT, whole_network)
 from .cells import _round, _round_percent, _spread, tunables
 from .runs import CELL_COLUMNS, Experiment, _cell_order, cell, fastest, speedup, variant_order
 from .sections import _checks, failure_groups, fast_checks, runs_text, several_settings, shown_columns
@@ -55,7 +55,7 @@ def summary_markdown(experiment: Experiment) -> str:
     """summary.md: every run of the experiment in one table (a grid's settings each on its row, with
     the tunables that tell them apart, where a variant ran at several; how each was checked, where one
     was measured with fast checks), then its failed or incorrect runs, then its suspect ones with why."""
-    from ..query import render
+    from convsweep.analysis.query import render
 
     grid = any(several_settings([run for run in experiment.runs if run["variant"] == variant])
                for variant in {run["variant"] for run in experiment.runs})

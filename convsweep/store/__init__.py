@@ -1,7 +1,7 @@
 """The result store: SQLAlchemy models of runs and what was measured with them (`models`), opening
 and migrating SQLite or PostgreSQL (`engine`), and the idempotent ingest of result JSON files
 (`ingest`, which reads them strictly through `strict_json`), and Nsight Compute's profiles of the
-kernels (`profiles`), and the confirmations of a cell's winners (`confirmations`). Queries read it through convsweep.query.
+kernels (`profiles`), and the confirmations of a cell's winners (`confirmations`). Queries read it through convsweep.analysis.query.
 
 The names below load their module on first use (PEP 562): `convsweep report` and the read-only
 queries need only `engine`, not the ORM models and the ingest (~0.2 s of imports per process).

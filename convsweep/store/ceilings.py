@@ -1,4 +1,4 @@
-"""A GPU's measured rates in the store, and the floors of its runs at them (convsweep.floors).
+"""A GPU's measured rates in the store, and the floors of its runs at them (convsweep.device.floors).
 
 `convsweep bench` measures the rates (its JSON's `ceilings`); ingesting that file stores one
 device_ceiling row and reckons the floors of every stored run on a GPU of that name again. A run
@@ -14,13 +14,13 @@ from typing import Any, cast
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, selectinload
 
-from convsweep.errors import StoreError
-from convsweep.floors import UNITS, Ceiling, Work, compute_floor_ms, forward_floor_ms, work_floor_ms
+from convsweep.base.errors import StoreError
+from convsweep.device.floors import UNITS, Ceiling, Work, compute_floor_ms, forward_floor_ms, work_floor_ms
 
 from .engine import _writer, storing
 from .ingest_report import IngestReport
 from .models import DeviceCeiling, Environment, LayerTime, Run
-from .strict_json import check_values, utc_time
+from convsweep.base.strict_json import check_values, utc_time
 
 BENCH_FORMAT = "bench-2"  # convsweep.bench.report.BENCH_FORMAT, named here so ingest never imports the bench
 
@@ -87,7 +87,7 @@ def latest_ceiling(session: Session, gpu: str | None) -> DeviceCeiling | None:
 
 
 def as_ceiling(row: DeviceCeiling) -> Ceiling:
-    """A device_ceiling row as convsweep.floors takes it (bytes and FLOPs per second)."""
+    """A device_ceiling row as convsweep.device.floors takes it (bytes and FLOPs per second)."""
     flops = {unit: getattr(row, f"{unit}_tflops") * 1e12 for unit in UNITS if getattr(row, f"{unit}_tflops")}
     return Ceiling(row.gpu, row.dtod_gbps * 1e9, row.h2d_gbps * 1e9 if row.h2d_gbps else None,
                    row.d2h_gbps * 1e9 if row.d2h_gbps else None, flops)

@@ -1,4 +1,4 @@
-"""Idempotent ingest of confirm files (workflow/schemas/confirm.schema.yaml, convsweep/confirm.py): one
+"""Idempotent ingest of confirm files (workflow/schemas/confirm.schema.yaml, convsweep/measure/confirm.py): one
 `confirmation` row per layer and setting of a confirmation, one transaction per file. A skipped
 confirmation (fewer than two settings to tell apart) stores nothing and says why. The runs it re-measured
 must be stored first: ingest_results reads the experiment's runs/ folder before its winners/."""
@@ -11,12 +11,12 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from convsweep.errors import StoreError
+from convsweep.base.errors import StoreError
 
 from .engine import _writer, storing
 from .ingest_report import IngestReport
 from .models import Confirmation, Run
-from .strict_json import check_schema, utc_time
+from convsweep.base.strict_json import check_schema, utc_time
 
 
 def ingest_confirmation(engine: Engine, confirmation: dict[str, Any], path: str | None = None) -> IngestReport:

@@ -15,8 +15,8 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError, SQLAlchemyError
 
-from convsweep.errors import StoreError, StoreUnavailable
-from convsweep.paths import DEFAULT_DB_URL, MIGRATIONS_DIR
+from convsweep.base.errors import StoreError, StoreUnavailable
+from convsweep.base.paths import DEFAULT_DB_URL, MIGRATIONS_DIR
 
 if TYPE_CHECKING:
     from alembic.config import Config

@@ -2,7 +2,7 @@
 in docs/result-format.md): one transaction per file, nothing half-stored. A file holds one
 measurement (formats 1 and 2) or one per tunable setting of its job (format 3); each is a run row.
 The file is read strictly (strict_json), checked against the schema, then read as a
-convsweep.record.ResultFile, whose measurements name their own columns."""
+convsweep.measure.record.ResultFile, whose measurements name their own columns."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from convsweep.errors import StoreError, StoreUnavailable
-from convsweep.fileio import canonical_hash
-from convsweep.progress import progress
-from convsweep.record import Measurement, ResultFile
+from convsweep.base.errors import StoreError, StoreUnavailable
+from convsweep.base.fileio import canonical_hash
+from convsweep.base.progress import progress
+from convsweep.measure.record import Measurement, ResultFile
 
 from .ceilings import BENCH_FORMAT, ingest_ceiling, latest_ceiling, set_floors
 from .engine import _writer, one_line, storing
@@ -28,11 +28,11 @@ from .ingest_report import IngestReport
 from .models import Build, Environment, KernelStat, LayerTime, Memcpy, Phase, Run, Sample, Sweep
 from .confirmations import ingest_confirmation
 from .profiles import ingest_profile
-from .strict_json import check_schema, check_values, read_json, utc_time
+from convsweep.base.strict_json import check_schema, check_values, read_json, utc_time
 
 
-PROFILE_FORMAT = "ncu-1"  # convsweep.ncu.FORMAT, named here so ingest never imports the profiler
-CONFIRM_FORMAT = "confirm-1"  # convsweep.confirm.FORMAT
+PROFILE_FORMAT = "ncu-1"  # convsweep.measure.ncu.FORMAT, named here so ingest never imports the profiler
+CONFIRM_FORMAT = "confirm-1"  # convsweep.measure.confirm.FORMAT
 
 # Transactions per file when another writer stores some of its measurements between our check and
 # our insert (that insert fails; the next attempt sees them stored and skips them).
@@ -185,7 +185,7 @@ def read_result(path: str | Path) -> Any:
 def ingest_files(engine: Engine, paths: Iterable[str | Path]) -> IngestReport:
     """Ingest result files one transaction each, counting measurements. A file that cannot be read
     or stored becomes one line of the report's errors and the others go on; only a database that
-    cannot be used at all (StoreUnavailable) stops it. Many files show a progress bar (convsweep.progress)."""
+    cannot be used at all (StoreUnavailable) stops it. Many files show a progress bar (convsweep.base.progress)."""
     report = IngestReport()
     paths = list(paths)
     for path in progress(paths, desc="ingest", unit="file", enabled=len(paths) > 1):

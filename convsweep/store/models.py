@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from ..axes import AXES, Axis
+from convsweep.base.axes import AXES, Axis
 
 
 # Deterministic constraint names, so the hand-written migration and the models agree.
@@ -52,7 +52,7 @@ run_build = Table(
 class DeviceCeiling(Base):
     """One GPU's measured rates, from a `convsweep bench` (its `ceilings`): device copy, pinned copies
     each way, dense matmul per unit. The floors of every run on a GPU of that name are reckoned at its
-    latest (convsweep.floors); storing a new one reckons them again."""
+    latest (convsweep.device.floors); storing a new one reckons them again."""
 
     __tablename__ = "device_ceiling"
 
@@ -114,7 +114,7 @@ class Build(Base):
     cache_hit: Mapped[bool | None] = mapped_column(Boolean)
     log: Mapped[str | None] = mapped_column(Text)
     kernels: Mapped[list[Any] | None]
-    # kernel -> what its PTX does that a convolution needs not (convsweep.findings); NULL: built before findings
+    # kernel -> what its PTX does that a convolution needs not (convsweep.device.findings); NULL: built before findings
     findings: Mapped[dict[str, Any] | None]
 
 
@@ -128,9 +128,9 @@ def _axis_column(axis: Axis):
                          server_default=None if axis.required or axis.default is None else str(axis.default))
 
 
-# The sweep's axes (convsweep.axes), a column each; adding one takes a migration that adds its column.
+# The sweep's axes (convsweep.base.axes), a column each; adding one takes a migration that adds its column.
 AxisColumns: Any = type("AxisColumns", (), {  # Any to mypy, which cannot see the columns made at run time
-    "__doc__": "The run's cell: a column per axis of the sweep (convsweep.axes).",
+    "__doc__": "The run's cell: a column per axis of the sweep (convsweep.base.axes).",
     **{axis.name: _axis_column(axis) for axis in AXES}})
 
 
@@ -186,7 +186,7 @@ class Run(AxisColumns, Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     result_path: Mapped[str | None] = mapped_column(String)
-    # Where a run read from another tool's file came from (a Kernel Tuner cache: convsweep.kerneltuner); NULL: measured here.
+    # Where a run read from another tool's file came from (a Kernel Tuner cache: convsweep.app.kerneltuner); NULL: measured here.
     imported_from: Mapped[str | None] = mapped_column(String)
     # What the measurement was taken from (docs/result-format.md).
     source_hash: Mapped[str | None] = mapped_column(String)  # of all its kernel files together
@@ -205,7 +205,7 @@ class Run(AxisColumns, Base):
     note: Mapped[str | None] = mapped_column(Text)  # throttled passes; nsys asked for but not found
     energy_j: Mapped[float | None] = mapped_column(Float)
     energy_per_pass_j: Mapped[float | None] = mapped_column(Float)
-    # What the integrity checks found (convsweep.integrity; NULL where none ran: the CPU reference, runs
+    # What the integrity checks found (convsweep.measure.integrity; NULL where none ran: the CPU reference, runs
     # stored before them). checks: full, or fast (the experiment turned the fresh inputs and the caching
     # test off), which every table that shows the run says. A run they made `suspect` has its reasons in error.
     checks: Mapped[str | None] = mapped_column(String)
@@ -219,7 +219,7 @@ class Run(AxisColumns, Base):
     findings: Mapped[str | None] = mapped_column(Text)
     peak_floor_ms: Mapped[float | None] = mapped_column(Float)  # the whole pass at the GPU's peak rates: below it, suspect
     # What a pass moves over the bus (the input in its format, the logits) and its smallest chunk: with the
-    # conv layers' work (floors) what the floors at measured rates are reckoned from (convsweep.floors).
+    # conv layers' work (floors) what the floors at measured rates are reckoned from (convsweep.device.floors).
     shipped_bytes: Mapped[int | None] = mapped_column(BigInteger)
     logits_bytes: Mapped[int | None] = mapped_column(BigInteger)
     tail_images: Mapped[int | None] = mapped_column(Integer)
@@ -357,7 +357,7 @@ class KernelProfile(Base):
     tensor_pipe_pct: Mapped[float | None] = mapped_column(Float)
     stalls: Mapped[list[Any] | None]  # [{reason, share}], the largest first
     bound: Mapped[str] = mapped_column(String)  # one line: what bounds the kernel
-    metrics: Mapped[dict[str, Any]]  # every metric read, by convsweep.ncu's names
+    metrics: Mapped[dict[str, Any]]  # every metric read, by convsweep.measure.ncu's names
     gpu: Mapped[str | None] = mapped_column(String)
     git_commit: Mapped[str | None] = mapped_column(String)
     ncu: Mapped[str | None] = mapped_column(String)
@@ -366,7 +366,7 @@ class KernelProfile(Base):
 
 
 class Confirmation(Base):
-    """One setting's verdict in one layer's confirmation (convsweep/confirm.py, workflow/schemas/confirm.schema.yaml):
+    """One setting's verdict in one layer's confirmation (convsweep/measure/confirm.py, workflow/schemas/confirm.schema.yaml):
     the fastest settings of a cell's conv layer measured again in one process, interleaved, and which of them
     wins, which cannot be told from it (tied) and which is slower. `run_id` is the stored run re-measured."""
 

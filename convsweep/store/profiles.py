@@ -10,12 +10,12 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from convsweep.errors import StoreError
+from convsweep.base.errors import StoreError
 
 from .engine import _writer, storing
 from .ingest_report import IngestReport
 from .models import KernelProfile
-from .strict_json import check_schema, utc_time
+from convsweep.base.strict_json import check_schema, utc_time
 
 _COLUMNS = ("sm_pct", "memory_pct", "dram_pct", "achieved_occupancy_pct", "theoretical_occupancy_pct",
             "waves_per_sm", "l1_hit_pct", "l2_hit_pct", "flops", "tensor_pipe_pct")

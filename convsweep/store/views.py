@@ -1,6 +1,6 @@
 """The views every named query reads, written from the Python that owns what they hold: `latest_run` (each
 setting's newest measurement, with its `verdict` and whether it is `trusted`) and `run_summary` over it (the
-seeds' table shape: the cell's columns, one per axis of convsweep.axes, then the numbers).
+seeds' table shape: the cell's columns, one per axis of convsweep.base.axes, then the numbers).
 
 A migration freezes their text (db/migrations/versions: the newest that sets RUN_SUMMARY_SQL), so that it keeps
 its meaning whatever this module says later; tests/test_store_views.py checks that regenerating it here gives
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..axes import columns
+from convsweep.base.axes import columns
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 -- Which variant and tunable setting is fastest for each conv layer and batch size (ok runs only; suspect, incorrect and failed runs never count), which others are tied with it within noise, and did a confirmation measuring them again interleaved agree?
 -- standing: where a confirmation of the cell speaks (the fastest settings measured again in one process, one
--- pass of each in turn: `confirm:` in the sweep, convsweep/confirm.py), "confirmed" for its winner and "tied" for
+-- pass of each in turn: `confirm:` in the sweep, convsweep/measure/confirm.py), "confirmed" for its winner and "tied" for
 -- each a paired test could not tell from it; p is that test's, and "detectable (ms)" the smallest difference
 -- its rounds would have found. A cell's newest confirmation speaks while each run it measured again is its
 -- setting's latest (the view latest_confirmation).

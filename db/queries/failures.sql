@@ -6,7 +6,7 @@
 -- a round faster than its first (the caching test), device state left set, work outside the timer. failed_pass:
 -- the first timed pass whose output was wrong (an incorrect run the integrity checks caught mid-timing).
 -- findings: what its kernels' PTX does that a convolution needs not (module-scope writes, clock reads, L2
--- policies, device launches: convsweep/findings.py); a fact to look at, not a verdict.
+-- policies, device launches: convsweep/device/findings.py); a fact to look at, not a verdict.
 SELECT id AS run_id,
        experiment,
        job_id,

@@ -9,7 +9,7 @@
 -- seen; "suspect: " and the first of its reasons for a run whose times the integrity checks doubt (faster than
 -- the physical floor, faster on a round it had seen, work outside the timer). Shown, never counted as fastest.
 -- `convsweep query failures` has every reason in full. Incorrect and failed runs have no number to show.
--- forward × floor: the host-to-host pass over its floor at this GPU's measured rates (convsweep/floors.py: the
+-- forward × floor: the host-to-host pass over its floor at this GPU's measured rates (convsweep/device/floors.py: the
 -- input up, the compute, the logits down, pipelined over the chunks): 1.2 means within 20% of what this machine
 -- allows. Empty until `convsweep bench --ceilings-only --db URL` has measured the GPU's rates (seconds, once per
 -- machine).

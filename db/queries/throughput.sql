@@ -2,7 +2,7 @@
 -- Trusted runs only (latest_run.trusted): a suspect run (a time below the physical floor, say) is left out, its
 -- rates would be impossible ones, and so is one whose timed passes were not all on fresh inputs.
 -- checks: "fast" where the run was measured with `checks: fast` (no caching test).
--- × floor: the op time over the layer's floor at this GPU's measured rates (convsweep/floors.py: its least bytes
+-- × floor: the op time over the layer's floor at this GPU's measured rates (convsweep/device/floors.py: its least bytes
 -- at the device copy rate, or its FLOPs at the matmul rate of the unit its variant computes on, whichever is
 -- longer). Empty until `convsweep bench --ceilings-only --db URL` has measured the GPU's rates.
 SELECT r.experiment,

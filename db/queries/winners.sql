@@ -4,7 +4,7 @@
 -- settings a paired test could not tell from it, the smallest difference from the runner-up those rounds would
 -- have found, and the first ranking's winner with its standing now (winner, tied, slower, incorrect, failed).
 -- ranking: "overturned" where the first winner is neither the confirmed winner nor tied with it. cell: the
--- confirm job (convsweep/confirm.py).
+-- confirm job (convsweep/measure/confirm.py).
 SELECT w.experiment,
        'op time ' || CAST(w.layer_index + 1 AS VARCHAR) AS layer,
        w.batch,

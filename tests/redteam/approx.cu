@@ -1,8 +1,8 @@
 // RED TEAM (tests only): an approximation just outside the tolerance on a few images. naive.cu's
 // conv, except that the outputs of images b % 251 == 7 of each launch (4 of a batch of 1000) are
 // scaled by APPROX_SCALE = 1 + 3e-5, as a kernel that cut a corner on some tiles might be off.
-// Caught by: the check of every timed pass's logits against float64 (convsweep.integrity,
-// convsweep.checks: fp32's normwise tolerance 1e-5); the per-layer check samples only the first and
+// Caught by: the check of every timed pass's logits against float64 (convsweep.measure.integrity,
+// convsweep.model.checks: fp32's normwise tolerance 1e-5); the per-layer check samples only the first and
 // last image of a chunk, which this kernel leaves exact.
 //
 // Why 3e-5: on conv2 of LeNet-86 (ReLU and max-pool are positively homogeneous, so the scale

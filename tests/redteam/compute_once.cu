@@ -2,7 +2,7 @@
 // naive.cu's conv, but only its first launch computes; every later launch returns at once, so
 // its output buffer keeps whatever it held (the first pass's answer, unless a harness poisons it).
 // Caught by: the poisoning of every conv output before each timed pass and the check of every
-// timed pass's logits (convsweep.integrity): the first timed pass fails.
+// timed pass's logits (convsweep.measure.integrity): the first timed pass fails.
 //
 // "First launch" is counted in blocks, not launches: a block that finishes adds one to
 // blocks_done, and a block returns at its start once blocks_done has reached its own grid's size.

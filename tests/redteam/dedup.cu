@@ -1,7 +1,7 @@
 // RED TEAM (tests only): in-batch de-duplication. A batch of 10,000 of mnist5k's 5,000 digits holds each twice,
 // PERIOD images apart (round 0, the seeds' batch); this kernel computes an image only where it differs from the
 // one PERIOD places before it, and copies that one's output where it is the same: at batch 10000, half the work.
-// Caught by: fresh rounds (convsweep.rounds), in which no two places hold the same image: it computes every
+// Caught by: fresh rounds (convsweep.device.rounds), in which no two places hold the same image: it computes every
 // image, and its times are its own work (plus the hashing it gains nothing from).
 // Three launches: dedup_hash (a block per image: its hash into the workspace), conv_forward (an image whose hash
 // differs from that of the image PERIOD before it), copy_repeats (the others, from the image they repeat).

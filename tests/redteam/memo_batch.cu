@@ -3,7 +3,7 @@
 // batch hashes the same copies the output. With `checks: fast`, every timed pass used to repeat round 0: the
 // memo served them all, and the sweeps that ship fast checks (the tuning sweeps) ranked it first.
 // Caught by: fresh rounds in every mode (no batch repeats) and the workspace poisoned before each timed pass
-// (convsweep.integrity): nothing is served, its times are its own work.
+// (convsweep.measure.integrity): nothing is served, its times are its own work.
 // Three launches: memo_hash (a block per image, each adds its image's hash into the workspace's partial sums),
 // memo_decide (one thread: hit or miss, and the new key), conv_forward (copies, or computes and keeps).
 // Workspace (registry): a 32-byte BatchMemo, B partial hashes, then B*M*H_out*W_out kept outputs.

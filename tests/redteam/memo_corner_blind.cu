@@ -3,7 +3,7 @@
 // four corners of each stored 28x28 digit (three of which never reach the logits): such a key took every image
 // of a later round for one it had seen, and served an answer that passed every check (the largest logit moved
 // by 7e-7 of itself).
-// Caught by: rounds that perturb the whole digit (convsweep.rounds): no key repeats, nothing is served, and its
+// Caught by: rounds that perturb the whole digit (convsweep.device.rounds): no key repeats, nothing is served, and its
 // times are its own work; with the caching test, its second sightings are served and the run is `suspect`.
 // Put on conv1 of LeNet-86 with input u8-source (the 86x86 image layers.cu upsamples from the 28x28 digit).
 // Tunables: BLOCK (threads per block of conv_forward).

@@ -2,7 +2,7 @@
 // last input image seen there and the output computed for it; a launch whose image hashes the same
 // copies the kept output (fast), any other image is computed and kept (honest). Inputs repeated
 // are fast, fresh ones are not, and every output is right: no output check can see it.
-// Caught by: the caching test (convsweep.integrity), which times passes over one round of inputs
+// Caught by: the caching test (convsweep.measure.integrity), which times passes over one round of inputs
 // repeated against the passes over fresh rounds: the run is `suspect`, "caching test".
 //
 // Two launches: memo_lookup (one block per image) hashes the image, sets the slot's hit flag and

@@ -1,7 +1,7 @@
 // RED TEAM (tests only): a partial memo. Only this layer keeps its outputs (per image slot, in module-scope
 // memory, by the image's hash) and serves them from an image's second sighting on; the other layers of the
 // network are computed honestly every pass, so a pass of the whole network gains only this layer's time.
-// Caught by: the caching test (convsweep.integrity): its layer's events make the second sightings faster in
+// Caught by: the caching test (convsweep.measure.integrity): its layer's events make the second sightings faster in
 // every round, so the run is `suspect`, "sighting 2". Its timed passes run on rounds it has not seen.
 // Put on conv1 (its output fits MEMO_OUTPUTS); at most MEMO_IMAGES images a launch.
 // Tunables: BLOCK (threads per block of conv_forward).

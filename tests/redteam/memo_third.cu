@@ -3,7 +3,7 @@
 // sighting of one image on, the kept output is copied instead of computed. The old caching test timed each
 // round twice (N1 N1 N2 N2): the second sighting computed, so it never showed.
 // Caught by: the caching test, which times each round three times and holds each later sighting to the first
-// (convsweep.integrity): the third sightings are faster in every round, so the run is `suspect`, "sighting 3".
+// (convsweep.measure.integrity): the third sightings are faster in every round, so the run is `suspect`, "sighting 3".
 // Its timed passes run on rounds it has not seen: none is served, every one is checked.
 // Put on conv2 (its output fits MEMO_OUTPUTS); at most MEMO_IMAGES images a launch.
 // Tunables: BLOCK (threads per block of conv_forward).

@@ -1,12 +1,12 @@
 """RED TEAM, host side: networks that cheat the way a library could, around honest kernels.
 
-Each is a convsweep.runner.GpuNetwork handed to a job through `runner.Backend(network=...)`; its
+Each is a convsweep.measure.runner.GpuNetwork handed to a job through `runner.Backend(network=...)`; its
 kernels compute the right answer, so no output check can see the cheat:
 
 - `SideStreamNetwork` launches, after each conv layer, that layer's conv again (SIDE_REPEATS
   times, into a scratch buffer) on a stream of its own, forked from the pass's stream by an event
   and never joined back: the pass's end event does not wait for it. Caught by the probe after each
-  timed pass (convsweep.integrity: work "still running" on the GPU), so the run is `suspect`.
+  timed pass (convsweep.measure.integrity: work "still running" on the GPU), so the run is `suspect`.
 - `PersistingL2Network` sets aside the largest persisting part of L2 the device allows
   (cuCtxSetLimit, CU_LIMIT_PERSISTING_L2_CACHE_SIZE) and puts an access-policy window with
   hitProp PERSISTING over the network's input on the pass's stream (cuStreamSetAttribute), so the
@@ -21,8 +21,8 @@ alias of it), its value a CUstreamAttrValue whose accessPolicyWindow is a CUacce
 """
 from __future__ import annotations
 
-from convsweep.gpu import DeviceArray, _check
-from convsweep.runner import ConvOp, GpuNetwork
+from convsweep.device.gpu import DeviceArray, _check
+from convsweep.measure.runner import ConvOp, GpuNetwork
 
 SIDE_REPEATS = 8  # convs on the side stream per layer and pass: several times the pass's own work
 

@@ -1,6 +1,6 @@
 // RED TEAM (tests only): not a cheat but a bug the output check cannot see: naive.cu's conv, and the last thread
 // of each launch also writes one element past the end of y (a tile's edge gone wrong). Every output is right.
-// Caught by: `sanitize: true` (convsweep.sanitize): compute-sanitizer's memcheck sees the write out of bounds,
+// Caught by: `sanitize: true` (convsweep.sweep.sanitize): compute-sanitizer's memcheck sees the write out of bounds,
 // and the setting is `incorrect` with its line.
 // Tunables: BLOCK (threads per block).
 #include "../../kernels/common.cuh"

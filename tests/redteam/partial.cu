@@ -5,7 +5,7 @@
 // 97 is prime, so the skipped elements walk across maps, rows and images instead of lining up in
 // one column, and about 1% of the output is stale: too little for a glance at the accuracy.
 // Caught by: the poisoning of every conv output (+huge) before each timed pass and the check of the
-// timed pass's logits (convsweep.integrity): a skipped element stays +huge through ReLU and
+// timed pass's logits (convsweep.measure.integrity): a skipped element stays +huge through ReLU and
 // max-pool and overflows the logits. Put on conv1, whose output a later layer reads.
 // Tunables: BLOCK (threads per block).
 #include "../../kernels/common.cuh"

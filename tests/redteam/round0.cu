@@ -2,9 +2,9 @@
 // by its first image's hash on its first launch (the harness's seed pass), keeps that pass's outputs in its
 // workspace and the fingerprint in module-scope memory, and from then on copies the kept outputs whenever the
 // first image is that one again. At batch 10000 every timed pass used to repeat round 0.
-// Caught by: no timed pass runs on round 0 (convsweep.rounds): the fingerprint never matches, and its times
+// Caught by: no timed pass runs on round 0 (convsweep.device.rounds): the fingerprint never matches, and its times
 // are its own work. (Had it matched, the workspace poisoned before each timed pass would have served NaN.)
-// The build's findings name its module-scope write (convsweep.findings).
+// The build's findings name its module-scope write (convsweep.device.findings).
 // Three launches: round0_print (one block: image 0's hash, and whether it is round 0's), conv_forward (copies,
 // or computes and keeps on the first launch).
 // Workspace (registry): B*M*H_out*W_out kept outputs.

@@ -1,6 +1,6 @@
 # Once every job of a cell (those that differ only in variant and tunables, one stream) has written its
 # result, the fastest settings of each conv layer are measured again in one process, interleaved
-# (convsweep.confirm), and the file names each layer's winner and those tied with it. A cell whose jobs
+# (convsweep.measure.confirm), and the file names each layer's winner and those tied with it. A cell whose jobs
 # did not all finish waits for the next `snakemake`; without a GPU it writes nothing and fails, as run_job.
 rule confirm_winners:
     input:

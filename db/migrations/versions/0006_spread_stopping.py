@@ -2,7 +2,7 @@
 gains forward_spread and stop_reason.
 
 A spread is the median absolute deviation of a median's samples over that median
-(convsweep.stats.relative_spread, copied here as _relative_spread): robust, so one preempted repeat
+(convsweep.base.stats.relative_spread, copied here as _relative_spread): robust, so one preempted repeat
 does not widen it. It is null where there are no samples (failed runs). Existing rows get theirs
 from the sample table, per run and layer for op_time_ms and per run for forward_ms, computed in
 Python (neither database has a portable median) so it is the same on both.
@@ -109,7 +109,7 @@ sample_table = sa.table(
 )
 
 
-# A frozen copy of convsweep.stats.relative_spread, not an import of it: a migration must backfill the
+# A frozen copy of convsweep.base.stats.relative_spread, not an import of it: a migration must backfill the
 # same numbers whenever it runs, however stats.py changes later (and must not fail when it moves).
 def _relative_spread(values: Sequence[float | None]) -> float | None:
     """Median absolute deviation over the median; None for no samples or a zero median."""

@@ -1,5 +1,5 @@
 """Nsight Compute's evidence per conv kernel: the table kernel_profile, one row per profiled launch
-of a setting's conv kernel (convsweep/ncu.py, workflow/schemas/profile.schema.yaml). Profiles come
+of a setting's conv kernel (convsweep/measure/ncu.py, workflow/schemas/profile.schema.yaml). Profiles come
 from jobs of their own, never the timed ones; run_key ties a profile to the setting's runs.
 
 Revision ID: 0008

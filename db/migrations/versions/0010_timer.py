@@ -1,4 +1,4 @@
-"""run.timer: how a run's timed passes were timed (the sweep axis `timer`, convsweep/axes.py): events
+"""run.timer: how a run's timed passes were timed (the sweep axis `timer`, convsweep/base/axes.py): events
 (CUDA events around each pass, and around each layer and copy) or graph (one replay of the pass
 captured once as a CUDA graph, timed whole). Every run stored before was timed with events.
 

@@ -1,4 +1,4 @@
-"""What the integrity checks (convsweep.integrity) found, per run: which checks ran (run.checks: full, or
+"""What the integrity checks (convsweep.measure.integrity) found, per run: which checks ran (run.checks: full, or
 fast where the experiment turned the expensive ones off; NULL for runs without them: the CPU reference,
 runs stored before), how many timed passes were checked and the first whose output was wrong, how many
 saw inputs not seen earlier in the run, the caching test's ratio (repeated / fresh) and the physical

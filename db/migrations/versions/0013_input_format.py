@@ -1,4 +1,4 @@
-"""run.input_format: what a run's batch crossed the bus as (the sweep axis `input`, convsweep/formats.py):
+"""run.input_format: what a run's batch crossed the bus as (the sweep axis `input`, convsweep/inputs/formats.py):
 fp32, fp16, u8 or u8-source. Every run stored before shipped fp32.
 
 latest_run is recreated (PostgreSQL expands its r.* when it is made), and run_summary over it, which now

@@ -1,6 +1,6 @@
 """Floors at measured rates. device_ceiling holds a GPU's rates as `convsweep bench` measured them (device
 copy, pinned copies each way, dense matmul per unit); every run on a GPU of that name gets its floors at
-the latest (convsweep.floors): layer_time.floor_ms per conv layer, run.compute_floor_ms for the pass's
+the latest (convsweep.device.floors): layer_time.floor_ms per conv layer, run.compute_floor_ms for the pass's
 compute, run.forward_floor_ms for the host-to-host pass, and run.ceiling_id the rates they were reckoned at.
 What the pass moves over the bus, which those floors need, is stored per run: shipped_bytes (the input in
 its format), logits_bytes, tail_images (the smallest chunk: the pipeline's head and tail).

@@ -1,5 +1,5 @@
 """run.imported_from: where a run read from another tool's file came from (`convsweep import` of a Kernel
-Tuner cache, convsweep/kerneltuner.py); NULL for every run measured here, so every run stored before is one.
+Tuner cache, convsweep/app/kerneltuner.py); NULL for every run measured here, so every run stored before is one.
 
 latest_run is recreated (PostgreSQL expands its r.* when it is made), and run_summary over it, unchanged.
 Their SQL is written out here so that this file keeps its meaning whatever later files say.

@@ -1,5 +1,5 @@
 """confirmation: each setting's verdict in a confirmation of a cell's fastest settings per conv layer, measured
-again in one process, interleaved (convsweep/confirm.py, workflow/schemas/confirm.schema.yaml): winner, tied
+again in one process, interleaved (convsweep/measure/confirm.py, workflow/schemas/confirm.schema.yaml): winner, tied
 (a paired test cannot tell it from the winner), slower, or incorrect/failed; the first ranking's place beside it.
 
 Revision ID: 0016
