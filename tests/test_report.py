@@ -15,6 +15,7 @@ from convsweep.base import axes, document
 from convsweep import report
 from convsweep.app.cli import main
 from convsweep.base.errors import ConvsweepError
+from convsweep.base.numbers import significant
 from convsweep.figures import draw
 from convsweep.measure.ncu import LaunchProfile
 from convsweep.store import ingest_result, open_store
@@ -160,7 +161,7 @@ def test_a_run_label_names_each_layers_variant(label, layer, expected):
 
 
 def test_numbers_keep_four_digits_and_never_an_exponent():
-    assert [report.cells._number(v) for v in (0.082, 7.3, 64.11, 999.96, 12345.6, None)] == \
+    assert [significant(v) for v in (0.082, 7.3, 64.11, 999.96, 12345.6, None)] == \
         ["0.08200", "7.300", "64.11", "1000", "12346", ""]
     assert report.tunables({"conv1": {"BLOCK": 64}, "conv2": {"BLOCK": 64}}) == "BLOCK=64"
     assert report.tunables({"conv1": {}, "conv2": {}}) == "defaults"

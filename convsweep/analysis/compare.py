@@ -34,6 +34,7 @@ from convsweep.sweep.config import tunables_text
 from convsweep.base.errors import ConvsweepError, StoreError
 from convsweep.base.fileio import json_column
 from .query import fetch_dicts
+from convsweep.base.numbers import signed_percent
 from convsweep.base.stats import SLOWER, UNSURE, compare_samples
 from convsweep.store import resolve_url, show_url
 
@@ -306,15 +307,12 @@ def render(result: dict, fmt: str = "table") -> str:
     if fmt != "table":
         raise ConvsweepError(f"compare: unknown --format {fmt!r}: expected table or json")
 
-    def pct(x):
-        return "" if x is None else f"{(x - 1) * 100:+.1f}%"
-
     # The cell's columns, less the axes every row has at a default no table shows (convsweep.base.axes.shown).
     cell = [c for c in CELL_COLUMNS if c not in BY_NAME or c in shown(result["rows"])]
     notes = [_note(r) for r in result["rows"]]
     noted = any(notes)  # the note column only where a row has one
-    rows = [[*("auto" if r[c] is None else str(r[c]) for c in cell), r["setting"], pct(r["ratio"]),
-             "" if r["low"] is None else f"[{pct(r['low'])}, {pct(r['high'])}]", r["verdict"],
+    rows = [[*("auto" if r[c] is None else str(r[c]) for c in cell), r["setting"], signed_percent(r["ratio"]),
+             "" if r["low"] is None else f"[{signed_percent(r['low'])}, {signed_percent(r['high'])}]", r["verdict"],
              f"{r['samples_a']}/{r['samples_b']}", f"{r['run_a']} -> {r['run_b']}", *([note] if noted else [])]
             for r, note in zip(result["rows"], notes)]
     headings = [BY_NAME[column].heading if column in BY_NAME else column for column in cell]

@@ -23,7 +23,7 @@ from .compare import CELL, COMPARED, job_cell, stored_samples
 from convsweep.sweep.config import tunables_text
 from convsweep.base.errors import StoreError
 from convsweep.base.fileio import json_column
-from convsweep.base.numbers import median
+from convsweep.base.numbers import median, middle
 from .query import fetch_dicts
 from convsweep.base.stats import FASTER, MIN_SAMPLES, SLOWER, Change, bootstrap_ratio, compare_samples
 
@@ -118,8 +118,8 @@ def find_steps(points: Sequence[Point], threshold: float = DEFAULT_THRESHOLD) ->
         # Every break left is confirmed: a SLOWER or FASTER change, between two pools of samples.
         assert change is not None and change.ratio is not None and change.low is not None and change.high is not None
         first = points[b]
-        steps.append(Step(b, first.run_id, first.commit, first.dirty, cast(float, median(_pooled(points[lo:b]))),
-                          cast(float, median(_pooled(points[b:hi]))), change.ratio, change.low, change.high,
+        steps.append(Step(b, first.run_id, first.commit, first.dirty, middle(_pooled(points[lo:b])),
+                          middle(_pooled(points[b:hi])), change.ratio, change.low, change.high,
                           change.verdict, b - lo, hi - b))
     return steps
 

@@ -50,6 +50,7 @@ from tabulate import tabulate
 
 from convsweep.base import axes
 from convsweep.base.errors import StoreError
+from convsweep.base.numbers import short
 from convsweep.base.paths import QUERIES_DIR
 from convsweep.store import bring_up_to_date, make_engine, one_line, resolve_url, show_url, sqlite_path
 
@@ -592,9 +593,4 @@ def _cell(value: Any) -> str:
         value = _plain(value)
     if not isinstance(value, float):
         return str(_json_text(_plain(value)))
-    if value == 0 or not math.isfinite(value):
-        return str(value)
-    magnitude = math.floor(math.log10(abs(value)))
-    if -4 <= magnitude < 6:
-        return f"{value:.{max(0, TABLE_SIGNIFICANT_DIGITS - 1 - magnitude)}f}"
-    return f"{value:.{TABLE_SIGNIFICANT_DIGITS - 1}e}"
+    return short(value, TABLE_SIGNIFICANT_DIGITS)

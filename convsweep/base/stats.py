@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
-from .numbers import median
+from .numbers import median, middle
 
 SAME, FASTER, SLOWER, UNSURE = "SAME", "FASTER", "SLOWER", "UNSURE"
 MIN_SAMPLES = 5  # fewer per side and a bootstrap interval means nothing: the verdict is UNSURE
@@ -25,7 +24,7 @@ def relative_spread(values: Sequence[float]) -> float | None:
     """Median absolute deviation over the median; None for no samples or a zero median. (Without
     numpy: storing a result needs this, and numpy's import is a tenth of a second of the ingest.)"""
     centre = median(values)
-    return cast(float, median(abs(v - centre) for v in values if v is not None)) / centre if centre else None
+    return middle(abs(v - centre) for v in values if v is not None) / centre if centre else None
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def compare_samples(a: Sequence[float], b: Sequence[float], threshold: float = 0
     a = [v for v in a if v is not None and v > 0]
     b = [v for v in b if v is not None and v > 0]
     if len(a) < MIN_SAMPLES or len(b) < MIN_SAMPLES:
-        ratio = cast(float, median(b)) / cast(float, median(a)) if a and b else None
+        ratio = middle(b) / middle(a) if a and b else None
         return Change(ratio, None, None, UNSURE, len(a), len(b))
     ratio, low, high = bootstrap_ratio(a, b)
     band_low, band_high = 1 / (1 + threshold), 1 + threshold

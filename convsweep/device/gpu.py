@@ -20,15 +20,21 @@ from convsweep.base.errors import DeviceError, MachineError
 HOST_MEMORY_KINDS = ("pageable", "pinned", "registered")
 
 
-def _window_attribute():
+def cu():
+    """cuda.bindings' driver API, the one place this module imports it: on first use, so that planning a sweep
+    (which imports this module for its names) never loads CUDA."""
     from cuda.bindings import driver
 
-    return driver.CUstreamAttrID.CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
+    return driver
+
+
+def _window_attribute():
+    return cu().CUstreamAttrID.CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
 
 
 def _check(result, what: str):
     """Unwrap a cuda.bindings (err, *values) tuple, raising DeviceError with the driver's words."""
-    from cuda.bindings import driver
+    driver = cu()
 
     err, *values = result if isinstance(result, tuple) else (result,)
     if err != driver.CUresult.CUDA_SUCCESS:
@@ -60,7 +66,7 @@ def count_devices(driver=None) -> int:
     loaded, cuInit fails or it sees none. `driver`: cuda.bindings' driver module, or a test's stand-in."""
     try:
         if driver is None:
-            from cuda.bindings import driver  # type: ignore[no-redef]  # the parameter's default, imported here
+            driver = cu()
         (err,) = driver.cuInit(0)
         count = 0
         if err == driver.CUresult.CUDA_SUCCESS:
@@ -156,7 +162,7 @@ class Gpu:
         return int(self.device.properties.l2_cache_size)
 
     def driver_version(self) -> str:
-        from cuda.bindings import driver
+        driver = cu()
 
         version = int(_check(driver.cuDriverGetVersion(), "cuDriverGetVersion"))
         return f"{version // 1000}.{version % 1000 // 10}"  # 13000 -> "13.0": the CUDA version it supports
@@ -207,7 +213,7 @@ class Gpu:
             raw = (ctypes.c_char * max(nbytes, 1)).from_address(int(buf.handle))
             return np.frombuffer(raw, dtype, count=int(np.prod(shape))).reshape(shape)
         if kind == "registered":
-            from cuda.bindings import driver
+            driver = cu()
 
             array = np.empty(shape, dtype)
             if nbytes:
@@ -218,19 +224,19 @@ class Gpu:
         raise DeviceError(f"host_memory: expected one of {HOST_MEMORY_KINDS}, got {kind!r}")
 
     def upload(self, host: np.ndarray, dev: DeviceArray, stream) -> None:
-        from cuda.bindings import driver
+        driver = cu()
 
         assert host.flags.c_contiguous and host.nbytes == dev.nbytes, "upload: shape mismatch"
         _check(driver.cuMemcpyHtoDAsync(dev.ptr, host.ctypes.data, host.nbytes, int(stream.handle)), "cuMemcpyHtoDAsync")
 
     def download(self, dev: DeviceArray, host: np.ndarray, stream) -> None:
-        from cuda.bindings import driver
+        driver = cu()
 
         assert host.flags.c_contiguous and host.nbytes == dev.nbytes, "download: shape mismatch"
         _check(driver.cuMemcpyDtoHAsync(host.ctypes.data, dev.ptr, host.nbytes, int(stream.handle)), "cuMemcpyDtoHAsync")
 
     def fill(self, dev: DeviceArray, byte: int, stream) -> None:
-        from cuda.bindings import driver
+        driver = cu()
 
         _check(driver.cuMemsetD8Async(dev.ptr, byte, dev.nbytes, int(stream.handle)), "cuMemsetD8Async")
 
@@ -265,7 +271,7 @@ class Gpu:
     def kernel(self, module, name: str):
         """A kernel of a loaded module, allowed the device's whole dynamic shared memory: launches
         asking for more than the default 48 KB (a registry shared_bytes) then just work."""
-        from cuda.bindings import driver
+        driver = cu()
 
         try:
             kernel = module.get_kernel(name)
@@ -283,7 +289,7 @@ class Gpu:
 
     def global_array(self, module, name: str, dtype=np.float32) -> DeviceArray:
         """A module-scope __device__/__constant__ variable as a device array."""
-        from cuda.bindings import driver
+        driver = cu()
 
         symbol = name.encode()
         handle = module.handle
@@ -294,7 +300,7 @@ class Gpu:
         return DeviceArray(int(ptr), (int(nbytes) // np.dtype(dtype).itemsize,), np.dtype(dtype))
 
     def copy(self, dst: DeviceArray, src: DeviceArray, stream) -> None:
-        from cuda.bindings import driver
+        driver = cu()
 
         assert src.nbytes <= dst.nbytes, "copy: destination too small"
         _check(driver.cuMemcpyDtoDAsync(dst.ptr, src.ptr, src.nbytes, int(stream.handle)), "cuMemcpyDtoDAsync")
@@ -311,7 +317,7 @@ class Gpu:
         """The work `enqueue` puts on `stream` (and on the streams it forks from it with an event and
         joins back) captured as a CUDA graph, instantiated: nothing runs until the graph is launched.
         Copies must be from pinned or registered host memory (pageable ones cannot be captured)."""
-        from cuda.bindings import driver
+        driver = cu()
 
         handle = int(stream.handle)
         _check(driver.cuStreamBeginCapture(handle, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
@@ -339,7 +345,7 @@ class Gpu:
         persisting lines (bytes) and the `streams` (their positions) carrying an access-policy window.
         A window over a layer's input would keep it in L2 across passes: faster than the DRAM it
         stands for (llm.c #851 measured 4x the HBM peak this way)."""
-        from cuda.bindings import driver
+        driver = cu()
 
         limit = _check(driver.cuCtxGetLimit(driver.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE), "cuCtxGetLimit")
         windows = []
@@ -352,7 +358,7 @@ class Gpu:
     def reset_persisting_l2(self, streams) -> None:
         """No set-aside for persisting lines, no access-policy window on `streams`, and every line
         already persisting back to normal."""
-        from cuda.bindings import driver
+        driver = cu()
 
         _check(driver.cuCtxSetLimit(driver.CUlimit.CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0), "cuCtxSetLimit")
         for stream in streams:
@@ -383,7 +389,7 @@ class Gpu:
             self._release(owned, registered)
 
     def _release(self, owned: int = 0, registered: int = 0) -> None:
-        from cuda.bindings import driver
+        driver = cu()
 
         try:
             self.device.sync()
@@ -420,19 +426,19 @@ class CapturedGraph:
         self._graph, self._executable = graph, executable
 
     def launch(self, stream) -> None:
-        from cuda.bindings import driver
+        driver = cu()
 
         _check(driver.cuGraphLaunch(self._executable, int(stream.handle)), "cuGraphLaunch")
 
     def upload(self, stream) -> None:
         """Put the graph's work on the device ahead of its first launch (which would otherwise do
         it, slower than every launch after it), running none of it."""
-        from cuda.bindings import driver
+        driver = cu()
 
         _check(driver.cuGraphUpload(self._executable, int(stream.handle)), "cuGraphUpload")
 
     def close(self) -> None:
-        from cuda.bindings import driver
+        driver = cu()
 
         if self._executable is not None:
             driver.cuGraphExecDestroy(self._executable)

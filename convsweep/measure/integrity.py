@@ -43,7 +43,7 @@ import numpy as np
 
 from convsweep.model.checks import Check, check_output, verdict
 from convsweep.base.errors import ConvsweepError
-from convsweep.base.numbers import median
+from convsweep.base.numbers import median, middle
 from .record import Integrity, Measurement
 from convsweep.device.rounds import (FRESH_SHARE, FRESH_THRESHOLD, PERTURBATION, SOURCE_PERTURBATION, Ledger, RoundMaker,
                      draw_seed, fresh_share)
@@ -432,13 +432,13 @@ class IntegrityObserver(Observer):
         """Later sightings of a round against its first: a memo that serves from sighting d is faster there in
         every round. Suspect where, for some d, every round's ratio is below 1 - threshold."""
         threshold = max(CACHING_MIN_EFFECT, self._noise())
-        first = cast(float, median(times[0]))  # each sighting's median is a number: CACHING_ROUNDS times each
+        first = middle(times[0])  # each sighting's median is a number: CACHING_ROUNDS times each
         later = [[b / a if a else None for a, b in zip(times[0], times[d])] for d in range(1, len(times))]
-        worst = min((cast(float, median(times[d])) / first if first else 1.0) for d in range(1, len(times)))
+        worst = min((middle(times[d]) / first if first else 1.0) for d in range(1, len(times)))
         self.found.caching = {"sightings": len(times), "rounds": len(times[0]), "times_ms": times,
                               "ratios": later, "ratio": worst, "threshold": threshold}
         for d, ratios in enumerate(later, start=2):
-            later_ms = cast(float, median(times[d - 1]))
+            later_ms = middle(times[d - 1])
             faster = first - later_ms
             if faster > CACHING_MIN_MS and all(r is not None and r < 1 - threshold for r in ratios):
                 self.found.reasons.append(

@@ -15,7 +15,9 @@ from convsweep.device.floors import times_floor
 from convsweep.figures import FIGURES, KINDS
 from .coverage import section as coverage_section
 from convsweep.analysis.reading import (BASELINE_VARIANT, provenance)
-from .cells import _fixed, _number, _pct, _percent, _text, _times, tunables
+from convsweep.base.numbers import fixed, percent, significant, times
+
+from .cells import auto_text, named_percent, tunables
 from .runs import CELL_COLUMNS, Experiment, _cell_order, cell, fastest, speedup, variant_order
 
 
@@ -102,12 +104,12 @@ def _seeds_table(runs: list[dict[str, Any]], shown: list[tuple[str, str]], grid:
         "total (s)", "accuracy"] + (["checks"] if marked else [])
     rows = []
     for run in sorted(runs, key=lambda r: (_cell_order(cell(r)), r["op_time_ms"] or 0)):
-        rows.append([_text(run[column]) for column, _ in shown] + ([tunables(run["params"])] if grid else []) + [
-            _number(run["op_time_1_ms"]), _percent(run["op_time_1_spread"]),
-            _number(run["op_time_2_ms"]), _percent(run["op_time_2_spread"]),
-            _number(run["forward_ms"]), _percent(run["forward_spread"])]
-            + ([_fixed(times_floor(run["forward_ms"], run.get("forward_floor_ms")), 2)] if floored else [])
-            + [_number(run["total_s"]), _fixed(run["accuracy"], 4)] + ([_checks(run)] if marked else []))
+        rows.append([auto_text(run[column]) for column, _ in shown] + ([tunables(run["params"])] if grid else []) + [
+            significant(run["op_time_1_ms"]), percent(run["op_time_1_spread"]),
+            significant(run["op_time_2_ms"]), percent(run["op_time_2_spread"]),
+            significant(run["forward_ms"]), percent(run["forward_spread"])]
+            + ([fixed(times_floor(run["forward_ms"], run.get("forward_floor_ms")), 2)] if floored else [])
+            + [significant(run["total_s"]), fixed(run["accuracy"], 4)] + ([_checks(run)] if marked else []))
     numeric = [axes.BY_NAME[column].numeric for column, _ in shown] + ([False] if grid else []) + [True] * (
         9 if floored else 8) + ([False] if marked else [])
     return Table(headers, rows, numeric)
@@ -135,8 +137,8 @@ def _speedups(variant: str, previous: str | None, best: dict[str, dict[tuple, di
     rows = []
     for key in sorted(best[variant], key=_cell_order):
         run = best[variant][key]
-        rows.append([_text(run[column]) for column, _ in shown] + ([tunables(run["params"])] if grid else [])
-                    + [_number(run["op_time_ms"])] + [_times(speedup(best, over, run)) for over, _ in compared]
+        rows.append([auto_text(run[column]) for column, _ in shown] + ([tunables(run["params"])] if grid else [])
+                    + [significant(run["op_time_ms"])] + [times(speedup(best, over, run)) for over, _ in compared]
                     + ([_checks(run)] if marked else []))
     if not any(speedup(best, over, run) for run in best[variant].values() for over, _ in compared):
         others = " or ".join(f"`{over}`" for over, _ in compared)
@@ -175,7 +177,7 @@ def runs_text(runs: Sequence[dict[str, Any]], shown: list[tuple[str, str]], grid
     100, 1000 and 10000)' for several; `variants` names the variants first (a list across variants)."""
     if len(runs) == 1:
         run = runs[0]
-        where = ", ".join(f"{heading} {_text(run[column])}" for column, heading in shown)
+        where = ", ".join(f"{heading} {auto_text(run[column])}" for column, heading in shown)
         setting = f" ({tunables(run['params'])})" if grid else ""
         return f"{run['variant']}{setting}, {where}" if variants else f"{where}{setting}"
     parts = [_values(runs, "variant")] if variants else []
@@ -188,7 +190,7 @@ def runs_text(runs: Sequence[dict[str, Any]], shown: list[tuple[str, str]], grid
 
 def _values(runs: Sequence[dict[str, Any]], column: str) -> str:
     """The runs' distinct values of a column, in order: '100, 1000 and 10000'."""
-    texts = [_text(v) for v in sorted({run[column] for run in runs}, key=lambda v: (v is not None, v or 0))]
+    texts = [auto_text(v) for v in sorted({run[column] for run in runs}, key=lambda v: (v is not None, v or 0))]
     return ", ".join(texts[:-1]) + f" and {texts[-1]}" if len(texts) > 1 else texts[0]
 
 
@@ -222,12 +224,12 @@ def _on_cpu(variant: str) -> bool:
 def _evidence_line(row: dict[str, Any]) -> str:
     tunables = json_column(row["tunables"])
     setting = f" ({','.join(f'{k}={v}' for k, v in tunables.items())})" if tunables else ""
-    facts = [f"ncu {_number(row['ncu time (ms)'])} ms" if row["ncu time (ms)"] is not None else None,
-             _pct("SM", row["SM %"]), _pct("DRAM", row["DRAM %"]), _pct("occupancy", row["occupancy %"]),
+    facts = [f"ncu {significant(row['ncu time (ms)'])} ms" if row["ncu time (ms)"] is not None else None,
+             named_percent("SM", row["SM %"]), named_percent("DRAM", row["DRAM %"]), named_percent("occupancy", row["occupancy %"]),
              f"limited by {row['occupancy limiter']}" if row["occupancy limiter"] else None,
              f"{row['registers']} registers" if row["registers"] is not None else None,
              f"{row['smem/block']} B shared/block" if row["smem/block"] is not None else None,
-             _pct("L1 hit", row["L1 hit %"]), _pct("L2 hit", row["L2 hit %"])]
+             named_percent("L1 hit", row["L1 hit %"]), named_percent("L2 hit", row["L2 hit %"])]
     detail = "; ".join(fact for fact in facts if fact)
     return f"batch {row['batch']}, {row['layer']} `{row['kernel']}`{setting}: **{row['why']}**" + (
         f" ({detail})" if detail else "")
@@ -245,7 +247,7 @@ def _winners_section(experiment: Experiment) -> list:
                         f"behind `{row['confirmed winner']}`" for row in overturned) + "."
             if overturned else f"The confirmation kept the first ranking's winner in all {len(rows)}.")
     table = [[row["layer"], str(row["batch"]), _setting(row["confirmed winner"], row["tunables"]),
-              _number(row["confirmed (ms)"]), str(row["tied"]), _number(row["detectable (ms)"]),
+              significant(row["confirmed (ms)"]), str(row["tied"]), significant(row["detectable (ms)"]),
               _setting(row["first winner"], row["first tunables"]), row["ranking"]]
              for row in rows]
     return [Heading(2, "Winners confirmed"),

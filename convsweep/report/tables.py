@@ -8,7 +8,9 @@ from convsweep.base import axes
 from convsweep.base.document import to_markdown
 from .coverage import section as coverage_section
 from convsweep.analysis.reading import (BASELINE_VARIANT, whole_network)
-from .cells import _round, _round_percent, _spread, tunables
+from convsweep.base.numbers import rounded, rounded_percent
+
+from .cells import spread, tunables
 from .runs import CELL_COLUMNS, Experiment, _cell_order, cell, fastest, speedup, variant_order
 from .sections import _checks, failure_groups, fast_checks, runs_text, several_settings, shown_columns
 
@@ -30,10 +32,10 @@ def seeds_rows(experiment: Experiment) -> list[list[Any]]:
         for run in sorted((r for r in experiment.runs if r["variant"] == variant),
                           key=lambda r: (_cell_order(cell(r)), r["status"] != "ok", r["op_time_ms"] or 0)):
             rows.append([variant, tunables(run["params"]), *cell(run), run["status"], run["checks"],
-                         run["op_time_1_ms"], _round_percent(run["op_time_1_spread"]),
-                         run["op_time_2_ms"], _round_percent(run["op_time_2_spread"]), run["op_time_ms"],
-                         run["forward_ms"], _round_percent(run["forward_spread"]), run["total_s"], run["accuracy"],
-                         previous, *(_round(speedup(best, over, run)) if run["status"] == "ok" else None
+                         run["op_time_1_ms"], rounded_percent(run["op_time_1_spread"]),
+                         run["op_time_2_ms"], rounded_percent(run["op_time_2_spread"]), run["op_time_ms"],
+                         run["forward_ms"], rounded_percent(run["forward_spread"]), run["total_s"], run["accuracy"],
+                         previous, *(rounded(speedup(best, over, run)) if run["status"] == "ok" else None
                                      for over in (previous, BASELINE_VARIANT)),
                          run["error"]])
     return rows
@@ -67,8 +69,8 @@ def summary_markdown(experiment: Experiment) -> str:
                "op_time_1_ms", "op time 1 ±%", "op_time_2_ms", "op time 2 ±%", "forward_ms", "forward ±%",
                "total_s", "accuracy"]
     rows = [[run["variant"], *([tunables(run["params"])] if grid else []), *(run[name] for name in cell_axes), run["status"],
-             *([_checks(run)] if marked else []), run["op_time_1_ms"], _spread(run["op_time_1_spread"]),
-             run["op_time_2_ms"], _spread(run["op_time_2_spread"]), run["forward_ms"], _spread(run["forward_spread"]),
+             *([_checks(run)] if marked else []), run["op_time_1_ms"], spread(run["op_time_1_spread"]),
+             run["op_time_2_ms"], spread(run["op_time_2_spread"]), run["forward_ms"], spread(run["forward_spread"]),
              run["total_s"], run["accuracy"]] for run in runs]
     text = f"# {experiment.name}\n\n{SUMMARY_INTRO}\n\n{render(columns, rows, 'table')}\n"
     whole = sorted({run["variant"] for run in runs if whole_network(run["variant"])})
