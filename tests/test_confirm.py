@@ -77,20 +77,20 @@ def test_judge_names_the_winner_its_ties_and_an_overturned_first_ranking():
     cands = [candidate("a", conv1=(1, 1.00)), candidate("b", conv1=(2, 1.01)), candidate("c", conv1=(3, 1.02))]
     times = [{"conv1": noisy(1.10, seed=1)}, {"conv1": noisy(1.00, seed=2)}, {"conv1": noisy(1.0005, seed=3)}]
     [verdict] = judge(cands, times, ["ok"] * 3, [None] * 3)
-    standing = {e["measurement_id"]: (e["place"], e["standing"]) for e in verdict["entries"]}
+    standing = {e.measurement_id: (e.place, e.standing) for e in verdict.entries}
     assert standing == {"b": (1, "winner"), "c": (2, "tied"), "a": (3, "slower")}
-    assert verdict["overturned"] is True and verdict["layer_index"] == 0
-    slower = next(e for e in verdict["entries"] if e["measurement_id"] == "a")
-    assert slower["p_value"] < 0.05 and 0 < slower["detectable_ms"] < 0.01 and slower["difference_ms"] > 0.09
+    assert verdict.overturned is True and verdict.layer_index == 0
+    slower = next(e for e in verdict.entries if e.measurement_id == "a")
+    assert slower.p_value < 0.05 and 0 < slower.detectable_ms < 0.01 and slower.difference_ms > 0.09
 
 
 def test_judge_keeps_the_first_ranking_when_the_winner_holds_and_puts_a_wrong_setting_last():
     cands = [candidate("a", conv1=(1, 1.0)), candidate("b", conv1=(2, 1.1)), candidate("c", conv1=(3, 1.2))]
     times = [{"conv1": noisy(1.0)}, {"conv1": noisy(1.1)}, {"conv1": []}]
     [verdict] = judge(cands, times, ["ok", "ok", "incorrect"], [None, None, "max rel err 0.3"])
-    assert [(e["measurement_id"], e["standing"]) for e in verdict["entries"]] == [
+    assert [(e.measurement_id, e.standing) for e in verdict.entries] == [
         ("a", "winner"), ("b", "slower"), ("c", "incorrect")]
-    assert verdict["overturned"] is False and verdict["entries"][2]["error"] == "max rel err 0.3"
+    assert verdict.overturned is False and verdict.entries[2].error == "max rel err 0.3"
 
 
 # -- a confirm job over a numpy GPU -------------------------------------------------------------------

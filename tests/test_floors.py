@@ -152,11 +152,3 @@ def test_a_bad_bench_file_is_one_line_and_stores_nothing(db_url, change, message
             assert session.scalars(select(DeviceCeiling)).all() == []
     finally:
         engine.dispose()
-
-
-def test_the_store_knows_the_bench_files_format():
-    """The store names the bench's format without importing the bench: the two must agree."""
-    from convsweep.bench.report import BENCH_FORMAT
-    from convsweep.store.ceilings import BENCH_FORMAT as STORED
-
-    assert STORED == BENCH_FORMAT

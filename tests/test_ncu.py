@@ -325,13 +325,6 @@ def test_the_profile_schema_names_a_bad_key(tmp_path):
     assert os.path.exists(tmp_path / "db.sqlite")
 
 
-def test_ingest_knows_the_profile_format_the_profiler_writes():
-    """ingest names the format itself, so that it never imports the profiler: the two must agree."""
-    from convsweep.store.ingest import PROFILE_FORMAT
-
-    assert PROFILE_FORMAT == ncu_mod.FORMAT
-
-
 def test_the_report_reader_is_found_beside_ncu_or_from_the_toolkits_launcher(tmp_path):
     def install(root):
         (root / "extras" / "python").mkdir(parents=True)

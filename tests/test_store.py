@@ -465,7 +465,7 @@ def test_failed_and_incorrect_runs_keep_their_messages(engine):
 def test_failure_mid_ingest_leaves_no_row(engine, monkeypatch):
     result = make_result()
     result["samples"][2]["value"] = None  # the schema refuses it; past the schema, the database does
-    monkeypatch.setattr("convsweep.store.ingest.check_result", lambda result, source: None)
+    monkeypatch.setattr("convsweep.store.ingest.check_result", lambda result, source, schema="result": None)
     with pytest.raises(StoreError, match=r"^cannot store results/bad\.json: .*") as caught:
         ingest_result(engine, result, "results/bad.json")
     assert "\n" not in str(caught.value)
@@ -552,7 +552,8 @@ def test_started_at_with_z_suffix_and_bad_lists(engine):
 
 
 def test_wrong_format_and_status_are_refused(engine):
-    with pytest.raises(StoreError, match=r"^a\.json: format: expected one of \[1, 2, 3\], got 4$"):
+    with pytest.raises(StoreError, match=r"^a\.json: format: expected one of \[1, 2, 3, 'ncu-1', 'confirm-1', 'bench-2'\], "
+                                        r"got 4$"):
         ingest_result(engine, make_result(format=4), "a.json")
     with pytest.raises(StoreError, match=r"^b\.json: status: expected one of \['ok', 'suspect', 'incorrect', 'failed'\], got \"great\"$"):
         ingest_result(engine, {**make_result(), "status": "great"}, "b.json")
@@ -742,7 +743,7 @@ def test_a_job_file_with_one_bad_measurement_stores_nothing(engine, tmp_path, in
     (lambda f: f.update(measurements=[]), "measurements: must not be empty"),
     (lambda f: f["job"]["search"].update(strategy="random"), "job.search: 'seed' is a required property"),
     (lambda f: f.pop("job_key"), "(top level): 'job_key' is a required property"),
-    (lambda f: f.update(format=5), "format: expected one of [1, 2, 3], got 5"),
+    (lambda f: f.update(format=5), "format: expected one of [1, 2, 3, 'ncu-1', 'confirm-1', 'bench-2'], got 5"),
 ])
 def test_a_job_file_that_does_not_hold_together_is_refused(engine, change, message):
     job_file = make_job_file()
@@ -772,7 +773,7 @@ def test_storing_tells_a_database_that_went_away_from_a_file_it_refused():
 def test_a_database_failure_in_the_last_setting_stores_none_of_them(engine, monkeypatch):
     job_file = make_job_file()
     job_file["measurements"][-1]["samples"] = [{"metric": "op_time_ms", "layer": "conv1", "repeat": 0, "value": None}]
-    monkeypatch.setattr("convsweep.store.ingest.check_result", lambda result, source: None)
+    monkeypatch.setattr("convsweep.store.ingest.check_result", lambda result, source, schema="result": None)
     with pytest.raises(StoreError, match=r"^cannot store j\.json: ") as caught:
         ingest_result(engine, job_file, "j.json")
     assert "\n" not in str(caught.value)

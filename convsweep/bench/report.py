@@ -11,25 +11,24 @@ import numpy as np
 from tabulate import tabulate
 
 from convsweep.device.floors import UNITS, Ceiling, Work, forward_floor_ms, work_floor_ms
+from convsweep.measure.files import BenchCeilings, BenchFile
 from convsweep.model.network import Network, weight_shapes
 from convsweep.base.numbers import finite, median
 from convsweep.base.stats import MIN_SAMPLES, bootstrap_ratio, relative_spread
 
-BENCH_FORMAT = "bench-2"  # the version of the bench JSON (`convsweep bench --json`); 2: ceilings a store takes
 CUDNN_MODES = ("fp32", "tf32", "fp16")  # cuDNN columns; a variant is compared with the mode of its precision class
 INSTEAD_MODES = ("fp32", "fp16")  # PyTorch's whole forward, the ways a user would run it instead of ours
 
 
-def ceiling_of(result_ceilings: dict, device: str | None) -> Ceiling | None:
+def ceiling_of(ceilings: BenchCeilings, device: str | None) -> Ceiling | None:
     """The measured rates a bench result's `ceilings` hold, as convsweep.device.floors takes them (None
     without the device copy rate)."""
-    c = result_ceilings
-    if not c.get("dtod_GBps"):
+    if not ceilings.dtod_GBps:
         return None
-    matmul = c.get("matmul_TFLOPps") or {}
-    return Ceiling(device, c["dtod_GBps"] * 1e9, (c.get("h2d_GBps") or 0) * 1e9 or None,
-                   (c.get("d2h_GBps") or 0) * 1e9 or None,
-                   {unit: matmul[unit] * 1e12 for unit in UNITS if matmul.get(unit)})
+    matmul = ceilings.matmul_TFLOPps or {}
+    return Ceiling(device, ceilings.dtod_GBps * 1e9, (ceilings.h2d_GBps or 0) * 1e9 or None,
+                   (ceilings.d2h_GBps or 0) * 1e9 or None,
+                   {unit: rate * 1e12 for unit in UNITS if (rate := matmul.get(unit))})
 
 
 def copy_rate(nbytes: int, ms: float, read_and_write: bool = True) -> float:
@@ -97,7 +96,8 @@ def _floor(ceiling: Ceiling | None, nbytes: int | None, rec: dict) -> float | No
 
 
 def build_result(meas: dict, targets: dict) -> dict:
-    """Rows with derived numbers (GB/s, GFLOP/s, floor, ratios, verdicts) from raw measurements.
+    """The bench file (a convsweep.measure.files.BenchFile, as JSON): rows with derived numbers (GB/s, GFLOP/s,
+    floor, ratios, verdicts) from raw measurements.
 
     `meas` holds only what was measured (samples, bytes, flops, statuses); every derived number
     is computed here, so a test can feed it fake numbers.
@@ -107,9 +107,13 @@ def build_result(meas: dict, targets: dict) -> dict:
     dtod = copy_rate(c["copy_bytes"], copy_ms) if copy_ms else None
     h2d = copy_rate(c["h2d_bytes"], h2d_ms, read_and_write=False) if h2d_ms else None
     d2h = copy_rate(c["h2d_bytes"], d2h_ms, read_and_write=False) if d2h_ms else None
-    ceilings = {**c, "copy_median_ms": copy_ms, "dtod_GBps": dtod * 1e-9 if dtod else None,
-                "h2d_median_ms": h2d_ms, "h2d_GBps": h2d * 1e-9 if h2d else None,
-                "d2h_median_ms": d2h_ms, "d2h_GBps": d2h * 1e-9 if d2h else None}
+    ceilings = BenchCeilings(copy_bytes=c["copy_bytes"], copy_samples_ms=c["copy_samples_ms"], h2d_bytes=c["h2d_bytes"],
+                             h2d_samples_ms=c["h2d_samples_ms"], d2h_samples_ms=c["d2h_samples_ms"],
+                             copy_median_ms=copy_ms, dtod_GBps=dtod * 1e-9 if dtod else None,
+                             h2d_median_ms=h2d_ms, h2d_GBps=h2d * 1e-9 if h2d else None,
+                             d2h_median_ms=d2h_ms, d2h_GBps=d2h * 1e-9 if d2h else None)
+    if "matmul_TFLOPps" in c:  # where PyTorch measured them
+        ceilings.matmul_TFLOPps = c["matmul_TFLOPps"]
     ceiling = ceiling_of(ceilings, meas.get("device"))
     batch = meas["batch"]
     judged = targets.get("batch") == batch
@@ -190,18 +194,18 @@ def build_result(meas: dict, targets: dict) -> dict:
         derived(row, None, None, None, target_for(targets, key))
         rows.append(row)
 
-    return {"format": BENCH_FORMAT, "bench_id": meas.get("bench_id"), "measured_at": meas.get("measured_at"),
-            "config": meas.get("config"), "device": meas.get("device"), "batch": batch,
-            "instead": instead_rows(meas, next((r for r in rows if r["kind"] == "forward"), None)),
-            "instead_note": (meas.get("instead") or {}).get("note"),
-            "repeats": meas.get("repeats"), "warmup": meas.get("warmup"), "seed": meas.get("seed"),
-            "environment": meas.get("environment"), "ceilings": ceilings,
-            "best": {layer: ({"variant": b["variant"], "params": b["resolved_params"], "median_ms": finite(median(b["samples_ms"])),
-                              "tied": [{"variant": r["variant"], "params": r["resolved_params"]} for r in rows
-                                       if r["kind"] == "conv" and r["label"] == layer and r["tied"]]}
-                             if b else None) for layer, b in best.items()},
-            "cudnn": {k: v for k, v in cudnn.items()}, "targets": {**targets, "judged": judged, "device_note": device_note},
-            "rows": rows}
+    return BenchFile(
+        bench_id=meas.get("bench_id"), measured_at=meas.get("measured_at"), config=meas.get("config"),
+        device=meas.get("device"), batch=batch,
+        instead=instead_rows(meas, next((r for r in rows if r["kind"] == "forward"), None)),
+        instead_note=(meas.get("instead") or {}).get("note"), repeats=meas.get("repeats"), warmup=meas.get("warmup"),
+        seed=meas.get("seed"), environment=meas.get("environment"), ceilings=ceilings,
+        best={layer: ({"variant": b["variant"], "params": b["resolved_params"], "median_ms": finite(median(b["samples_ms"])),
+                       "tied": [{"variant": r["variant"], "params": r["resolved_params"]} for r in rows
+                                if r["kind"] == "conv" and r["label"] == layer and r["tied"]]}
+                      if b else None) for layer, b in best.items()},
+        cudnn={k: v for k, v in cudnn.items()}, targets={**targets, "judged": judged, "device_note": device_note},
+        rows=rows).to_json()
 
 
 def instead_rows(meas: dict, forward: dict | None) -> list[dict]:

@@ -5,8 +5,8 @@ inputs no kernel has seen and every pass checked against the float64 truth (conv
 measure_interleaved), and each layer's winner is named with the settings it cannot be told apart from
 (convsweep.base.stats.paired_difference).
 
-A confirm job reads its cell's result files and writes one file (format `confirm-1`,
-workflow/schemas/confirm.schema.yaml); ingest stores its verdicts as `confirmation` rows, which
+A confirm job reads its cell's result files and writes one file (convsweep.measure.files.ConfirmFile, format
+`confirm-1`, workflow/schemas/confirm.schema.yaml); ingest stores its verdicts as `confirmation` rows, which
 `query best` and the report read. The first ranking is the result files' own; where the re-measurement
 puts its winner behind another, the file says the ranking was overturned.
 """
@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any, cast
 
 from convsweep.sweep.config import JobSpec, RunSpec, variant_label
-from convsweep.base.errors import ConvsweepError, writing
-from convsweep.base.fileio import canonical_hash, write_json_atomic
+from convsweep.base.errors import ConvsweepError
+from convsweep.base.fileio import canonical_hash
 from convsweep.base.numbers import median
+from .files import CONFIRM_FORMAT, ConfirmCandidate, ConfirmFile, LayerVerdict, VerdictEntry
 from .record import Measurement, ResultFile, utc_now
 from convsweep.base.stats import Paired, paired_difference, relative_spread
-
-FORMAT = "confirm-1"
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ def choose(results: list[ResultFile], top: int) -> list[Candidate]:
 
 
 def judge(candidates: list[Candidate], op_time_ms: list[dict[str, list[float]]], status: list[str],
-          error: list[str | None]) -> list[dict[str, Any]]:
+          error: list[str | None]) -> list[LayerVerdict]:
     """Each layer's verdict: its candidates in the confirmed order, the fastest median first (`winner`),
     then those a paired test cannot tell from it (`tied`), the rest `slower`, and those whose confirming
     pass was wrong or failed last; `overturned` where the first ranking's winner is neither winner nor tied."""
@@ -109,29 +108,32 @@ def judge(candidates: list[Candidate], op_time_ms: list[dict[str, list[float]]],
             standing = "winner" if i == winner else ("tied" if cast(Paired, paired).tied else "slower")
             entries.append(_entry(candidates[i], layer, place, standing, samples, paired))
         if len(entries) > 1:  # the winner's: the smallest difference from the runner-up these rounds would find
-            entries[0]["detectable_ms"] = entries[1]["detectable_ms"]
+            entries[0].detectable_ms = entries[1].detectable_ms
         for i in members:
             if i not in measured:
-                entries.append({**_entry(candidates[i], layer, None, status[i] if status[i] != "ok" else "failed",
-                                         [], None), "error": error[i] or "no op time measured"})
-        first = next(e for e in entries if e["first_place"] == 1) if entries else None
-        verdicts.append({"layer": layer, "layer_index": list(candidates[members[0]].run.variants).index(layer),
-                         "overturned": first is not None and first["standing"] not in ("winner", "tied"),
-                         "entries": entries})
+                entry = _entry(candidates[i], layer, None, status[i] if status[i] != "ok" else "failed", [], None)
+                entry.error = error[i] or "no op time measured"
+                entries.append(entry)
+        first = next(e for e in entries if e.first_place == 1) if entries else None
+        verdicts.append(LayerVerdict(layer, list(candidates[members[0]].run.variants).index(layer),
+                                     first is not None and first.standing not in ("winner", "tied"), entries))
     return verdicts
 
 
-def _entry(candidate: Candidate, layer: str, place: int | None, standing: str, samples: list[float], paired) -> dict:
-    return {"measurement_id": candidate.measurement_id, "first_place": candidate.first[layer][0],
-            "first_ms": candidate.first[layer][1], "place": place, "standing": standing,
-            "median_ms": median(samples) if samples else None, "spread": relative_spread(samples) if samples else None,
-            "difference_ms": paired.difference_ms if paired else None, "p_value": paired.p_value if paired else None,
-            "detectable_ms": paired.detectable_ms if paired else None, "samples_ms": samples, "error": None}
+def _entry(candidate: Candidate, layer: str, place: int | None, standing: str, samples: list[float],
+           paired: Paired | None) -> VerdictEntry:
+    return VerdictEntry(measurement_id=candidate.measurement_id, first_place=candidate.first[layer][0],
+                        first_ms=candidate.first[layer][1], place=place, standing=standing,
+                        median_ms=median(samples) if samples else None,
+                        spread=relative_spread(samples) if samples else None,
+                        difference_ms=paired.difference_ms if paired else None,
+                        p_value=paired.p_value if paired else None,
+                        detectable_ms=paired.detectable_ms if paired else None, samples_ms=samples)
 
 
 def run_confirm_job(spec: ConfirmSpec, out_path: Path, backend=None) -> dict[str, Any]:
-    """Re-measure the cell's fastest settings and write the confirm file; returns what it wrote. A cell with
-    fewer than two settings to tell apart writes a `skipped` file saying so. A machine that cannot run it
+    """Re-measure the cell's fastest settings and write the confirm file (a ConfirmFile); returns its JSON. A cell
+    with fewer than two settings to tell apart writes a `skipped` file saying so. A machine that cannot run it
     raises MachineError, with no file at `out_path`."""
     from .job import no_result_on_machine_error
     from convsweep.base.strict_json import read_json
@@ -141,53 +143,54 @@ def run_confirm_job(spec: ConfirmSpec, out_path: Path, backend=None) -> dict[str
     results = [ResultFile.from_json(read_json(path)) for path in spec.results if Path(path).exists()]
     candidates = choose(results, spec.top)
     cell = JobSpec.from_dict(spec.job)
-    head = {"format": FORMAT, "confirmation_id": uuid.uuid4().hex, "experiment": spec.experiment,
-            "group_id": spec.group_id, "batch": cell.batch, "top": spec.top, "rounds": spec.rounds,
-            "started_at": started_at}
+    confirmation = ConfirmFile(format=CONFIRM_FORMAT, confirmation_id=uuid.uuid4().hex, experiment=spec.experiment,
+                               group_id=spec.group_id, batch=cell.batch, top=spec.top, rounds=spec.rounds,
+                               started_at=started_at, status="skipped", candidates=[], layers=[])
     if len(candidates) < 2:
-        written = {**head, "status": "skipped", "reason": f"{len(candidates)} correct setting(s) with op times: "
-                                                          "nothing to tell apart", "candidates": [], "layers": []}
+        confirmation.reason = f"{len(candidates)} correct setting(s) with op times: nothing to tell apart"
     else:
         from .settings import measure_interleaved
         from .runner import Backend
 
         with no_result_on_machine_error(out_path):
             measured = measure_interleaved(cell, [c.run for c in candidates], spec.rounds, backend or Backend())
-        written = {**head, "status": "ok", "reason": None, "environment": measured.environment,
-                   "clocks": measured.clocks, "clocks_after": measured.clocks_after, "inputs": measured.inputs,
-                   "freshness": measured.freshness,
-                   "candidates": [{"measurement_id": c.measurement_id, "job_id": c.job_id, "run_key": c.run.run_key,
-                                   "variant": variant_label(c.run.variants), "variants": c.run.variants,
-                                   "params": c.run.params,
-                                   "status": measured.status[i], "error": measured.error[i]}
-                                  for i, c in enumerate(candidates)],
-                   "layers": judge(candidates, measured.op_time_ms, measured.status, measured.error)}
-    written["total_s"] = time.perf_counter() - started
-    with no_result_on_machine_error(out_path), writing(out_path):
-        write_json_atomic(out_path, written)
-    return written
+        confirmation.status, confirmation.environment = "ok", measured.environment
+        confirmation.clocks, confirmation.clocks_after = measured.clocks, measured.clocks_after
+        confirmation.inputs, confirmation.freshness = measured.inputs, measured.freshness
+        confirmation.candidates = [ConfirmCandidate(measurement_id=c.measurement_id, job_id=c.job_id,
+                                                    run_key=c.run.run_key, variant=variant_label(c.run.variants),
+                                                    variants=c.run.variants, params=c.run.params,
+                                                    status=measured.status[i], error=measured.error[i])
+                                   for i, c in enumerate(candidates)]
+        confirmation.layers = judge(candidates, measured.op_time_ms, measured.status, measured.error)
+    confirmation.total_s = time.perf_counter() - started
+    with no_result_on_machine_error(out_path):
+        confirmation.write(out_path)
+    return confirmation.to_json()
 
 
 def summary_lines(written: dict[str, Any]) -> list[str]:
-    """What a confirm job prints: a line per layer, its winner, ties and whether the ranking held."""
-    if written["status"] != "ok":
-        return [f"{written['group_id']}: not confirmed: {written['reason']}"]
-    candidates = {c["measurement_id"]: c for c in written["candidates"]}
+    """What a confirm job prints, from the file it wrote: a line per layer, its winner, ties and whether the
+    ranking held."""
+    confirmation = ConfirmFile.from_json(written)
+    if confirmation.status != "ok":
+        return [f"{confirmation.group_id}: not confirmed: {confirmation.reason}"]
+    candidates = {c.measurement_id: c for c in confirmation.candidates}
 
-    def named(entry: dict, layer: str) -> str:  # 'fp16_sliding_window WARPS=4,PR=2': the layer's setting
-        candidate = candidates[entry["measurement_id"]]
-        values = (candidate["params"] or {}).get(layer) or {}
-        return " ".join([candidate["variants"][layer], ",".join(f"{k}={v}" for k, v in values.items())]).strip()
+    def named(entry: VerdictEntry, layer: str) -> str:  # 'fp16_sliding_window WARPS=4,PR=2': the layer's setting
+        candidate = candidates[entry.measurement_id]
+        values = (candidate.params or {}).get(layer) or {}
+        return " ".join([(candidate.variants or {})[layer], ",".join(f"{k}={v}" for k, v in values.items())]).strip()
 
     lines = []
-    for verdict in written["layers"]:
-        entries = verdict["entries"]
-        winner = next((e for e in entries if e["standing"] == "winner"), None)
+    for verdict in confirmation.layers:
+        winner = next((e for e in verdict.entries if e.standing == "winner"), None)
+        at = f"{verdict.layer} at batch {confirmation.batch}"
         if winner is None:
-            lines.append(f"{verdict['layer']} at batch {written['batch']}: no candidate measured")
+            lines.append(f"{at}: no candidate measured")
             continue
-        tied = sum(e["standing"] == "tied" for e in entries)
-        lines.append(f"{verdict['layer']} at batch {written['batch']}: {named(winner, verdict['layer'])} "
-                     f"{winner['median_ms']:.4f} ms" + (f", tied with {tied}" if tied else "")
-                     + (" (first ranking overturned)" if verdict["overturned"] else " (first ranking held)"))
+        tied = sum(e.standing == "tied" for e in verdict.entries)
+        lines.append(f"{at}: {named(winner, verdict.layer)} {winner.median_ms:.4f} ms"
+                     + (f", tied with {tied}" if tied else "")
+                     + (" (first ranking overturned)" if verdict.overturned else " (first ranking held)"))
     return lines

@@ -31,14 +31,13 @@ from typing import Any
 
 from convsweep.sweep.config import JobSpec
 from convsweep.base.errors import MachineError, writing
-from convsweep.base.fileio import write_json_atomic
 from convsweep.device.gpulock import bind_free_gpu
 from .job import no_result_on_machine_error, read_progress
 from convsweep.device.provenance import git_state
+from .files import PROFILE_FORMAT, ProfiledLaunch, ProfiledSetting, ProfileFile
 from .record import Measurement, utc_now
 from convsweep.model.variants import get_variant
 
-FORMAT = "ncu-1"
 DOMAIN = "convsweep"  # the NVTX domain of the job's ranges (runner.nvtx_range)
 # Sections of Nsight Compute's own set that hold the metrics below (checked with ncu 2025.3.1).
 SECTIONS = ("LaunchStats", "Occupancy", "SpeedOfLight", "SpeedOfLight_RooflineChart", "MemoryWorkloadAnalysis",
@@ -127,8 +126,14 @@ class LaunchProfile:
             parts.append(f"stalls {self.stalls[0]['reason']} {100 * self.stalls[0]['share']:.0f}%")
         return "latency: " + "; ".join(parts) if parts else "unknown: ncu reported no throughput"
 
+    def profiled(self) -> ProfiledLaunch:
+        """The launch as the profile file holds it."""
+        return ProfiledLaunch(setting=self.setting, layer=self.layer, kernel=self.kernel, launch=self.launch,
+                              metrics=self.metrics, stalls=self.stalls, limiter=self.limiter, bound=self.bound)
+
     def record(self) -> dict:
-        return {**dataclasses.asdict(self), "limiter": self.limiter, "bound": self.bound}
+        """The launch as the profile file's JSON holds it."""
+        return self.profiled().to_json()
 
 
 def launch_metrics(action) -> tuple[dict, list[dict]]:
@@ -241,9 +246,9 @@ def once_each(spec: JobSpec) -> JobSpec:
 
 def run_profile_job(spec: JobSpec, out_path: Path, log=None, required: bool = True) -> dict:
     """Profile the conv kernels of every setting of the job once under ncu and write the profile
-    file (format ncu-1); status skipped, with the reason, when ncu cannot profile, or is not there and
-    not `required` (`ncu: auto`). No GPU, no room for the file, or no ncu where it is required raise
-    MachineError, with no file at `out_path`."""
+    file (a ProfileFile, format ncu-1), returning its JSON; status skipped, with the reason, when ncu cannot
+    profile, or is not there and not `required` (`ncu: auto`). No GPU, no room for the file, or no ncu where
+    it is required raise MachineError, with no file at `out_path`."""
     out_path = Path(out_path)
     with no_result_on_machine_error(out_path):
         return _profile_job(spec, out_path, log or sys.stdout, required)
@@ -258,18 +263,18 @@ def _profile_job(spec: JobSpec, out_path: Path, log, required: bool) -> dict:
         raise MachineError("ncu: true asked for but ncu (Nsight Compute) is not on PATH or $NCU")
     started = time.perf_counter()
     runs = spec.runs()
-    result = {"format": FORMAT, "profile_id": uuid.uuid4().hex, "job_id": spec.job_id, "job_key": spec.job_key,
-              "job": spec.to_dict(), "sweep": spec.sweep, "git": git_state(), "status": "skipped", "reason": None,
-              "ncu": _ncu_version(ncu) if ncu else None, "environment": None, "started_at": utc_now(), "seconds": None, "files": {},
-              "settings": [{"index": i, "run_key": run.run_key, "params": run.params} for i, run in enumerate(runs)],
-              "profiles": []}
+    profile = ProfileFile(format=PROFILE_FORMAT, profile_id=uuid.uuid4().hex, job_id=spec.job_id, job_key=spec.job_key,
+                          job=spec.to_dict(), sweep=spec.sweep, git=git_state(), status="skipped",
+                          ncu=_ncu_version(ncu) if ncu else None, started_at=utc_now(), files={},
+                          settings=[ProfiledSetting(i, run.run_key, run.params) for i, run in enumerate(runs)],
+                          profiles=[])
     if ncu is None:  # ncu: auto on a machine without it: said in the file, and the sweep goes on
-        result["reason"] = "ncu (Nsight Compute) is not on PATH or $NCU: not profiled (ncu: auto)"
-        return _write_profile(out_path, result, started)
+        profile.reason = "ncu (Nsight Compute) is not on PATH or $NCU: not profiled (ncu: auto)"
+        return _write_profile(out_path, profile, started)
     if spec.settings().guided:  # which settings it measures is known only once it has run
-        result["reason"] = (f"a {spec.search['strategy']} search's settings are known only once it ran: not "
-                            "profiled (profile its winner with a grid job)")
-        return _write_profile(out_path, result, started)
+        profile.reason = (f"a {spec.search['strategy']} search's settings are known only once it ran: not "
+                          "profiled (profile its winner with a grid job)")
+        return _write_profile(out_path, profile, started)
     kernels = profiled_kernels(spec.variants.values())
     report_base = out_path.with_suffix("")
     with writing(report_base.parent):
@@ -290,24 +295,25 @@ def _profile_job(spec: JobSpec, out_path: Path, log, required: bool) -> dict:
         raise MachineError(machine)
     measured = [Measurement.from_json(line["measurement"]) for line in lines if "measurement" in line]
     if problem is not None:
-        result["reason"] = problem
+        profile.reason = problem
     else:
         network = load_network(resolve_network_path(spec.network))
         try:
-            profiles = read_report(report, {layer.name for layer in network.conv_layers})
+            launches = read_report(report, {layer.name for layer in network.conv_layers})
         except ImportError:
-            result["reason"] = "cannot read the report: no ncu_report module (pip install ncu-report)"
+            profile.reason = "cannot read the report: no ncu_report module (pip install ncu-report)"
         else:
-            result.update(status="ok", profiles=[p.record() for p in profiles], files={"ncu_report": str(report)},
-                          environment=next((m.environment for m in measured if m.environment), None))
-    return _write_profile(out_path, result, started)
+            profile.status, profile.profiles = "ok", [launch.profiled() for launch in launches]
+            profile.files = {"ncu_report": str(report)}
+            profile.environment = next((m.environment for m in measured if m.environment), None)
+    return _write_profile(out_path, profile, started)
 
 
-def _write_profile(out_path: Path, result: dict, started: float) -> dict:
-    result["seconds"] = time.perf_counter() - started
-    with writing(out_path):
-        write_json_atomic(out_path, result)
-    return result
+def _write_profile(out_path: Path, profile: ProfileFile, started: float) -> dict:
+    """Write the profile file; what it holds, as JSON."""
+    profile.seconds = time.perf_counter() - started
+    profile.write(out_path)
+    return profile.to_json()
 
 
 def _run_ncu(command: list[str], log) -> str | None:

@@ -411,11 +411,24 @@ class SettingCounts(Part):
     resumed: int
 
 
+class File(Part):
+    """Base of the records that are a whole file (ResultFile, and convsweep.measure.files'): `FORMATS`, the values
+    of its `format` key that it reads, the one written last; the store's ingest has an entry for each."""
+
+    FORMATS: ClassVar[tuple[int | str, ...]] = ()
+
+    def write(self, path: str | Path) -> None:
+        """Atomically: readers never see half a file; a disk that cannot take it is the machine's failure."""
+        with writing(path):
+            write_json_atomic(path, self.to_json())
+
+
 @dataclass
-class ResultFile(Part):
+class ResultFile(File):
     """One job's result file. Read from a file of format 1 or 2, it holds that file's one measurement
     (upgraded) and the job-level keys are None."""
 
+    FORMATS = (*ONE_MEASUREMENT_FORMATS, FORMAT)
     PARTS = {"settings": SettingCounts, "measurements": Measurement}
 
     format: int
@@ -444,11 +457,6 @@ class ResultFile(Part):
         if self.format in ONE_MEASUREMENT_FORMATS:
             return {"format": self.format, **self.measurements[0].to_json()}
         return super().to_json()
-
-    def write(self, path: str | Path) -> None:
-        """Atomically: readers never see half a file; a disk that cannot take it is the machine's failure."""
-        with writing(path):
-            write_json_atomic(path, self.to_json())
 
     def located(self) -> list[tuple[str, Measurement]]:
         """(key path prefix, measurement) of each measurement: `measurements[i].` in a job file, ''

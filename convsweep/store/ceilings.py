@@ -1,35 +1,40 @@
 """A GPU's measured rates in the store, and the floors of its runs at them (convsweep.device.floors).
 
-`convsweep bench` measures the rates (its JSON's `ceilings`); ingesting that file stores one
-device_ceiling row and reckons the floors of every stored run on a GPU of that name again. A run
-ingested later gets its floors from the latest row of its GPU, when there is one.
+`convsweep bench` measures the rates (its JSON's `ceilings`: convsweep.measure.files.BenchFile); ingesting
+that file stores one device_ceiling row and reckons the floors of every stored run on a GPU of that name again.
+A run ingested later gets its floors from the latest row of its GPU, when there is one.
 """
 
 from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, selectinload
 
 from convsweep.base.errors import StoreError
 from convsweep.device.floors import UNITS, Ceiling, Work, compute_floor_ms, forward_floor_ms, work_floor_ms
+from convsweep.measure.files import BenchFile
 
 from .engine import _writer, storing
 from .ingest_report import IngestReport
 from .models import DeviceCeiling, Environment, LayerTime, Run
 from convsweep.base.strict_json import check_values, utc_time
 
-BENCH_FORMAT = "bench-2"  # convsweep.bench.report.BENCH_FORMAT, named here so ingest never imports the bench
-
 
 def ingest_ceiling(engine: Engine, bench: dict[str, Any], path: str | None = None) -> IngestReport:
-    """Store a bench file's rates unless they are stored already (its bench_id), then reckon the
-    floors of every run on its GPU at them."""
+    """Store a bench file's rates (`convsweep bench --db`: what ingest does with its --json file)."""
     source = path or f"bench {bench.get('bench_id', '?')}"
     check_values(bench, source)
+    return store_ceiling(engine, bench, source)
+
+
+def store_ceiling(engine: Engine, bench: dict[str, Any], source: str, path: str | None = None) -> IngestReport:
+    """Store a bench file whose values are checked (strict_json.check_values) unless its rates are stored
+    already (its bench_id), then reckon the floors of every run on its GPU at them. A device_ceiling row keeps
+    `source`, not `path`."""
     row = _ceiling_row(bench, source)
     report = IngestReport()
     with storing(source), Session(_writer(engine)) as session, session.begin():
@@ -46,27 +51,24 @@ def ingest_ceiling(engine: Engine, bench: dict[str, Any], path: str | None = Non
 
 def _ceiling_row(bench: dict[str, Any], source: str) -> DeviceCeiling:
     """The device_ceiling row of a bench file; StoreError naming the key that is missing or wrong."""
-    def need(value, key: str, what: str):
+    if not isinstance(bench.get("ceilings"), dict):
+        raise StoreError(f"{source}: ceilings: expected the measured rates, as `convsweep bench --json` writes them")
+    record = BenchFile.from_json(bench)
+    assert record.ceilings is not None  # an object, just checked
+    columns = record.ceiling_columns()
+
+    def need(column: str, what: str) -> Any:
+        key, value = columns[column]
         if value is None or value == "":
             raise StoreError(f"{source}: {key}: expected {what}, as `convsweep bench --json` writes it")
         return value
 
-    ceilings = bench.get("ceilings")
-    if not isinstance(ceilings, dict):
-        raise StoreError(f"{source}: ceilings: expected the measured rates, as `convsweep bench --json` writes them")
-    environment = cast(dict, bench.get("environment")) if isinstance(bench.get("environment"), dict) else {}
-    matmul = ceilings.get("matmul_TFLOPps") or {}
-    rates = {"dtod_gbps": _rate(need(ceilings.get("dtod_GBps"), "ceilings.dtod_GBps", "the device copy rate"),
-                                "ceilings.dtod_GBps", source)}
-    for column, key in (("h2d_gbps", "h2d_GBps"), ("d2h_gbps", "d2h_GBps")):
-        rates[column] = _rate(ceilings.get(key), f"ceilings.{key}", source)
-    for unit in UNITS:
-        rates[f"{unit}_tflops"] = _rate(matmul.get(unit), f"ceilings.matmul_TFLOPps.{unit}", source)
+    need("dtod_gbps", "the device copy rate")
+    rates = {column: _rate(value, key, source) for column, (key, value) in record.ceilings.rate_columns().items()}
     return DeviceCeiling(
-        bench_id=str(need(bench.get("bench_id"), "bench_id", "the bench run's id")),
-        gpu=str(need(bench.get("device"), "device", "the GPU's name")), gpu_uuid=environment.get("gpu_uuid"),
-        hostname=environment.get("hostname"),
-        measured_at=utc_time(need(bench.get("measured_at"), "measured_at", "when it was measured"), source, "measured_at"),
+        bench_id=str(need("bench_id", "the bench run's id")), gpu=str(need("gpu", "the GPU's name")),
+        gpu_uuid=columns["gpu_uuid"][1], hostname=columns["hostname"][1],
+        measured_at=utc_time(need("measured_at", "when it was measured"), source, "measured_at"),
         source=source, ingested_at=datetime.now(timezone.utc), **rates)
 
 

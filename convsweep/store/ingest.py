@@ -1,12 +1,16 @@
-"""Idempotent ingest of per-job result JSON files (workflow/schemas/result.schema.yaml, explained
-in docs/result-format.md): one transaction per file, nothing half-stored. A file holds one
-measurement (formats 1 and 2) or one per tunable setting of its job (format 3); each is a run row.
-The file is read strictly (strict_json), checked against the schema, then read as a
+"""Idempotent ingest of the files convsweep writes, one transaction per file, nothing half-stored: per-job
+result files (workflow/schemas/result.schema.yaml, explained in docs/result-format.md), and beside them
+Nsight Compute profiles, confirmations and bench files' rates. FORMATS, the table of them, says per file
+`format` what it is checked against, which id makes ingesting it again add nothing, and what stores it.
+
+A result file holds one measurement (formats 1 and 2) or one per tunable setting of its job (format 3);
+each is a run row. The file is read strictly (strict_json), checked against the schema, then read as a
 convsweep.measure.record.ResultFile, whose measurements name their own columns."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
@@ -15,35 +19,35 @@ from sqlalchemy import Engine, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
-from convsweep.base.errors import StoreError, StoreUnavailable
+from convsweep.base.errors import ConfigError, StoreError, StoreUnavailable
 from convsweep.base.fileio import canonical_hash
 from convsweep.base.progress import progress
-from convsweep.measure.record import Measurement, ResultFile
+from convsweep.base.schema import validate
+from convsweep.measure.files import BenchFile, ConfirmFile, ProfileFile
+from convsweep.measure.record import File, Measurement, ResultFile
 
-from .ceilings import BENCH_FORMAT, ingest_ceiling, latest_ceiling, set_floors
+from .ceilings import latest_ceiling, set_floors, store_ceiling
 from .engine import _writer, one_line, storing
 from .ingest_report import IngestReport
-from .models import Build, Environment, KernelStat, LayerTime, Memcpy, Phase, Run, Sample, Sweep
+from .models import (Build, Confirmation, DeviceCeiling, Environment, KernelProfile, KernelStat, LayerTime, Memcpy,
+                     Phase, Run, Sample, Sweep)
 from .confirmations import ingest_confirmation
 from .profiles import ingest_profile
 from convsweep.base.strict_json import check_schema, check_values, read_json, utc_time
-
-
-PROFILE_FORMAT = "ncu-1"  # convsweep.measure.ncu.FORMAT, named here so ingest never imports the profiler
-CONFIRM_FORMAT = "confirm-1"  # convsweep.measure.confirm.FORMAT
 
 # Transactions per file when another writer stores some of its measurements between our check and
 # our insert (that insert fails; the next attempt sees them stored and skips them).
 RACE_ATTEMPTS = 3
 
 
-def check_result(result: Any, source: str) -> None:
-    """Raise StoreError naming the file and key when a result does not match the result schema or
-    holds a number no column can (NaN and infinities, which JSON Schema cannot see)."""
+def check_result(result: Any, source: str, schema: str | None = "result") -> None:
+    """Raise StoreError naming the file and key when a file holds a number no column can (NaN and
+    infinities, which JSON Schema cannot see) or does not match its schema (None: no schema)."""
     check_values(result, source)
-    check_schema(result, "result", source)
+    if schema is not None:
+        check_schema(result, schema, source)
 
 
 def _get_or_create(session: Session, model: type[Sweep | Environment | Build], keys: dict[str, Any],
@@ -96,20 +100,22 @@ def measurements(result: ResultFile, source: str) -> list[tuple[str, Measurement
     return found
 
 
-def ingest_result(engine: Engine, result: dict[str, Any], result_path: str | None = None) -> IngestReport:
-    """Store one result file in one transaction: each of its measurements not stored yet becomes a
-    run row, or, when anything fails, none does. A new measurement of a stored setting is a new
-    row beside the old ones; one already stored counts as unchanged."""
-    if isinstance(result, dict) and result.get("format") == PROFILE_FORMAT:  # an Nsight Compute profile job's file
-        check_values(result, result_path or f"profile {result.get('job_id', '?')}")
-        return ingest_profile(engine, result, result_path)
-    if isinstance(result, dict) and result.get("format") == CONFIRM_FORMAT:  # a confirm job's: a cell's winners
-        check_values(result, result_path or f"confirmation {result.get('group_id', '?')}")
-        return ingest_confirmation(engine, result, result_path)
-    if isinstance(result, dict) and result.get("format") == BENCH_FORMAT:  # `convsweep bench --json`: a GPU's rates
-        return ingest_ceiling(engine, result, result_path)
-    source = result_path or f"result {result.get('job_id', '?') if isinstance(result, dict) else '?'}"
-    check_result(result, source)
+def ingest_result(engine: Engine, result: Any, result_path: str | None = None) -> IngestReport:
+    """Store one file that convsweep writes, of a format FORMATS knows, in one transaction: checked first
+    (values, then its schema), and refused with one line naming the file and the formats known where its
+    `format` is none of them."""
+    entry = file_format(result)
+    source = result_path or (entry.named(result) if entry is not None else "a document")
+    check_result(result, source, entry.schema if entry is not None else None)
+    if entry is None:
+        raise unknown_format(result, source)
+    return entry.store(engine, result, source, result_path)
+
+
+def ingest_measurements(engine: Engine, result: dict[str, Any], source: str, result_path: str | None) -> IngestReport:
+    """Store a checked result file: each of its measurements not stored yet becomes a run row, or, when
+    anything fails, none does. A new measurement of a stored setting is a new row beside the old ones;
+    one already stored counts as unchanged."""
     found = measurements(ResultFile.from_json(result), source)
     keys = [m.measurement_id for _, m in found]
     attempts = 0
@@ -174,6 +180,60 @@ def _run_row(session: Session, measurement: Measurement, result_path: str | None
         ceilings[gpu] = latest_ceiling(session, gpu)
     set_floors(run, run.layer_times, ceilings[gpu])
     return run
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """A kind of file ingest stores. `record`: its typed record (convsweep.measure), whose FORMATS are the
+    `format` values it is known by; `kind` and `named_by`: what error lines call one handed in without a path
+    (`profile <its job_id>`); `schema`: what it is checked against (workflow/schemas/; None: the bench file
+    has none, and its store checks each key it reads); `id_column`: where its id is stored (a result file's:
+    its measurements'), which `store` looks up in the transaction that stores it, so that ingesting the file
+    again adds nothing; `store`: (engine, the checked file, source: what error lines call it, path: where it
+    was read from, None for a document handed in) -> what it stored."""
+
+    record: type[File]
+    kind: str
+    named_by: str
+    schema: str | None
+    id_column: InstrumentedAttribute[str]
+    store: Callable[[Engine, dict[str, Any], str, str | None], IngestReport]
+
+    def named(self, document: dict[str, Any]) -> str:
+        """What error lines call a document of this kind handed in without a path."""
+        return f"{self.kind} {document.get(self.named_by, '?')}"
+
+
+FORMATS = (
+    FileFormat(ResultFile, "result", "job_id", "result", Run.measurement_id, ingest_measurements),
+    FileFormat(ProfileFile, "profile", "job_id", "profile", KernelProfile.profile_id, ingest_profile),
+    FileFormat(ConfirmFile, "confirmation", "group_id", "confirm", Confirmation.confirmation_id, ingest_confirmation),
+    FileFormat(BenchFile, "bench", "bench_id", None, DeviceCeiling.bench_id, store_ceiling),  # `convsweep bench --json`
+)
+KNOWN_FORMATS: list[int | str] = [known for entry in FORMATS for known in entry.record.FORMATS]
+
+
+def file_format(document: Any) -> FileFormat | None:
+    """The entry of a document's `format`; None where it is not an object or has no format FORMATS knows."""
+    found = document.get("format") if isinstance(document, dict) else None
+    if isinstance(found, bool):  # True == 1: not format 1 for all that
+        return None
+    return next((entry for entry in FORMATS if found in entry.record.FORMATS), None)
+
+
+def unknown_format(document: Any, source: str) -> StoreError:
+    """The line refusing a document of no format FORMATS knows, worded as the schemas' lines are:
+    `f.json: format: expected one of [1, 2, 3, 'ncu-1', ...], got "x"`."""
+    shown = document
+    if isinstance(document, dict):  # its format alone: the rest is no concern of this line
+        shown = {"format": document["format"]} if "format" in document else {}
+    formats = {"type": "object", "required": ["format"], "properties": {"format": {"enum": KNOWN_FORMATS}}}
+    try:
+        validate(shown, formats, source, fill_defaults=False)
+    except ConfigError as exc:
+        return StoreError(str(exc))
+    # Only a value that jsonschema's enum takes and `in` does not (JSON has none) gets here.
+    return StoreError(f"{source}: format: expected one of {KNOWN_FORMATS}, got {shown['format']!r}")
 
 
 def read_result(path: str | Path) -> Any:
