@@ -3,11 +3,11 @@ parser in `add_parser(sub)` and what it does in `run(args)`. What several share 
 a job spec) is declared once in common. The order here is the order of `convsweep --help`."""
 from __future__ import annotations
 
-from . import (bench, browse, compare, compile, confirm_job, export, import_, ingest, jobs, measure, plot,
-               profile_job, query, replay, report, run_job, watch)
+from . import (bench, browse, compare, compile, confirm_job, export, import_, ingest, jobs, leaderboard, measure,
+               plot, profile_job, query, replay, report, run_job, watch)
 
 COMMANDS = (jobs, run_job, profile_job, measure, compile, ingest, query, bench, compare, watch, report, browse, plot,
-            replay, export, import_, confirm_job)
+            replay, export, import_, confirm_job, leaderboard)
 
 
 def add_parsers(sub) -> None:
