@@ -399,6 +399,12 @@ def _load_registries(path: Path, extras: tuple[Path, ...], versions: tuple = ())
     return registry
 
 
+def read_registry(path: Path, shown: str | None = None) -> dict[str, Variant]:
+    """One registry file alone, neither joined to the shipped one nor remembered: a course's submission
+    (convsweep.sweep.submissions). Errors as load_registry's, the file named by `shown` where given."""
+    return _read_registry(Path(path), shown or relative_to_root(path))
+
+
 def _read_registry(path: Path, shown: str) -> dict[str, Variant]:
     """One registry file, checked against workflow/schemas/variants.schema.yaml (which fills the
     defaults in), then for what a schema cannot see: the .cu files (beside the file) and the tunables'

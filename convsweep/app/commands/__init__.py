@@ -4,10 +4,10 @@ a job spec) is declared once in common. The order here is the order of `convswee
 from __future__ import annotations
 
 from . import (bench, browse, compare, compile, confirm_job, export, import_, ingest, jobs, leaderboard, measure,
-               plot, profile_job, query, replay, report, run_job, watch)
+               plot, profile_job, query, replay, report, run_job, submissions, watch)
 
 COMMANDS = (jobs, run_job, profile_job, measure, compile, ingest, query, bench, compare, watch, report, browse, plot,
-            replay, export, import_, confirm_job, leaderboard)
+            replay, export, import_, confirm_job, submissions, leaderboard)
 
 
 def add_parsers(sub) -> None:
