@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from convsweep.device.compile import LAYERS_SOURCE, kernel_sources
-from convsweep.sweep.config import Config, JobSpec, expand_config, validate
+from convsweep.sweep.config import Config, JobSpec, expand, validate
 from convsweep.base.errors import ConvsweepError
 from convsweep.analysis.outcome import GPU_JOBS_ENV
 from convsweep.base.paths import ROOT, check_same_checkout, resolve_network_path
@@ -121,9 +121,7 @@ class SweepPlan:
         # (provenance.probe_machine, or a test's stand-in): see left_out.
         self._workflow, self._probe = workflow, probe
         self.config = Config(Path(config_path), validate(config, str(config_path)))
-        # Expanded now, so a bad variant or tunable stops the workflow while it is parsed,
-        # with one line, instead of inside some rule's input function.
-        self.jobs: list[JobSpec] = expand_config(self.config)
+        self.jobs, self.submissions_left_out = expand(self.config)  # now: a bad variant stops Snakemake in one line
         self._networks: dict[str, object] = {}
         self.bench: str | None = self._bench_file()  # checked now, with the rest of the config
         self._planned_at = time.time()
@@ -267,7 +265,7 @@ class SweepPlan:
         groups: dict[str, dict[str, list[JobSpec]]] = {e: {} for e in self.experiments}
         for job in self.jobs:
             if self.config.experiments[job.experiment]["confirm"]["top"] and job.streams == 1 \
-                    and self.gpus(job.experiment, job.job_id):
+                    and job.submissions is None and self.gpus(job.experiment, job.job_id):
                 groups[job.experiment].setdefault(job.winners_id, []).append(job)
         # A cell of one setting has nothing to tell apart.
         return {e: {g: jobs for g, jobs in cells.items() if len(jobs) > 1 or self._settings(jobs[0]) > 1}
@@ -279,7 +277,7 @@ class SweepPlan:
 
     def winner_groups(self, experiment: str) -> list[str]:
         """The confirm jobs of an experiment (convsweep.measure.confirm): one per cell of its one-stream GPU jobs that
-        measure two settings or more between them, where `confirm: top` is not 0."""
+        measure two settings or more between them, where `confirm: top` is not 0; no class's (no process is shared)."""
         return list(self._winner_groups[experiment])
 
     def winners_file(self, experiment: str, group: str) -> str:
@@ -375,6 +373,7 @@ class SweepPlan:
         quiet = {getattr(q, "name", q) for q in getattr(workflow.output_settings, "quiet", None) or ()}
         if workflow.executor_plugin is not None and "ALL" not in quiet:  # a run or a dry run, not --quiet all
             print(self.machine_block(machine, left_out), file=sys.stderr, flush=True)
+            self.submissions_left_out.tell(self.experiments)  # and a class's submissions left out, and why
         return left_out
 
     def _gpu_units(self) -> int:
@@ -402,9 +401,9 @@ class SweepPlan:
         return {**job.to_dict(), "sweep": job.sweep, "job_id": job.job_id}
 
     def write_not_run(self) -> None:
-        """Called from onstart: each experiment's record of the run jobs it plans (convsweep.analysis.outcome.Planned) and of
-        those this machine leaves out (NotRun), which the end of the sweep and the report read; where none is left
-        out, an old record is removed."""
+        """Called from onstart: each experiment's record of the run jobs it plans (convsweep.analysis.outcome.Planned), of
+        those this machine leaves out (NotRun) and of its class's submissions left out (classes.LeftOut), which the end
+        of the sweep and the report read; where none is left out, an old record is removed."""
         from convsweep.analysis.outcome import NotRun, Planned
 
         for experiment in self.experiments:
@@ -412,6 +411,7 @@ class SweepPlan:
             left = self._not_run(experiment)
             try:
                 Planned(tuple(self._job_ids(experiment))).write(path.with_name("planned.json"))
+                self.submissions_left_out.write(path.parent, experiment)
                 if left:
                     NotRun(cast(str, self.left_out), tuple(left)).write(path)  # jobs are left out for its reason
                 else:
@@ -469,7 +469,7 @@ class SweepPlan:
         files = [network.path]
         if network.weights_path is not None:
             files.append(network.weights_path)
-        variants = [get_variant(name) for name in dict.fromkeys(job.variants.values())]
+        variants = [get_variant(name, job.submissions) for name in dict.fromkeys(job.variants.values())]
         for source in [cast(Path, v.source) for v in variants if not v.is_cpu]:
             files += kernel_sources(source)
         if not all(v.is_cpu for v in variants):
@@ -480,7 +480,7 @@ class SweepPlan:
         """GPUs the job asks its executor for (`resources: gpu`): none when every layer runs on a CPU
         variant, as the job itself decides (job.run_job), so a cluster holds no GPU for it."""
         job = self.job(experiment, job_id)
-        return 0 if all(get_variant(name).is_cpu for name in job.variants.values()) else 1
+        return 0 if all(get_variant(name, job.submissions).is_cpu for name in job.variants.values()) else 1
 
     @staticmethod
     def local_cores(workflow) -> int | None:
@@ -499,12 +499,11 @@ class SweepPlan:
         """The job's variants' registry entries, hashed (a rule parameter: editing an entry re-measures
         the jobs of that variant)."""
         job = self.job(experiment, job_id)
-        return ",".join(f"{name}={get_variant(name).entry_hash}" for name in sorted(set(job.variants.values())))
+        return ",".join(f"{n}={get_variant(n, job.submissions).entry_hash}" for n in sorted(set(job.variants.values())))
 
     def finish(self, targets: Iterable[str] = ()) -> None:
-        """onsuccess and onerror: let go of Snakemake's timer, store the results of the jobs that
-        finished where an experiment's ingest did not run, and print what the sweep left behind, for
-        the experiments this invocation asked for (`targets`, Snakemake's: none is all of them)."""
+        """onsuccess and onerror: let go of Snakemake's timer, store what finished where an experiment's ingest did not
+        run, and print what the sweep left behind, for the experiments `targets` name (Snakemake's: none is all)."""
         from convsweep.analysis.outcome import finish_sweep
 
         release_scheduler_timer()
@@ -512,6 +511,7 @@ class SweepPlan:
         self._forget_records_of_another_store(experiments)
         status = finish_sweep(self.db_url, [self._experiment_files(e) for e in experiments],
                               cpu_sweep=f"snakemake --configfile {_shown(CPU_SWEEP)}")
+        self.submissions_left_out.tell(experiments)  # not the sweep's failure: it ran what it could
         skip_final_collection()
         if status:  # jobs left out, or none of what ran finished ok: the status says so, as for a failed job
             raise SystemExit(status)

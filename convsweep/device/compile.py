@@ -23,7 +23,7 @@ from convsweep.base.fileio import SealedCache, canonical_hash
 from convsweep.base.errors import CompileError
 from .findings import scan_ptx
 from convsweep.base.paths import KERNELS_DIR, cache_dir, relative_to_root
-from convsweep.model.variants import ConvShape, Variant, load_registry
+from convsweep.model.variants import ConvShape, Variant, find_variant, load_registry
 
 
 _ERROR_LINE = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?:catastrophic )?error: (?P<msg>.*)$", re.M)
@@ -136,7 +136,7 @@ def build_arch(source: Path, name: str, arch: str) -> str:
     """`arch`, for a build of `name` from `source`, once the registered variant of that name and source has
     allowed it (Variant.build_arch: a one-line CompileError for a target its registry arch rules out, sm_90
     for a wgmma kernel); any other module (layers.cu) builds for any target."""
-    variant = load_registry().get(name)
+    variant = find_variant(name)  # a registry's, or a joined class's (a student's arch list holds too)
     if variant is None or variant.source is None or Path(variant.source).resolve() != Path(source).resolve():
         return arch
     return variant.build_arch(arch)

@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -455,8 +456,40 @@ def unknown_variant(name: str, registry: dict[str, Variant]) -> str:
     return f"unknown variant '{name}' ({len(registry)} known: see {listed})"
 
 
-def get_variant(name: str) -> Variant:
+# A course's class folders (docs/course.md) whose submissions' variants this process finds by their class-wide names
+# (`<id>__<name>`), each asked through the resolver the sweep wing joined it with (convsweep.sweep.classes: this
+# wing reads no submission). A job's spec that names a class joins it, so that a job finds its own submission's
+# variants, and only that submission is read.
+ClassResolver = Callable[[str], Variant | None]
+_CLASSES: dict[str, ClassResolver] = {}
+
+
+def join_class(folder: str, resolve: ClassResolver) -> ClassResolver:
+    """Look names up in the class at `folder` too, with `resolve`: the class-wide name's Variant (its source the
+    checked copy NVRTC builds), None where the name is none of the class's, or a ConfigError saying why the
+    submission it names cannot be used. A folder joined already keeps its resolver, which is returned."""
+    return _CLASSES.setdefault(folder, resolve)
+
+
+def find_variant(name: str, class_folder: str | None = None) -> Variant | None:
+    """The variant of that name: a registry's (load_registry), else a joined class's (that of `class_folder`
+    alone, where given); None where none has it. A name two joined classes both resolve is a ConfigError, never
+    one of them."""
     registry = load_registry()
-    if name not in registry:
-        raise ConfigError(f"{REGISTRY_PATH.name}: {unknown_variant(name, registry)}")
-    return registry[name]
+    if name in registry:
+        return registry[name]
+    folders = [class_folder] if class_folder is not None else list(_CLASSES)
+    found = {folder: variant for folder in folders if folder in _CLASSES
+             and (variant := _CLASSES[folder](name)) is not None}
+    if len(found) > 1:
+        raise ConfigError(f"variant '{name}': a submission of each of the classes {' and '.join(found)}: name one "
+                          "class per sweep experiment")
+    return next(iter(found.values()), None)
+
+
+def get_variant(name: str, class_folder: str | None = None) -> Variant:
+    """The variant of that name (find_variant); an unknown one is one ConfigError line with the nearest names."""
+    found = find_variant(name, class_folder)
+    if found is None:
+        raise ConfigError(f"{REGISTRY_PATH.name}: {unknown_variant(name, load_registry())}")
+    return found

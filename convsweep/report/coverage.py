@@ -8,7 +8,9 @@ report leaves them out and says so here.
 Read from the experiment's results folder, as the rules name its files (convsweep.app.plan): the sweep's record
 of the run jobs it plans (Planned, `planned.json`), its record of the jobs this
 machine left out (outcome.NotRun, `not-run.json`), and each job's spec, result and log. Without a plan record
-the jobs left out are all it knows of; without either record there is nothing to say.
+the jobs left out are all it knows of; without either record there is nothing to say. The submissions of a class
+folder that fail the check have no job at all: the sweep's record of them (sweep.classes.LeftOut,
+`submissions-left-out.json`) gives each its row and its reason.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from convsweep.sweep.config import variant_label
 from convsweep.base.document import Bullets, Heading, Paragraph, Table
 from convsweep.base.fileio import canonical_hash
 from convsweep.analysis.outcome import NotRun, Planned, last_reason
+from convsweep.sweep.classes import LEFT_OUT_FILE, LeftOut
 
 PLANNED_FILE, NOT_RUN_FILE = "planned.json", "not-run.json"  # in results/<experiment>/, beside runs/, logs/, specs/
 TITLE = "Asked for and not measured"
@@ -61,6 +64,7 @@ class Coverage:
     superseded: set[str] = field(default_factory=set)
     not_run_reason: str | None = None
     others_not_run: Counter = field(default_factory=Counter)  # profile / winners jobs left out, by kind
+    submissions_left_out: LeftOut | None = None  # a class's submissions the sweep did not plan, with why
 
 
 def read_coverage(folder: Path | None, stored: Iterable[str]) -> Coverage | None:
@@ -70,13 +74,15 @@ def read_coverage(folder: Path | None, stored: Iterable[str]) -> Coverage | None
         return None
     not_run = NotRun.read(folder / NOT_RUN_FILE)
     planned = Planned.read(folder / PLANNED_FILE)
-    if not_run is None and planned is None:
+    submissions = LeftOut.read(folder / LEFT_OUT_FILE)
+    if not_run is None and planned is None and submissions is None:
         return None
     stored, left = set(stored), not_run.jobs if not_run else ()
     left_out = [job_id for kind, job_id in left if kind == "run"]
     left_set = set(left_out)
     coverage = Coverage(len(planned.jobs) if planned else None, not_run_reason=not_run.reason if not_run else None,
-                        others_not_run=Counter(kind for kind, _ in left if kind != "run"))
+                        others_not_run=Counter(kind for kind, _ in left if kind != "run"),
+                        submissions_left_out=submissions)
     for job_id in planned.jobs if planned else left_out:
         reason = cast(NotRun, not_run).reason if job_id in left_set else None  # left out: not_run says why
         said = _why_missing(folder, job_id, reason, job_id in stored)
@@ -117,10 +123,10 @@ def section(coverage: Coverage | None, runs: Sequence[dict[str, Any]], failures_
     """The report's blocks for it (none where nothing is missing): how many jobs the sweep asks for and how many
     have no stored result, a table of those by variant and reason, what runs them, what else was not run, and
     where the settings that failed or were incorrect are told (`failures_where`). `runs`: those the report shows."""
-    if coverage is None or not (coverage.missing or coverage.others_not_run):
+    if coverage is None or not (coverage.missing or coverage.others_not_run or coverage.submissions_left_out):
         return []
     missing = coverage.missing
-    blocks: list = [Heading(2, TITLE)]
+    blocks: list = [Heading(2, TITLE), *_submissions_left_out(coverage.submissions_left_out)]
     if missing:
         head = (f"The sweep asks for {_count(coverage.planned, 'job')} of this experiment; {len(missing)} of them "
                 f"{'has' if len(missing) == 1 else 'have'} no stored result" if coverage.planned is not None else
@@ -153,6 +159,18 @@ def section(coverage: Coverage | None, runs: Sequence[dict[str, Any]], failures_
         blocks.append(Paragraph(f"Not listed here: {_count(failed, 'setting')} that ran and failed or gave wrong "
                                 f"outputs, each {failures_where} with its error."))
     return blocks
+
+
+def _submissions_left_out(left: LeftOut | None) -> list:
+    """A paragraph and a table, a row per submission of the class folder that fails the check, with its reason."""
+    if left is None:
+        return []
+    n = len(left.submissions)
+    return [Paragraph(f"{_count(n, 'submission')} of the class folder `{left.folder}` {'was' if n == 1 else 'were'} "
+                      f"not planned, beside the {left.planned} that {'was' if left.planned == 1 else 'were'}: "
+                      f"{'it fails' if n == 1 else 'each fails'} the check and has no job (`convsweep submissions check "
+                      f"{left.folder}` says the same; the next `snakemake` plans a submission fixed since)."),
+            Table(["submission", "why"], [[sid, _cut(why)] for sid, why in left.submissions], [False, False])]
 
 
 def _table(missing: list[Missing], with_why: bool) -> Table:

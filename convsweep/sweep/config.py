@@ -16,7 +16,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from convsweep.base import axes
 from . import search as search_mod
@@ -26,6 +26,9 @@ from convsweep.base.fileio import canonical_hash
 from convsweep.base.paths import DEFAULT_DB_URL, ROOT, resolve_network_path
 from convsweep.base.schema import did_you_mean, validate as validate_against
 from convsweep.base.yamlio import ANY, line_of, read_yaml_file
+
+if TYPE_CHECKING:  # a job imports this module first: a class's reader only where a spec names one
+    from .classes import LeftOuts
 
 # Values in a sweep (keys, list items, aliases expanded): the largest here has ~400. jsonschema checks
 # ~30,000 values a second on this machine, so a config at the bound is still answered in under a second.
@@ -56,13 +59,24 @@ def _cell_fields() -> list[tuple]:
             # full, or fast: no caching test (convsweep.measure.integrity)
             ("checks", str, field(default="full")),
             # one checked pass of each setting again under compute-sanitizer (convsweep.sweep.sanitize)
-            ("sanitize", bool, field(default=False))]
+            ("sanitize", bool, field(default=False)),
+            # the class folder whose submissions' variants it names (docs/course.md), as classes.spec_folder has it
+            ("submissions", str | None, field(default=None))]
+
+
+def _join_class(cell) -> None:
+    """A spec naming a class makes its variants known to this process's look-ups (convsweep.sweep.classes)."""
+    if cell.submissions is not None:
+        from .classes import join_class
+
+        join_class(cell.submissions)
 
 
 # One cell of the sweep matrix as a spec holds it: its experiment, network, dataset, variants and a value
 # of each axis, and how it is timed. Keyword-only, so the axes' fields come from AXES in any order. Any to
 # mypy, which cannot see fields made at run time.
-Cell: Any = make_dataclass("Cell", _cell_fields(), frozen=True, kw_only=True, namespace={"__module__": __name__})
+Cell: Any = make_dataclass("Cell", _cell_fields(), frozen=True, kw_only=True,
+                           namespace={"__module__": __name__, "__post_init__": _join_class})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,7 +160,8 @@ class JobSpec(Cell):
     def settings(self) -> Settings:
         """The settings this job measures (grid order) and how many the grid holds: computed from
         the registry and the network, the same in the planner and in the job."""
-        return choose_settings(self.network, self.variants, self.grid, self.search, f"job {self.job_id}")
+        return choose_settings(self.network, self.variants, self.grid, self.search, f"job {self.job_id}",
+                               self.submissions)
 
     def runs(self) -> list[RunSpec]:
         common = {k: v for k, v in self.to_dict().items() if k not in ("grid", "search", "arch")}
@@ -155,9 +170,9 @@ class JobSpec(Cell):
 
 # Keys left out of a spec's dict at these values, so specs written before they existed keep their
 # hashes: the axes' defaults (the automatic chunking, warm caches), the GPU's own architecture, a
-# fixed number of repeats, the energy window.
+# fixed number of repeats, the energy window, no class.
 _OMITTED_DEFAULTS = {**OMITTED_AT_DEFAULT, "arch": "auto", "stopping": None, "energy_window_s": 0.5, "checks": "full",
-                     "sanitize": False}
+                     "sanitize": False, "submissions": None}
 
 
 def _without_defaults(d: dict) -> dict:
@@ -191,20 +206,21 @@ class Settings:
 _SETTINGS: dict[str, Settings] = {}  # by the hash of choose_settings' arguments: the planner asks once per cell
 
 
-def choose_settings(network_path: str, variants: dict[str, str], grid: list[dict], search: dict, where: str) -> Settings:
+def choose_settings(network_path: str, variants: dict[str, str], grid: list[dict], search: dict, where: str,
+                    class_folder: str | None = None, net=None) -> Settings:
     """The valid settings of `grid` for this network (product of each entry's allowed combinations,
     those that fit every layer's shape), then the search's pick: all, or `max_settings` of them
     drawn with `seed` (the same draw for every batch and stream count of the cell), or all of them as
-    a guided search's candidates.
+    a guided search's candidates. The variants: the registries' or the class's at `class_folder`; `net`: the network.
     One ConfigError line when nothing is left."""
     from convsweep.model.network import load_network
-    from convsweep.model.variants import check_grid_size, load_registry
+    from convsweep.model.variants import check_grid_size, get_variant
 
-    key = canonical_hash([network_path, variants, grid, search])
+    key = canonical_hash([network_path, variants, grid, search, class_folder])
     if key in _SETTINGS:
         return _SETTINGS[key]
-    registry = load_registry()
-    net = load_network(resolve_network_path(network_path))
+    registry = {name: get_variant(name, class_folder) for name in set(variants.values())}
+    net = net or load_network(resolve_network_path(network_path))
     per_entry = []
     for i, entry in enumerate(grid):
         names = {variants[layer] for layer in entry["layers"]}
@@ -289,31 +305,43 @@ def load_config(path: str | os.PathLike) -> Config:
 
 def expand_config(config: Config | dict, source: str = "experiments.yaml") -> list[JobSpec]:
     """Every job of every experiment, in a stable order; errors name the file, the line and the key."""
+    return expand(config, source)[0]
+
+
+def expand(config: Config | dict, source: str = "experiments.yaml") -> tuple[list[JobSpec], LeftOuts]:
+    """expand_config's jobs, and by experiment, the submissions of its class folder it leaves out (classes.LeftOut)."""
     from convsweep.model.variants import load_registry
+    from .classes import LeftOuts
 
     if isinstance(config, dict):
         config = Config(Path(source), validate(config, source))
     registry = load_registry()
     _check_job_count(config)
     jobs: list[JobSpec] = []
+    left_out = LeftOuts()
     for name, exp in config.experiments.items():
         try:
-            jobs += _experiment_jobs(config, name, exp, registry)
+            jobs += _experiment_jobs(config, name, exp, registry, left_out)
         except ConfigError as e:
             raise ConfigError(_with_line(str(e), config, name)) from None
+    if len(jobs) > MAX_JOBS:  # a class's jobs are counted as they are made
+        raise ConfigError(f"{config.path}: {len(jobs):,} jobs; a sweep makes at most {MAX_JOBS:,}: split it")
     if not jobs:
-        raise ConfigError(f"{config.path}: the sweep matrix is empty")
+        told = "".join(f"; every submission of {left.folder} is left out (`convsweep submissions check {left.folder}`)"
+                       for left in left_out.values())
+        raise ConfigError(f"{config.path}: the sweep matrix is empty{told}")
     seen: dict[str, JobSpec] = {}
     for job in jobs:
         seen.setdefault(job.job_id, job)
-    return list(seen.values())
+    return list(seen.values()), left_out
 
 
-def _experiment_jobs(config: Config, name: str, exp: dict, registry) -> list[JobSpec]:
-    """The jobs of one experiment; its errors begin `file: experiments.NAME...` (expand_config adds the line)."""
+def _experiment_jobs(config: Config, name: str, exp: dict, registry, left_out: LeftOuts) -> list[JobSpec]:
+    """One experiment's jobs, the submissions it leaves out put in `left_out`; errors begin `file: experiments.NAME`."""
     from convsweep.model import network as network_mod
     from convsweep.inputs.formats import FORMATS
     from convsweep.model.variants import unknown_variant
+    from .classes import join_class, plan_class
 
     where = f"{config.path}: experiments.{name}"
     resolved = resolve_network_path(exp["network"], config.path.parent)
@@ -335,21 +363,26 @@ def _experiment_jobs(config: Config, name: str, exp: dict, registry) -> list[Job
     for input_format in exp["input"]:
         if (why := FORMATS[input_format].refusal(net, exp["dataset"])) is not None:
             raise ConfigError(f"{where}.input: {why}")
+    lookup = join_class(exp["submissions"]) if "submissions" in exp else None  # its submissions, read when asked
     for grid_name, values in exp.get("params", {}).items():
-        if grid_name not in registry:
+        try:
+            variant = registry.get(grid_name) or (lookup(grid_name) if lookup else None)
+        except ConfigError:  # a submission of the class that is left out: the sweep says why
+            continue
+        if variant is None:
             raise ConfigError(f"{where}.params.{grid_name}: {unknown_variant(grid_name, registry)}")
         for layer, layer_values in _per_layer(values, conv_names, f"{where}.params.{grid_name}").items():
-            registry[grid_name].param_combinations(  # names the bad key
+            variant.param_combinations(  # names the bad key
                 layer_values, f"{where}.params.{grid_name}" + (f".{layer}" if layer else ""))
-    jobs = []
-    for v, entry in enumerate(exp["variants"]):
-        layer_map = _layer_map(entry, net, registry, f"{where}.variants[{v}]")
+
+    def jobs_of(entry: str | dict, at: str, known=registry, of_class: str | None = None) -> list[JobSpec]:
+        layer_map = _layer_map(entry, net, known, at)
         grid = _grid(layer_map, conv_names, exp.get("params", {}), f"{where}.params")
         # Checked here, once per cell shape, so a bad grid stops the sweep while it is planned.
-        choose_settings(network, layer_map, grid, search, f"{where}.variants[{v}]")
-        on_gpu = not all(registry[var].is_cpu for var in layer_map.values())
-        steps = net.steps({layer: registry[var].fuses for layer, var in layer_map.items()
-                           if not registry[var].is_cpu})
+        choose_settings(network, layer_map, grid, search, at, of_class, net)
+        on_gpu = not all(known[var].is_cpu for var in layer_map.values())
+        steps = net.steps({layer: known[var].fuses for layer, var in layer_map.items() if not known[var].is_cpu})
+        jobs = []
         for values in itertools.product(*([axis.from_config(v) for v in exp[axis.key]] for axis in AXES)):
             cell = dict(zip(NAMES, values))
             if not axes.applies(cell, on_gpu):
@@ -362,9 +395,14 @@ def _experiment_jobs(config: Config, name: str, exp: dict, registry) -> list[Job
                 repeats=exp["repeats"], warmup=exp["warmup"], profiler=exp["profiler"],
                 stopping=dict(exp["stopping"]) if exp["repeats"] == "auto" else None, search=search,
                 energy_window_s=exp["energy_window_s"], checks=exp["checks"], sanitize=exp["sanitize"],
-                arch=config.data["arch"],
-                sweep=sweep))
-    return jobs
+                arch=config.data["arch"], submissions=of_class, sweep=sweep))
+        return jobs
+
+    jobs = [job for v, entry in enumerate(exp.get("variants", [])) for job in jobs_of(entry, f"{where}.variants[{v}]")]
+    class_jobs, left = plan_class(lookup, lambda full, var, at: jobs_of(  # each variant its own jobs
+        full, at, {**registry, full: var}, lookup.key), f"{where}.submissions") if lookup else ([], None)
+    left_out.update({name: left} if left else {})
+    return jobs + class_jobs
 
 
 # A key path's tail after `experiments.NAME` (`.params.naive.conv1.BLOCK`, `.variants[1]`), then `: `: the keys,
@@ -426,7 +464,7 @@ def _check_job_count(config: Config) -> None:
     keys = ("variants", *(axis.key for axis in AXES))
     total = 0
     for name, exp in config.experiments.items():
-        total += math.prod(len(exp[key]) for key in keys)
+        total += math.prod(len(exp.get(key, ())) for key in keys)
         if total > MAX_JOBS:
             raise ConfigError(_with_line(f"{config.path}: experiments.{name}: the sweep's axes ({' x '.join(keys)}) "
                                          f"multiply to more than {MAX_JOBS:,} jobs; split it, or measure more "

@@ -5,6 +5,7 @@ from: byte for byte the files that were checked, beside the shipped headers."""
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -12,6 +13,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import NoReturn, cast
@@ -115,10 +117,11 @@ def find_submissions(folder: Path) -> list[Found]:
     return found
 
 
-def read_submission(path: Path, submission_id: str, shown: str, network: Network) -> Submission:
+def read_submission(path: Path, submission_id: str, shown: str, network: Network | None) -> Submission:
     """One submission, checked without a GPU: its files, its registry (the shipped schema and checks), its
-    variants' class-wide names and expressions (evaluated on `network`'s conv layers), and the path rules of
-    their sources; the first problem is one ConfigError line naming the file and the key or line."""
+    variants' class-wide names and expressions (evaluated on `network`'s conv layers; without one, not: a sweep
+    meets them at the settings it measures), and the path rules of their sources; the first problem is one
+    ConfigError line naming the file and the key or line."""
     path = Path(path)
     files = _plain_files(path, shown)
     if REGISTRY_NAME not in files:
@@ -143,7 +146,8 @@ def read_submission(path: Path, submission_id: str, shown: str, network: Network
             raise ConfigError(f"{where}: its class-wide name {full} is a variant convsweep has already "
                               f"({relative_to_root(REGISTRY_PATH)} or ${VARIANTS_ENV})")
         try:
-            check_expressions(var, network)
+            if network is not None:
+                check_expressions(var, network)
         except ConfigError as e:  # evaluate names the file as the shipped registry's name
             raise ConfigError(_renamed(str(e), REGISTRY_PATH.name, registry_shown)) from None
         source = Path(str(var.source)).name
@@ -525,9 +529,12 @@ def build_folder(submission: Submission, parent: Path) -> Path:
     """A folder under `parent` holding the checked bytes of every file the submission's builds read, at their
     places, beside copies of the shipped headers: what NVRTC compiles, so a file changed after the check is
     never built. Named by its contents (`<id>-<digest>`), so an unchanged submission's builds are cache hits;
-    made whole under another name and renamed into place."""
-    contents = {rel: submission.texts[rel] for rel in sorted({r for reads in submission.reads.values() for r in reads})}
-    contents.update({name: path.read_bytes() for name, path in shipped_headers().items()})
+    made whole under another name and renamed into place. Each copy keeps its original's modification time, so a
+    sweep that watches the copies re-measures on an edit, not on a cache made again."""
+    origins = {rel: submission.path / rel for rel in sorted({r for reads in submission.reads.values() for r in reads})}
+    contents = {rel: submission.texts[rel] for rel in origins}
+    origins.update(shipped := shipped_headers())
+    contents.update({name: path.read_bytes() for name, path in shipped.items()})
     digest = hashlib.sha256()
     for rel, data in sorted(contents.items()):
         digest.update(f"{rel}\0{len(data)}\0".encode() + data)
@@ -540,6 +547,8 @@ def build_folder(submission: Submission, parent: Path) -> Path:
         for rel, data in contents.items():
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / rel).write_bytes(data)
+            with contextlib.suppress(OSError):  # an original gone since: the copy keeps the time it was made
+                os.utime(staging / rel, ns=(time.time_ns(), os.stat(origins[rel]).st_mtime_ns))
         os.rename(staging, target)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
