@@ -19,11 +19,11 @@ from typing import cast
 from convsweep.base.errors import ConfigError, ConvsweepError
 from convsweep.base.paths import ROOT, cache_dir
 from convsweep.model.variants import Variant, join_class as join_lookup
-from .submissions import REGISTRY_NAME, SEPARATOR, Found, build_folder, class_prefix, find_submissions, read_submission
+from .submissions import (REGISTRY_NAME, SEPARATOR, Found, build_folder, class_prefix, find_submissions, one_line,
+                          read_submission)
 
 LEFT_OUT_FILE = "submissions-left-out.json"  # in results/<experiment>/, beside planned.json and not-run.json
 LEFT_OUT_FORMAT = "submissions-left-out-1"
-MAX_REASON_CHARS = 400  # of a reason: a schema's line may quote the student's own text
 
 
 def class_folder(value: str) -> Path:
@@ -36,13 +36,6 @@ def spec_folder(value: str) -> str:
     agree), else absolute."""
     path = Path(os.path.abspath(class_folder(value)))
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
-def one_line(text: str) -> str:
-    """A reason as one printable line of at most MAX_REASON_CHARS: control characters escaped, so a student's own
-    text quoted in it never reaches a terminal as such."""
-    line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in (text.splitlines() or [""])[0])
-    return line if len(line) <= MAX_REASON_CHARS else line[:MAX_REASON_CHARS - 3] + "..."
 
 
 class ClassLookup:

@@ -555,3 +555,13 @@ def build_folder(submission: Submission, parent: Path) -> Path:
         if not target.is_dir():  # another check made it meanwhile, or the disk is at fault
             raise
     return target
+
+
+MAX_REASON_CHARS = 400  # of a reason: a compiler's or a schema's line may quote the submission's own text
+
+
+def one_line(text: str) -> str:
+    """A reason as one printable line of at most MAX_REASON_CHARS: its control characters escaped, so a
+    submission's own text quoted in it (a compiler's line, an #error) never reaches a terminal as such."""
+    line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in (text.splitlines() or [""])[0])
+    return line if len(line) <= MAX_REASON_CHARS else line[:MAX_REASON_CHARS - 3] + "..."

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from .common import resolve_arch
 
-MAX_LINE_CHARS = 400  # of a reason: a compiler's line quotes the submission's own text
 
 
 def add_parser(sub) -> None:
@@ -111,24 +110,18 @@ def _from_folder(message: str, folder: Path, shown: str) -> str:
     return message
 
 
-def _printable(text: str) -> str:
-    """One line of at most MAX_LINE_CHARS, its control characters (a submission's own, quoted by the compiler)
-    escaped so none reaches the terminal."""
-    first = text.splitlines()[0] if text.splitlines() else ""
-    line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in first)
-    return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS - 3] + "..."
-
-
 def _report(outcomes: list[Outcome], arch: str, fmt: str) -> None:
+    from convsweep.sweep.submissions import one_line  # here: every command's start stays light
+
     ok = sum(1 for outcome in outcomes if not outcome.reason)
     if fmt == "json":
         print(json.dumps({"arch": arch, "ok": ok, "not_ok": len(outcomes) - ok, "submissions": [
-            {"id": o.id, "ok": not o.reason, "reason": o.reason and _printable(o.reason), "variants": o.variants,
+            {"id": o.id, "ok": not o.reason, "reason": o.reason and one_line(o.reason), "variants": o.variants,
              "builds": o.builds} for o in outcomes]}, indent=1))
         return
     for o in outcomes:
         if o.reason:
-            print(f"{o.id}: {_printable(o.reason)}")
+            print(f"{o.id}: {one_line(o.reason)}")
         else:
             print(f"{o.id}: ok: {len(o.variants)} variant{'s' * (len(o.variants) != 1)} ({', '.join(o.variants)}), "
                   f"{o.builds} build{'s' * (o.builds != 1)} for {arch}")
