@@ -4,7 +4,8 @@ seeds' table shape: the cell's columns, one per axis of convsweep.base.axes, the
 
 A migration freezes their text (db/migrations/versions: the newest that sets RUN_SUMMARY_SQL), so that it keeps
 its meaning whatever this module says later; tests/test_store_views.py checks that regenerating it here gives
-that text, so a new axis or a new verdict is a new migration. Nothing imports this module at run time.
+that text, so a new axis or a new verdict is a new migration. At run time only the leaderboard reads it
+(verdict_sql, TRUSTED): it ranks the newest run per setting and GPU model, which the views do not keep.
 """
 from __future__ import annotations
 
