@@ -143,6 +143,18 @@ def test_ids_and_class_wide_names(tmp_path, capsys):
     assert subs.class_name("team-7.b", "tiled") == "team_7_b__tiled"
 
 
+def test_an_id_that_is_a_shipped_variant_s_name_is_refused(tmp_path, capsys):
+    """The leaderboard takes a variant without `__` as its own submission: a student named `naive` (or `Naive`)
+    would stand together with the shipped baseline, the better of the two runs taken for both."""
+    class_dir = tmp_path / "submissions"
+    submission(class_dir, "Naive")
+    submission(class_dir, "naive2")
+    status, out = check(class_dir, capsys)
+    assert status == 1
+    assert "the submission id 'Naive' is the name of a variant convsweep has" in lines_of(out)["Naive"]
+    assert lines_of(out)["naive2"].startswith("ok")
+
+
 def test_a_checked_submission_is_built_from_the_bytes_that_were_checked(tmp_path):
     folder = submission(tmp_path, "jdoe2", {"mine.cu": NAIVE.replace('"common.cuh"', '"lib/util.cuh"'),
                                             "lib/util.cuh": '#include "common.cuh"\n', "unused.cuh": "junk\n"})

@@ -132,6 +132,11 @@ def read_submission(path: Path, submission_id: str, shown: str, network: Network
     except ConfigError as e:  # the schema names the file from the checkout; the checks in code by `shown`
         raise ConfigError(_renamed(str(e), relative_to_root(path / REGISTRY_NAME), registry_shown)) from None
     taken = load_registry()
+    # A variant without `__` stands as its own submission (analysis.leaderboard.submission_of): an id that is a
+    # registered variant's name would merge a student's standing with a shipped baseline's.
+    if class_prefix(submission_id).lower() in {name.lower() for name in taken}:
+        raise ConfigError(f"{shown}: the submission id {submission_id!r} is the name of a variant convsweep has "
+                          f"({relative_to_root(REGISTRY_PATH)} or ${VARIANTS_ENV}): rename the folder")
     reads: dict[str, tuple[str, ...]] = {}
     texts: dict[str, bytes] = {}
     for name, var in variants.items():
