@@ -92,6 +92,7 @@ def test_the_gpus_fp16_convert_is_the_half_values_exactly(gpu):
     np.testing.assert_array_equal(made, dataset.images[idx].astype(np.float16).astype(np.float32))
 
 
+@pytest.mark.alone  # its verdict rests on the caching test's times: no other worker's kernels beside it
 @pytest.mark.parametrize("variant", FP16_VARIANTS)
 def test_an_fp16_variant_computes_the_same_logits_from_fp16_input_as_from_fp32(variant):
     """The fp16 kernels round their input to half (to nearest) anyway: shipping it as half loses
@@ -107,6 +108,7 @@ def test_an_fp16_variant_computes_the_same_logits_from_fp16_input_as_from_fp32(v
     np.testing.assert_array_equal(runs["fp16"].logits, runs["fp32"].logits)
 
 
+@pytest.mark.alone  # its verdict rests on the caching test's times
 def test_a_whole_job_in_each_format_is_ok_and_scores_within_a_tenth_of_a_point_of_fp32(tmp_path):
     """Batch 1000 of the fused network, every pass checked against its format's float64 reference
     (fresh rounds in the format too); the accuracy is the seed pass's, against the labels."""

@@ -8,18 +8,17 @@ other, at batch 1000 unless it says otherwise.
 What each cheats -> what catches it -> the verdict:
 - redteam_compute_once: computes on its first launch (the seed pass), then returns at once -> outputs
   poisoned before each timed pass, every timed pass checked -> incorrect, timed pass 0.
-- redteam_memo_pointer: copies the output it kept when x's pointer repeats -> a fresh round in the same
-  buffer, every timed pass checked -> incorrect.
-- redteam_memo_hash: copies the output it kept (in its workspace) when an image's hash repeats -> the caching
-  test -> suspect; with `checks: fast` (the tuning sweeps') -> fresh rounds and a poisoned workspace: ok, and
-  no faster than naive.
+- redteam_memo_pointer: copies the output it kept in its workspace when x's pointer repeats -> the workspace
+  poisoned before every pass (NaN bytes: the key never matches) -> ok, and no faster than naive.
+- redteam_memo_hash: copies the output it kept in its workspace when an image's hash repeats -> the same poison,
+  in every checks mode and between the caching test's sightings -> ok, and no faster than naive.
 - redteam_memo_third: serves an image from its third sighting on (module-scope memory) -> the caching test's
   three sightings of each round -> suspect, "sighting 3".
 - redteam_memo_layer: conv1 alone memoized, the rest computed -> the caching test -> suspect, "sighting 2".
 - redteam_memo_corner_blind: a memo whose key leaves out the corners, on u8-source -> rounds perturb the whole
   digit -> ok with fast checks, and no faster than naive.
-- redteam_memo_batch: the whole batch memoized in the workspace, under `checks: fast` -> fresh rounds, the
-  workspace poisoned -> ok, no faster than naive.
+- redteam_memo_batch: the whole batch memoized in the workspace -> fresh rounds, the workspace poisoned -> ok, no
+  faster than naive.
 - redteam_dedup: at batch 10000, computes each of mnist5k's images once and copies its repeat -> no image repeats
   in a fresh round -> ok, no faster than naive.
 - redteam_round0: recognises the seeds' batch by its first image at batch 10000 -> no timed pass runs on round 0
@@ -62,7 +61,8 @@ KERNEL_LAYER = {"redteam_compute_once": "conv2", "redteam_memo_pointer": "conv2"
                 "redteam_memo_layer": "conv1", "redteam_memo_corner_blind": "conv1", "redteam_memo_batch": "conv1",
                 "redteam_dedup": "conv2", "redteam_round0": "conv2", "redteam_low_mantissa": "conv2",
                 "redteam_out_of_bounds": "conv2"}
-WRONG_KERNELS = ["redteam_compute_once", "redteam_memo_pointer", "redteam_partial", "redteam_approx"]
+WRONG_KERNELS = ["redteam_compute_once", "redteam_partial", "redteam_approx"]
+WORKSPACE_MEMOS = ["redteam_memo_hash", "redteam_memo_batch", "redteam_memo_pointer"]
 LENET_SHAPES = {"conv1": ConvShape(B=1000, C=1, M=4, H=86, W=86, K=7),
                 "conv2": ConvShape(B=1000, C=4, M=16, H=40, W=40, K=7)}
 HONEST_SHARE = 0.9  # a cheat that gained nothing times at least this share of naive's op time (it hashes too)
@@ -178,14 +178,6 @@ def test_a_kernel_whose_timed_pass_is_wrong_is_incorrect(redteam, cheat):
 
 
 @pytest.mark.gpu
-def test_a_kernel_that_memoizes_by_value_fails_the_caching_test(redteam):
-    m = measured(spec("redteam_memo_hash"))
-    assert m.status == "suspect", (m.status, m.error)
-    assert m.integrity.failed_pass is None  # fresh inputs make it honest: every pass is right
-    assert any("caching test" in reason for reason in m.integrity.reasons), m.integrity.reasons
-
-
-@pytest.mark.gpu
 def test_work_on_a_stream_the_pass_never_joins_is_suspect():
     from redteam.networks import SideStreamNetwork
 
@@ -241,8 +233,7 @@ def gained_nothing(m, cheat: str, **over) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cheat, sighting", [("redteam_memo_hash", 2), ("redteam_memo_third", 3),
-                                             ("redteam_memo_layer", 2)])
+@pytest.mark.parametrize("cheat, sighting", [("redteam_memo_third", 3), ("redteam_memo_layer", 2)])
 def test_a_memo_of_any_depth_shows_in_the_caching_test(redteam, cheat, sighting):
     m = measured(spec(cheat))
     assert m.status == "suspect", (m.status, m.error)
@@ -251,12 +242,16 @@ def test_a_memo_of_any_depth_shows_in_the_caching_test(redteam, cheat, sighting)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cheat", ["redteam_memo_hash", "redteam_memo_batch"])
-def test_a_workspace_memo_under_fast_checks_gains_nothing(redteam, cheat):
-    over = {"checks": "fast"}
+@pytest.mark.parametrize("checks", ["full", "fast"])
+@pytest.mark.parametrize("cheat", WORKSPACE_MEMOS)
+def test_a_workspace_memo_gains_nothing_in_any_checks_mode(redteam, cheat, checks):
+    """The workspace is poisoned before every pass (the caching test's sightings too): a memo kept there is never
+    found again, so the kernel computes every pass and is as honest as naive, and as slow."""
+    over = {"checks": checks}
     layer = "conv1"  # where the tuning sweep once crowned redteam_memo_hash (0.251 ms against naive's 0.684)
     m = measured(spec(cheat, layer, **over))
     assert m.status == "ok", (m.status, m.error)
+    assert m.integrity.reasons == [], m.integrity.reasons
     assert m.timings.op_time_ms[layer] >= HONEST_SHARE * naive_op_ms(layer, **over)
 
 

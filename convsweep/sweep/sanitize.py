@@ -21,6 +21,9 @@ from pathlib import Path
 from .config import RunSpec
 
 TOOLS = ("memcheck", "initcheck")
+# Bytes of no-man's-land the sanitizer puts after each allocation: buffers from one memory pool lie end to end, so
+# a write a little past one lands inside the next and memcheck, which knows allocations and not intent, sees nothing.
+PADDING_BYTES = 1 << 20
 TIMEOUT_S = 900  # a sanitized pass runs ten to a hundred times slower than a timed one
 _SUMMARY = re.compile(r"=+\s*ERROR SUMMARY:\s*(\d+) error")
 _FIRST = re.compile(r"^=+\s+(?!ERROR SUMMARY|COMPUTE-SANITIZER|Program hit|\s)(.+)$", re.M)
@@ -65,8 +68,8 @@ def sanitize(run: RunSpec, sanitizer: str | None = None) -> dict:
     found: dict = {}
     with tempfile.TemporaryDirectory(prefix="convsweep-sanitize-") as tmp:
         for tool in TOOLS:
-            command = [sanitizer, "--tool", tool, "--print-limit", "20", sys.executable, "-m", "convsweep", "run-job",
-                       "--spec", spec, "--out", str(Path(tmp) / f"{tool}.json")]
+            command = [sanitizer, "--tool", tool, "--padding", str(PADDING_BYTES), "--print-limit", "20",
+                       sys.executable, "-m", "convsweep", "run-job", "--spec", spec, "--out", str(Path(tmp) / f"{tool}.json")]
             try:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
             except subprocess.TimeoutExpired:

@@ -2,8 +2,9 @@
 // last input image seen there and the output computed for it; a launch whose image hashes the same
 // copies the kept output (fast), any other image is computed and kept (honest). Inputs repeated
 // are fast, fresh ones are not, and every output is right: no output check can see it.
-// Caught by: the caching test (convsweep.measure.integrity), which times passes over one round of inputs
-// repeated against the passes over fresh rounds: the run is `suspect`, "caching test".
+// Caught by: the workspace poisoned (NaN bytes) before every pass, the caching test's repeated sightings too
+// (convsweep.measure.integrity): no slot's hash is ever found again, it computes every image, and its times are its
+// own work: `ok`, no faster than naive. A memo kept in module-scope memory instead is memo_third.cu and memo_layer.cu.
 //
 // Two launches: memo_lookup (one block per image) hashes the image, sets the slot's hit flag and
 // records the new hash; conv_forward copies (hit) or computes and keeps (miss). The hash is a sum

@@ -2,8 +2,9 @@
 // size seen and the output computed for them; a launch with the same x and B copies the kept
 // output instead of computing. A harness that uploads new images into the same buffer gets the
 // old images' answer. Put on conv2, whose input is a lane buffer of the runner at a fixed address.
-// Caught by: the timed passes' fresh inputs (convsweep.inputs.batch rounds) and the check of every
-// timed pass (convsweep.measure.integrity): the first timed pass after the seed pass is wrong.
+// Caught by: the workspace poisoned (NaN bytes) before every pass (convsweep.measure.integrity): the kept key
+// never matches, it computes every pass, `ok` and no faster than naive. Kept where no poison reaches (module-scope
+// memory), the stale output would meet the fresh round in the same buffer and the checked pass: compute_once.cu.
 //
 // Two launches: memo_check (one thread) decides hit or miss and records this launch's key, so no
 // thread of conv_forward reads a key another thread is rewriting; conv_forward copies or computes.
