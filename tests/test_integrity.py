@@ -245,7 +245,9 @@ def test_an_honest_network_is_ok_every_timed_pass_checked_on_fresh_inputs():
     assert found.fresh_passes == 4 and len(set(found.rounds)) == 4 and 0 not in found.rounds
     assert len(found.inputs["seed"]) == 16 and found.inputs["perturbation"]["max_shift"] == 3
     assert found.freshness["share"] >= 0.99 and found.freshness["stale_rounds"] == 0
-    assert found.caching["sightings"] == integrity.SIGHTINGS and found.caching["rounds"] == integrity.CACHING_ROUNDS
+    assert found.caching["sightings"] == integrity.SIGHTINGS
+    assert integrity.CACHING_ROUNDS <= found.caching["rounds"] == len(found.caching["times_ms"][0]) \
+        <= integrity.CACHING_ROUNDS_MAX
     assert found.device_state["reset"] is False and not found.reasons
     assert 0.99 <= found.caching["ratio"] <= 1.01  # the same work, fresh or repeated
     assert 0.8 <= found.fresh_accuracy <= 1.0 and found.fresh_accuracy == pytest.approx(found.fresh_truth_accuracy,
@@ -525,3 +527,11 @@ def test_each_conv_layer_run_on_its_own_is_checked_on_a_sample_of_its_output():
     assert measured(Layered).status == "ok"
     m = measured(KeepsAWrongLayer)
     assert m.status == "incorrect" and m.error.startswith("timed pass 0: conv2's output: max relative error")
+
+
+@pytest.mark.parametrize("pass_ms, rounds", [(5.0, 3), (1.0, 5), (0.8, 7), (0.15, 9), (0.001, 9), (0.0, 3),
+                                             (float("nan"), 3)])
+def test_short_passes_get_more_caching_rounds_so_noise_is_not_a_memo(pass_ms, rounds):
+    """A memo is quicker in every round; an honest 0.15 ms pass was 0.89x in each of 3 on the lent H100 (one run of
+    37 `suspect`). Rounds grow until the test times ~15 ms of passes, 9 at most."""
+    assert integrity.caching_rounds(pass_ms) == rounds
