@@ -434,7 +434,7 @@ class IntegrityObserver(Observer):
         # (fp16_fused_network at batch 512 on the lent H100, alone on it: the second 0.84x the first, 0.052
         # against 0.062 ms, `suspect`). Nothing of it reaches a kernel: the truth is the harness's own work.
         times: list[list[float]] = [[] for _ in range(SIGHTINGS)]  # [sighting][round]
-        for k in range(caching_rounds(median(self.all_ms))):
+        for k in range(caching_rounds(median(self.all_ms) or 0.0)):
             self.rounds.fresh()
             for sighting in range(SIGHTINGS):
                 self.rounds.reference_now(again=True)
