@@ -246,7 +246,7 @@ def test_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
                                    variants={"conv1": "reference", "conv2": "reference"},
                                    params={"conv1": {}, "conv2": {}}, batch=8, streams=1, host_memory="pageable",
                                    repeats=1, warmup=0, profiler="events"))
-    argv = ["run-job", "--spec", json.dumps(spec.to_dict()), "--out", str(tmp_path / "r.json")]
+    argv = ["run-job", "--spec", json.dumps(spec.to_dict()), "--out", str(tmp_path / "r.json"), "--worker"]
     assert cli.main(argv) == 2
     assert capsys.readouterr().err == f"convsweep: No space left on device ({tmp_path / 'r.json'})\n"
     with pytest.raises(OSError):

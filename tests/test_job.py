@@ -407,8 +407,9 @@ def test_a_cold_job_writes_over_l2_before_every_conv_layer_and_times_around_it(t
     m = run_one_job(job, tmp_path / "cold.json", backend=FAKE).measurements[0]
     assert m.status == "ok" and m.spec["cache"] == "cold"
     # two conv layers, every pass alike: the checked seed pass (the one warm-up), 3 timed, and the caching test's
-    # warm-up pass and its 3 rounds of 3 sightings
-    assert FakeGpu.flushes == 2 * (1 + 3 + 1 + 9)
+    # warm-up pass and its rounds of 3 sightings (9 rounds: a fake pass is short)
+    caching = m.integrity.caching["rounds"] * m.integrity.caching["sightings"]
+    assert caching == 27 and FakeGpu.flushes == 2 * (1 + 3 + 1 + caching)
     # Every fake event ticks 0.25: a pass is start, h2d end, 2 x (flush pair, layer pair), d2h start,
     # end = 12 events, 2.75 from start to end; the two flushes (0.25 each) are left out of the pass.
     forward = [s.value for s in m.samples if s.metric == "forward_ms"]
@@ -416,7 +417,7 @@ def test_a_cold_job_writes_over_l2_before_every_conv_layer_and_times_around_it(t
     assert [s.value for s in m.samples if s.metric == "l2_flush_ms"] == [pytest.approx(0.5)] * 3
     warm = run_one_job(grid_job(grid=[{"layers": ["conv1", "conv2"], "values": {"BLOCK": [64]}}], repeats=3),
                        tmp_path / "warm.json", backend=FAKE).measurements[0]
-    assert FakeGpu.flushes == 28 and "cache" not in warm.spec  # warm: no flush, and the spec of before
+    assert FakeGpu.flushes == 2 * (1 + 3 + 1 + caching) and "cache" not in warm.spec  # warm: no flush
     assert not [s for s in warm.samples if s.metric == "l2_flush_ms"]
 
 

@@ -31,6 +31,8 @@ What each cheats -> what catches it -> the verdict:
   tolerance; the widths it lets through are measured (docs/guarantees.md).
 - redteam_out_of_bounds: a bug, not a cheat: writes past the end of its output -> `sanitize: true`,
   compute-sanitizer's memcheck -> incorrect.
+- redteam_hang: a bug: its first thread never ends -> the job's deadline (`deadline_s`) kills the worker and its
+  CUDA context -> timeout, and the next job has the GPU.
 - SideStreamNetwork: more convs after each layer on a stream the pass never joins -> the probe for work
   still running after each pass -> suspect.
 - PersistingL2Network: a persisting-L2 set-aside and a window over the input, at every pass -> the device
@@ -60,7 +62,7 @@ KERNEL_LAYER = {"redteam_compute_once": "conv2", "redteam_memo_pointer": "conv2"
                 "redteam_partial": "conv1", "redteam_approx": "conv2", "redteam_memo_third": "conv2",
                 "redteam_memo_layer": "conv1", "redteam_memo_corner_blind": "conv1", "redteam_memo_batch": "conv1",
                 "redteam_dedup": "conv2", "redteam_round0": "conv2", "redteam_low_mantissa": "conv2",
-                "redteam_out_of_bounds": "conv2"}
+                "redteam_out_of_bounds": "conv2", "redteam_hang": "conv1"}
 WRONG_KERNELS = ["redteam_compute_once", "redteam_partial", "redteam_approx"]
 WORKSPACE_MEMOS = ["redteam_memo_hash", "redteam_memo_batch", "redteam_memo_pointer"]
 LENET_SHAPES = {"conv1": ConvShape(B=1000, C=1, M=4, H=86, W=86, K=7),
@@ -307,6 +309,36 @@ def test_sanitize_finds_a_write_out_of_bounds_and_passes_an_honest_kernel(redtea
                                                                                               "initcheck": 0}
     m = measured(spec("redteam_out_of_bounds", batch=100, sanitize=True))
     assert m.status == "incorrect" and m.error.startswith("compute-sanitizer memcheck: "), (m.status, m.error)
+
+
+@pytest.mark.gpu
+def test_a_kernel_that_never_ends_costs_its_deadline_and_the_next_job_has_the_gpu(redteam, tmp_path):
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from convsweep.base.strict_json import read_json
+    from convsweep.measure.record import ResultFile
+    from convsweep.sweep.config import JobSpec
+
+    job = JobSpec.for_run(spec("redteam_hang", batch=100, deadline_s=5.0),
+                          sweep={"experiment": "redteam", "config_hash": "h", "config_path": "x.yaml"})
+    spec_file, out = tmp_path / "job.json", tmp_path / "r.json"
+    spec_file.write_text(json.dumps({**job.to_dict(), "sweep": job.sweep}))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "convsweep", "run-job", "--spec-file", str(spec_file), "--out",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - started
+    print(f"\nthe hanging job: {took:.1f} s, deadline 5 s; its log:\n{done.stdout}{done.stderr}")
+    assert done.returncode == 0, done.stderr
+    (m,) = ResultFile.from_json(read_json(out)).measurements
+    assert m.status == "timeout" and "5 s deadline" in m.error, (m.status, m.error)
+    assert took < 5 + 60, took  # its deadline, and the start of two workers (compile cached the second time)
+    t = time.monotonic()
+    after = measured(spec(batch=100))  # the GPU and its lock are free: the honest control runs at once
+    assert after.status == "ok", after.error
+    print(f"the next job: {time.monotonic() - t:.1f} s")
 
 
 def test_the_red_team_sweep_plans_every_kernel_beside_naive(redteam):

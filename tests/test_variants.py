@@ -9,7 +9,7 @@ from convsweep.base.expr import evaluate
 from convsweep.model.layers import LAYER_KINDS
 from convsweep.base.paths import REGISTRY_PATH
 from convsweep.base.schema import load_schema
-from convsweep.model.variants import DTYPES, ConvShape, Variant, load_registry
+from convsweep.model.variants import DTYPES, WORKSPACE_CAP_BYTES, ConvShape, Variant, load_registry
 from convsweep.base.yamlio import read_yaml_file
 
 
@@ -47,6 +47,17 @@ def test_a_shape_a_variant_cannot_handle_is_refused_with_the_constraint():
         naive.check_shape(ConvShape(B=1, C=1, M=1, H=5, W=5, K=7), naive.defaults())
     with pytest.raises(ShapeError, match=r"needs M <= 65535"):
         naive.check_shape(ConvShape(B=1, C=1, M=70000, H=9, W=9, K=3), naive.defaults())
+
+
+def test_a_workspace_over_the_cap_is_refused_and_im2col_at_batch_10000_is_under_it():
+    import dataclasses
+
+    im2col = next(v for v in load_registry().values() if v.workspace and "C * K * K * B" in v.workspace)
+    conv2 = ConvShape(B=10000, C=4, M=16, H=40, W=40, K=7)
+    assert 9e9 < im2col.workspace_bytes(conv2, im2col.defaults()) < WORKSPACE_CAP_BYTES
+    greedy = dataclasses.replace(im2col, workspace="2 * B * 2**30")
+    with pytest.raises(ShapeError, match=r"workspace \(21474836480 bytes .*\) is over the cap of 16 GiB"):
+        greedy.workspace_bytes(ConvShape(B=10, C=4, M=16, H=40, W=40, K=7), greedy.defaults())
 
 
 def test_registry_is_complete():

@@ -39,11 +39,11 @@ LOG_TAIL_BYTES = 64 * 1024
 # A stored setting's statuses in the order the counts name them; suspect (its times cannot be trusted: the
 # integrity checks found a reason) is named only where a setting has it, as a sweep without the checks (the
 # CPU reference) never does.
-STATUSES = ("ok", "suspect", "failed", "incorrect")
+STATUSES = ("ok", "suspect", "failed", "incorrect", "timeout")  # timeout: a pass past its deadline (measure.deadline)
 NAMED_AT_ZERO = ("ok", "failed", "incorrect")
-PROBLEMS = ("suspect", "failed", "incorrect")  # statuses whose settings are rows of the table, with their reason
+PROBLEMS = ("suspect", "failed", "incorrect", "timeout")  # statuses whose settings are rows of the table, with why
 # Rows in the order a reader acts on them: what to rerun first, then what was stored as a result.
-WHAT_ORDER = ("did not finish", "not stored", "report not made", "failed", "incorrect", "suspect",
+WHAT_ORDER = ("did not finish", "not stored", "report not made", "timeout", "failed", "incorrect", "suspect",
               "profile did not finish", "profile skipped", "winners not confirmed",
               "not run", "profile not run", "winners not run")
 UNFINISHED = {"run": "did not finish", "profile": "profile did not finish", "winners": "winners not confirmed"}

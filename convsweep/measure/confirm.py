@@ -1,8 +1,7 @@
 """Winners confirmed: once the jobs of a cell have measured their settings (the jobs of an experiment that
 differ only in variant and tunables), the `top` fastest settings of each conv layer are measured again in
 one process, interleaved, A B C A B C ... (a drift of the clocks moves them all alike), every round on
-inputs no kernel has seen and every pass checked against the float64 truth (convsweep.measure.settings,
-measure_interleaved), and each layer's winner is named with the settings it cannot be told apart from
+inputs no kernel has seen and every pass checked against the float64 truth (convsweep.measure.interleaved), and each layer's winner is named with the settings it cannot be told apart from
 (convsweep.base.stats.paired_difference).
 
 A confirm job reads its cell's result files and writes one file (convsweep.measure.files.ConfirmFile, format
@@ -149,7 +148,7 @@ def run_confirm_job(spec: ConfirmSpec, out_path: Path, backend=None) -> dict[str
     if len(candidates) < 2:
         confirmation.reason = f"{len(candidates)} correct setting(s) with op times: nothing to tell apart"
     else:
-        from .settings import measure_interleaved
+        from .interleaved import measure_interleaved
         from .runner import Backend
 
         with no_result_on_machine_error(out_path):

@@ -21,21 +21,21 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from convsweep.model.checks import Check, check_logits
 from convsweep.device.compile import LAYERS_SOURCE, BuildRequest
 from convsweep.sweep.config import JobSpec, RunSpec, tunables_text
-from .context import JobContext, timed_variants
+from .context import JobContext
+from convsweep.base.heartbeat import beat
 from convsweep.base.errors import CompileError, ConvsweepError, MachineError, failure_message
 from convsweep.device.gpulock import bind_free_gpu, gpu_lock, holds_lock_of
 from convsweep.inputs.batch import load_batch
 from .integrity import IntegrityObserver, Rounds, judge_floors, open_rounds, settle
-from convsweep.model.network import load_network, reference_layer
+from convsweep.model.network import reference_layer
 from convsweep.base.numbers import finite, median
-from convsweep.base.paths import resolve_network_path
 from convsweep.base.progress import progress
 from convsweep.device.provenance import NO_GPU_ARCH, GpuMonitor, environment, host_environment, host_gpu_arch
 from .record import Measurement, Sample, Stopping, Timings
@@ -43,7 +43,7 @@ from .runner import Backend, ConvPlan, PipelineBuffers, nvtx_range, pass_chunks,
 from convsweep.sweep.search import Search, UpFront, objective, proposals
 from convsweep.base.stats import StoppingRule
 from .timing import FLUSH, EnergyObserver, HostClock, L2FlushObserver, Reading, pipeline_timer, sample
-from convsweep.model.variants import Variant, get_variant
+from convsweep.model.variants import Variant
 
 if TYPE_CHECKING:
     from convsweep.device.gpu import Gpu
@@ -273,7 +273,9 @@ def _measure_gpu_settings(ctx: JobContext, asked: Search | UpFront, backend: Bac
     requests = [r for i in todo for r in build_requests(ctx.batch.network, ctx.variants, ctx.runs[i])]
     with ExitStack() as stack:
         t = clock()
+        beat("compile")
         builds = stack.enter_context(backend.compile_all(requests, arch)).wait()
+        beat("compiled")
         host_environment()  # read now (counted here): what a job does while it holds the GPU, others wait for
         shared["compile"] = clock() - t
         holder = f"job {spec.job_id} ({spec.experiment})"
@@ -310,8 +312,10 @@ def _measure_gpu_settings(ctx: JobContext, asked: Search | UpFront, backend: Bac
             if todo := asked.propose():  # a guided search's next round, compiled in parallel first
                 t = clock()
                 requests = [r for i in todo for r in build_requests(ctx.batch.network, ctx.variants, ctx.runs[i])]
+                beat("compile")
                 with backend.compile_all(requests, session.arch) as pending:
                     pending.wait()
+                beat("compiled")
                 shared["compile"] += clock() - t
         bar.close()
 
@@ -321,6 +325,7 @@ def _measure_one(session: GpuSession, ctx: JobContext, i: int, finish) -> Measur
     its result, and the job goes on."""
     clock = session.backend.clock
     started, record = clock(), ctx.measurement(i)
+    beat("setting", i)  # from here, each pass is held to the job's deadline (convsweep.measure.deadline)
     try:
         with nvtx_range(f"setting {i}"), session.gpu.scope():
             logits, guard = _measure_gpu_setting(session, ctx, record)
@@ -336,12 +341,14 @@ def _measure_one(session: GpuSession, ctx: JobContext, i: int, finish) -> Measur
         settle(record)
         record.phases_s["check"] = clock() - t
         if ctx.spec.sanitize and record.status in ("ok", "suspect"):
+            beat("wait")  # compute-sanitizer's own limit (convsweep.sweep.sanitize), not a pass's
             t = clock()
             _sanitized(record, ctx.runs[i])
             record.phases_s["sanitize"] = clock() - t
     except Exception as e:
         record.status, record.error = "failed", failure_message(e)
     record.environment = session.environment
+    beat("wait")  # what follows a setting (the next one's set-up, the result file) is no kernel's
     finish(record, clock() - started)
     return record
 
@@ -464,133 +471,3 @@ def measure(run: RunSpec, keep_logits: bool = False, backend: Backend = Backend(
     measured: list[Measurement] = []
     measure_settings(ctx, [0], backend, measured.append)
     return measured[0]
-
-
-
-@dataclass
-class Interleaved:
-    """Settings re-measured in alternation (`measure_interleaved`): each one's op time per conv layer and round
-    (None where the setting failed), its status and error, the GPU's clocks around the rounds, and what made
-    the rounds (`inputs`: the seed) and how new they were (`freshness`)."""
-
-    op_time_ms: list[dict[str, list[float]]]
-    status: list[str]
-    error: list[str | None]
-    environment: dict | None = None
-    clocks: dict | None = None
-    clocks_after: dict | None = None
-    inputs: dict | None = None
-    freshness: dict | None = None
-
-
-def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, backend: Backend = Backend()
-                        ) -> Interleaved:
-    """Settings of one cell (`spec`'s batch, input and axes; each its own variants and tunables: `runs`)
-    measured in one process on one stream, round after round, one pass of each in turn: A B C A B C ...
-    Each network is built and its first pass, host to host on round 0, checked against the float64 truth before
-    the rounds (a wrong one takes no part). Each round is a round no kernel has seen (convsweep.device.rounds), made on
-    the device and copied to the batch's buffer before each setting's pass; the stream is held until the pass is
-    enqueued, and each conv layer is timed between CUDA events, L2 written over before each under a cold cache.
-    After every setting's pass of a round, the round's truth is worked out and each setting's logits are compared
-    with it: a wrong one is `incorrect` and leaves the rounds; a round that is not visibly new does not count.
-    A GPU that cannot be opened raises MachineError."""
-    from .integrity import MAX_STALE_ROUNDS, WORKSPACE_POISON, workspaces
-    from convsweep.device.rounds import FRESH_SHARE
-
-    network = load_network(resolve_network_path(spec.network))
-    layers = [timed_variants(network, {layer: get_variant(name) for layer, name in run.variants.items()})
-              for run in runs]
-    batch = load_batch(network, spec.dataset, spec.batch, spec.input_format)
-    result = Interleaved([{name: [] for name in variants} for variants in layers], ["ok"] * len(runs),
-                         [None] * len(runs))
-    arch = _build_arch(spec)
-    requests = [r for run, variants in zip(runs, layers) for r in build_requests(batch.network, variants, run)]
-    holder = f"winners of {spec.experiment} at batch {spec.batch}"
-    with ExitStack() as stack:
-        stack.enter_context(backend.compile_all(requests, arch)).wait()
-        session = stack.enter_context(gpu_session(spec, batch, backend, holder, streams=1))
-        gpu, monitor, buffers, chunks, (stream,) = (session.gpu, session.monitor, session.buffers, session.chunks,
-                                                    session.streams)
-        result.environment = session.environment
-        made = open_rounds(gpu, session.arch, batch, buffers, spec.host_memory, stream)
-        result.inputs = made.maker.record()
-        flush = gpu.l2_flusher() if spec.cache == "cold" else None
-        timer = pipeline_timer(gpu, stream, graph=False)
-        flag = gpu.host_array((1,), np.int32, "pinned")
-
-        def checked_pass(net):  # host to host on round 0, as a job's seed pass: its logits are checked
-            def run(marks: dict):
-                start, _, _, end = pipeline_pass(gpu, net, [stream], chunks, buffers, marks, flush)
-                return start, end
-            return run
-
-        def held_pass(net):
-            # The batch already on the device, the stream held until the whole pass is enqueued: a layer's events
-            # then bound its kernels alone. (Without the hold, on the lent H100 a batch-100 conv layer whose kernel
-            # nsys timed at 5 us measured 47 us between events: the host's launches, not the kernel.)
-            def run(marks: dict):
-                net.hold(stream, flag)
-                start = gpu.event(stream)
-                for lo, hi in chunks:
-                    net.enqueue(stream, net.lanes[0], buffers.x_dev.rows(lo, hi), buffers.logits_dev.rows(lo, hi),
-                                hi - lo, marks, flush)
-                end = gpu.event(stream)
-                flag[0] = 1
-                return start, end
-            return run
-
-        nets = {}
-        made.use_round0()
-        for i, (run, variants) in enumerate(zip(runs, layers)):
-            try:
-                plan = ConvPlan(variants, {layer: var.resolve_params(run.params.get(layer), f"params.{layer}")
-                                           for layer, var in variants.items()}, session.arch)
-                net = backend.network(gpu, batch.network, batch.weights, plan, 1, max(hi - lo for lo, hi in chunks))
-                poison_logits(gpu, buffers, stream)
-                timer.warm(checked_pass(net))
-                check = made.judge(variants.values())
-                result.status[i], result.error[i] = check.status, check.error
-                if check.status == "ok":
-                    nets[i] = net
-            except Exception as e:  # this setting's failure (a build, a launch): the others go on
-                result.status[i], result.error[i] = "failed", failure_message(e)
-        kept = {i: gpu.alloc(buffers.logits_dev.shape, buffers.logits_dev.dtype) for i in nets}
-        made.new_scope()
-        freshness: dict[str, Any]
-        freshness = result.freshness = {"counted": 0, "stale_rounds": 0, "share": None}
-        result.clocks = monitor.clocks()
-        bar = progress(total=rounds, desc=f"winners at batch {spec.batch}", unit="round", enabled=rounds > 1)
-        while freshness["counted"] < rounds and nets:
-            made.fresh(ship=False)
-            times = {}
-            for i, net in nets.items():
-                gpu.copy(buffers.x_dev, made.current.made, stream)  # exactly what was made, for each in turn
-                gpu.fill(buffers.logits_dev, 0xFF, stream)
-                for workspace in workspaces(net):
-                    gpu.fill(workspace, WORKSPACE_POISON, stream)
-                reading = timer.time(held_pass(net))
-                _ = reading.ms  # waits for the pass
-                gpu.copy(kept[i], buffers.logits_dev, stream)
-                times[i] = {name: reading.marked_ms(name) for name in result.op_time_ms[i]}
-            # Every setting has run on the round: only now is its truth worked out, and each setting held to it.
-            share = made.sight()
-            freshness["share"] = share if freshness["share"] is None else min(freshness["share"], share)
-            for i in list(nets):
-                check = made.judge(layers[i].values(), kept[i])
-                if check.status != "ok":
-                    result.status[i], result.error[i] = "incorrect", f"round {made.current.round}: {check.error}"
-                    del nets[i]
-            if share < FRESH_SHARE:  # not a round no kernel has seen: its times do not count
-                freshness["stale_rounds"] += 1
-                if freshness["stale_rounds"] > MAX_STALE_ROUNDS:
-                    raise ConvsweepError(f"{freshness['stale_rounds']} rounds were not visibly new: the perturbation "
-                                         "(convsweep.device.rounds) is too weak for this network")
-                continue
-            freshness["counted"] += 1
-            for i in nets:
-                for name, ms in times[i].items():
-                    result.op_time_ms[i][name].append(ms)
-            bar.update(1)
-        bar.close()
-        result.clocks_after = monitor.clocks()
-    return result

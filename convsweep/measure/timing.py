@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, ClassVar, Protocol
 
+from convsweep.base.heartbeat import beat
 from convsweep.device.provenance import slowdown_names
 from convsweep.base.stats import StoppingRule
 
@@ -80,9 +81,11 @@ class HostClock:
     sync_each: ClassVar[bool] = True
 
     def warm(self, one_pass: Pass) -> None:
+        beat("pass")
         one_pass({})
 
     def time(self, one_pass: Pass) -> Reading:
+        beat("pass")
         marks: dict = {}
         start = self.clock()
         one_pass(marks)
@@ -109,9 +112,11 @@ class CudaEvents:
         if self.sync_each:
             self.time(one_pass).wait()
         else:
+            beat("pass")
             one_pass({})
 
     def time(self, one_pass: Pass) -> Reading:
+        beat("pass")  # a pass that never ends is killed at its deadline (convsweep.measure.deadline)
         marks: dict = {}
         if self.span_from_pass:
             start, end = one_pass(marks)

@@ -33,6 +33,9 @@ DTYPES = {"float32": 4, "float64": 8}  # element types a network may store; vari
 MAX_SETTINGS = 10_000
 # os.pathsep-separated variants.yaml files whose entries join the shipped registry (load_registry)
 VARIANTS_ENV = "CONVSWEEP_VARIANTS"
+# A variant's workspace per stream, at most: im2col's at batch 10000 on LeNet-86's conv2 is 9.1 GB; past the cap a
+# setting is refused with a line (its job's `failed`, a submission's check) instead of asking the GPU for it.
+WORKSPACE_CAP_BYTES = 16 * 2**30
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,11 @@ class Variant:
     def workspace_bytes(self, shape: ConvShape, params: dict) -> int:
         if not self.workspace:
             return 0
-        return int(evaluate(self.workspace, {**shape.names(), **params}, f"{REGISTRY_PATH.name}: {self.name}.workspace"))
+        need = int(evaluate(self.workspace, {**shape.names(), **params}, f"{REGISTRY_PATH.name}: {self.name}.workspace"))
+        if need > WORKSPACE_CAP_BYTES:
+            raise ShapeError(f"variant '{self.name}': its workspace ({need} bytes for {shape}) is over the cap of "
+                             f"{WORKSPACE_CAP_BYTES // 2**30} GiB a stream (WORKSPACE_CAP_BYTES)")
+        return need
 
     @property
     def is_cpu(self) -> bool:

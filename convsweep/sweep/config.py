@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # a job imports this module first: a class's reader only wher
 # ~30,000 values a second on this machine, so a config at the bound is still answered in under a second.
 MAX_CONFIG_NODES = 20_000
 MAX_JOBS = 20_000  # a sweep's jobs: twice the largest planned yet (10,003 in 25 s, docs/scaling.md)
-# GPU memory of the largest GPU the project is lent (an H200): a cell whose buffers need more than this
-# runs nowhere, so the planner refuses it rather than a job failing to allocate.
+DEADLINE_S = 300.0  # `deadline_s`'s default: the CPU reference's whole job at batch 10000 took 45 s on the lent host
+# GPU memory of the largest GPU lent (an H200): a cell that needs more runs nowhere; the planner refuses it.
 MAX_DEVICE_BYTES = 141 * 10**9
 
 
@@ -58,8 +58,8 @@ def _cell_fields() -> list[tuple]:
             ("energy_window_s", float, field(default=0.5)),
             # full, or fast: no caching test (convsweep.measure.integrity)
             ("checks", str, field(default="full")),
-            # one checked pass of each setting again under compute-sanitizer (convsweep.sweep.sanitize)
-            ("sanitize", bool, field(default=False)),
+            ("sanitize", bool, field(default=False)),  # a checked pass under compute-sanitizer (sweep.sanitize)
+            ("deadline_s", float, field(default=DEADLINE_S)),  # a pass that runs longer is killed (measure.deadline)
             # the class folder whose submissions' variants it names (docs/course.md), as classes.spec_folder has it
             ("submissions", str | None, field(default=None))]
 
@@ -172,7 +172,7 @@ class JobSpec(Cell):
 # hashes: the axes' defaults (the automatic chunking, warm caches), the GPU's own architecture, a
 # fixed number of repeats, the energy window, no class.
 _OMITTED_DEFAULTS = {**OMITTED_AT_DEFAULT, "arch": "auto", "stopping": None, "energy_window_s": 0.5, "checks": "full",
-                     "sanitize": False, "submissions": None}
+                     "sanitize": False, "deadline_s": DEADLINE_S, "submissions": None}
 
 
 def _without_defaults(d: dict) -> dict:
@@ -395,7 +395,7 @@ def _experiment_jobs(config: Config, name: str, exp: dict, registry, left_out: L
                 repeats=exp["repeats"], warmup=exp["warmup"], profiler=exp["profiler"],
                 stopping=dict(exp["stopping"]) if exp["repeats"] == "auto" else None, search=search,
                 energy_window_s=exp["energy_window_s"], checks=exp["checks"], sanitize=exp["sanitize"],
-                arch=config.data["arch"], submissions=of_class, sweep=sweep))
+                deadline_s=float(exp["deadline_s"]), arch=config.data["arch"], submissions=of_class, sweep=sweep))
         return jobs
 
     jobs = [job for v, entry in enumerate(exp.get("variants", [])) for job in jobs_of(entry, f"{where}.variants[{v}]")]

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from convsweep.base.heartbeat import without_heartbeat
 from .config import RunSpec
 
 TOOLS = ("memcheck", "initcheck")
@@ -71,7 +72,8 @@ def sanitize(run: RunSpec, sanitizer: str | None = None) -> dict:
             command = [sanitizer, "--tool", tool, "--padding", str(PADDING_BYTES), "--print-limit", "20",
                        sys.executable, "-m", "convsweep", "run-job", "--spec", spec, "--out", str(Path(tmp) / f"{tool}.json")]
             try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+                done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S,
+                                      env=without_heartbeat())
             except subprocess.TimeoutExpired:
                 found[tool] = {"errors": None, "first": f"no answer in {TIMEOUT_S} s"}
                 continue

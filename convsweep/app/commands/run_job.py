@@ -1,6 +1,9 @@
-"""`convsweep run-job`: one job (every tunable setting of one cell of the sweep), its result file and its last line."""
+"""`convsweep run-job`: one job (every tunable setting of one cell of the sweep), its result file and its last line.
+The job runs in a worker process this one watches: a pass past the spec's deadline costs that setting, not the
+sweep (convsweep.measure.deadline)."""
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import cast
@@ -14,7 +17,16 @@ def add_parser(sub) -> None:
                                        "result JSON")
     add_spec_source(p)
     p.add_argument("--out", required=True, help="the result JSON to write")
+    p.add_argument("--worker", action="store_true", help="measure here, unwatched: what the watching process runs")
     p.set_defaults(func=run)
+
+
+def worker_command(args) -> list[str]:
+    """This job as its worker runs it: the same spec and result file, the same checkout."""
+    spec = ["--spec-file", args.spec_file] if args.spec_file else ["--spec", args.spec]
+    around = ["--checkout", args.checkout] if args.checkout else []
+    return [sys.executable, "-m", "convsweep", *around, *(["-v"] if args.verbose else []), "run-job", *spec,
+            "--out", args.out, "--worker"]
 
 
 def run(args) -> None:
@@ -27,8 +39,15 @@ def run(args) -> None:
         assert m.timings is not None and m.timings.op_time_ms is not None  # an ok measurement's
         return m.timings.op_time_ms
 
+    spec = job_spec(read_spec(args))
+    if not args.worker:
+        from convsweep.measure.deadline import supervise
+
+        if status := supervise(spec, Path(args.out), worker_command(args)):
+            raise SystemExit(status)
+        return
     # A fresh process: the job takes its GPU's lock (a free one among several) before CUDA starts.
-    result = run_job(job_spec(read_spec(args)), Path(args.out), process_age=process_age())
+    result = run_job(spec, Path(args.out), process_age=process_age())
     measurements = result.measurements
     statuses = Counter(m.status for m in measurements)
     fastest = min((m for m in measurements if m.status == "ok"),
