@@ -267,8 +267,8 @@ def test_a_job_on_the_fake_gpu_ships_its_format_and_scores_like_its_reference(na
     labels = batch.dataset.labels[batch.idx]
     assert m.accuracy == pytest.approx(float(np.mean(np.argmax(batch.reference, 1) == labels)))
     assert m.images["input_bytes"] == 12 * pixels  # a byte a pixel crosses the bus
-    # a fresh round was shipped, and checked, in the format too; so were the caching test's three
-    assert m.integrity.fresh_passes == 1 and m.integrity.caching["rounds"] == 3
+    # a fresh round was shipped, and checked, in the format too; so were the caching test's (3, more for short passes)
+    assert m.integrity.fresh_passes == 1 and len(m.integrity.caching["times_ms"][0]) == m.integrity.caching["rounds"] >= 3
     assert m.integrity.freshness["share"] >= 0.99
     assert m.spec["input_format"] == name and f"-pageable-{name}-" in JobSpec.for_run(spec).job_id
 
