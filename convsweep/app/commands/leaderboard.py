@@ -31,6 +31,12 @@ def add_parser(sub) -> None:
                    help="rank runs measured with `checks: fast` too (no caching test vouches for them; marked); "
                         "by default they are listed as not ranked")
     p.add_argument("--html", metavar="FILE", help="also write the leaderboard as one standalone HTML page")
+    p.add_argument("--reports", metavar="DIR",
+                   help="also write each submission's milestone report into DIR, one standalone page each "
+                        "(<submission>.html): its results per GPU and batch, speedup, Nsight Compute, nsys, history")
+    p.add_argument("--baseline", default="naive", metavar="NAME",
+                   help="the submission the reports' speedups are over, where it ranked beside them (default: "
+                        "%(default)s, the shipped baseline run in the class's sweep)")
     p.set_defaults(func=run)
 
 
@@ -44,3 +50,8 @@ def run(args) -> None:
     if args.html:
         write_html(args.html, boards, args.threshold, args.experiment)
         print(f"leaderboard: wrote {args.html}", file=sys.stderr)
+    if args.reports:
+        from convsweep.analysis.milestone import write_reports
+
+        written = write_reports(args.db, boards, args.reports, args.baseline)
+        print(f"leaderboard: wrote {len(written)} milestone reports into {args.reports}", file=sys.stderr)
