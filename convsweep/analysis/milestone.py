@@ -4,7 +4,7 @@ What a course's milestone report asks for (the seeds' project: op time of each c
 accuracy at each batch, with nsys and Nsight Compute screenshots), as tables: per GPU model and batch its standing
 on the leaderboard (rank and tier, or why it is not ranked), the op times, their sum, the forward pass and the
 accuracy, and the speedup over the course's baseline where the baseline ran beside it; what Nsight Compute says
-bounds each of its kernels (the newest profile of that setting, `profile:` in the sweep); the nsys timeline summary
+bounds each of its kernels (the newest profile of that setting, `ncu:` in the experiment); the nsys timeline summary
 of its measured run (each kernel's launches and time, each copy's bytes and time); and its history, every
 measurement stored of it, oldest first, with the source each was built from. Made by `convsweep leaderboard
 --reports DIR` from the same boards as the leaderboard (convsweep.analysis.leaderboard).
@@ -106,8 +106,8 @@ def _results(standing: list[tuple[Board, Entry]], baseline: str | None) -> list:
 def _profile(db: str | None, entry: Entry, gpu: str) -> list:
     _, rows = fetch_dicts(db, _PROFILE_SQL, {"run_id": entry.run_id, "gpu": gpu})
     if not rows:
-        return [Paragraph("Nsight Compute: no profile of this setting is stored (`profile: {ncu: true}` in the "
-                          "sweep profiles each setting once).")]
+        return [Paragraph("Nsight Compute: no profile of this setting is stored (`ncu: auto` in the experiment "
+                          "profiles each GPU cell's kernels once, where ncu is installed).")]
     newest = [row for row in rows if row["profile_id"] == rows[0]["profile_id"]]
     return [Paragraph(f"Nsight Compute (profiled {_when(newest[0]['profiled_at'])}): what bounds each kernel."),
             Table(["layer", "kernel", "launch", "duration (ms)", "bound", "SM %", "memory %", "DRAM %",
