@@ -20,7 +20,9 @@ from .context import timed_variants
 from .integrity import open_rounds
 from .runner import Backend, ConvPlan, pipeline_pass, poison_logits
 from .settings import _build_arch, build_requests, gpu_session
-from .timing import pipeline_timer
+from .timing import HealthObserver, HostClock, Observer, Reading, pipeline_timer, sample
+from convsweep.base.stats import StoppingRule
+
 
 @dataclass
 class Interleaved:
@@ -38,6 +40,49 @@ class Interleaved:
     freshness: dict | None = None
 
 
+class Turns(Observer):
+    """The rounds of `measure_interleaved` as `sample` sees them: before each, a round no kernel has seen, made on
+    the device; after it (every setting's pass done, its logits kept in `kept`), the round's truth and each setting
+    held to it (a wrong one is `incorrect` in `result` and leaves `nets`), and a round not visibly new not counted
+    (past MAX_STALE_ROUNDS of them, an error). A counted round's times (`times`, setting -> layer -> ms, which the
+    round fills) go to `result`."""
+
+    def __init__(self, made, nets: dict, layers: list, kept: dict, result: Interleaved, bar):
+        self.made, self.nets, self.layers, self.kept, self.result, self.bar = made, nets, layers, kept, result, bar
+        self.times: dict[int, dict[str, float]] = {}
+        self.freshness: dict[str, Any] = {"counted": 0, "stale_rounds": 0, "share": None}
+
+    def before_pass(self, i: int) -> None:
+        self.made.fresh(ship=False)
+        self.times = {}
+
+    def after_pass(self, i: int, reading: Reading) -> bool:
+        from .integrity import MAX_STALE_ROUNDS
+        from convsweep.device.rounds import FRESH_SHARE
+
+        made, freshness, result = self.made, self.freshness, self.result
+        # Every setting has run on the round: only now is its truth worked out, and each setting held to it.
+        share = made.sight()
+        freshness["share"] = share if freshness["share"] is None else min(freshness["share"], share)
+        for k in list(self.nets):
+            check = made.judge(self.layers[k].values(), self.kept[k])
+            if check.status != "ok":
+                result.status[k], result.error[k] = "incorrect", f"round {made.current.round}: {check.error}"
+                del self.nets[k]
+        if share < FRESH_SHARE:  # not a round no kernel has seen: its times do not count
+            freshness["stale_rounds"] += 1
+            if freshness["stale_rounds"] > MAX_STALE_ROUNDS:
+                raise ConvsweepError(f"{freshness['stale_rounds']} rounds were not visibly new: the perturbation "
+                                     "(convsweep.device.rounds) is too weak for this network")
+            return False
+        freshness["counted"] += 1
+        for k in self.nets:
+            for name, ms in self.times[k].items():
+                result.op_time_ms[k][name].append(ms)
+        self.bar.update(1)
+        return True
+
+
 def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, backend: Backend = Backend()
                         ) -> Interleaved:
     """Settings of one cell (`spec`'s batch, input and axes; each its own variants and tunables: `runs`)
@@ -48,9 +93,9 @@ def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, bac
     enqueued, and each conv layer is timed between CUDA events, L2 written over before each under a cold cache.
     After every setting's pass of a round, the round's truth is worked out and each setting's logits are compared
     with it: a wrong one is `incorrect` and leaves the rounds; a round that is not visibly new does not count.
-    A GPU that cannot be opened raises MachineError."""
-    from .integrity import MAX_STALE_ROUNDS, WORKSPACE_POISON, workspaces
-    from convsweep.device.rounds import FRESH_SHARE
+    The rounds are `sample`'s passes (convsweep.measure.timing), as a job's are, with its observers: `Turns`, then
+    the GPU's health (the clocks around the rounds). A GPU that cannot be opened raises MachineError."""
+    from .integrity import WORKSPACE_POISON, workspaces
 
     network = load_network(resolve_network_path(spec.network))
     layers = [timed_variants(network, {layer: get_variant(name) for layer, name in run.variants.items()})
@@ -64,8 +109,7 @@ def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, bac
     with ExitStack() as stack:
         stack.enter_context(backend.compile_all(requests, arch)).wait()
         session = stack.enter_context(gpu_session(spec, batch, backend, holder, streams=1))
-        gpu, monitor, buffers, chunks, (stream,) = (session.gpu, session.monitor, session.buffers, session.chunks,
-                                                    session.streams)
+        gpu, buffers, chunks, (stream,) = session.gpu, session.buffers, session.chunks, session.streams
         result.environment = session.environment
         made = open_rounds(gpu, session.arch, batch, buffers, spec.host_memory, stream)
         result.inputs = made.maker.record()
@@ -111,14 +155,11 @@ def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, bac
                 result.status[i], result.error[i] = "failed", failure_message(e)
         kept = {i: gpu.alloc(buffers.logits_dev.shape, buffers.logits_dev.dtype) for i in nets}
         made.new_scope()
-        freshness: dict[str, Any]
-        freshness = result.freshness = {"counted": 0, "stale_rounds": 0, "share": None}
-        result.clocks = monitor.clocks()
         bar = progress(total=rounds, desc=f"winners at batch {spec.batch}", unit="round", enabled=rounds > 1)
-        while freshness["counted"] < rounds and nets:
-            made.fresh(ship=False)
-            times = {}
-            for i, net in nets.items():
+        turns = Turns(made, nets, layers, kept, result, bar)
+
+        def one_round(marks: dict) -> None:  # each setting's pass on the round, in turn; its times to `turns`
+            for i, net in turns.nets.items():
                 gpu.copy(buffers.x_dev, made.current.made, stream)  # exactly what was made, for each in turn
                 gpu.fill(buffers.logits_dev, 0xFF, stream)
                 for workspace in workspaces(net):
@@ -126,26 +167,13 @@ def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, bac
                 reading = timer.time(held_pass(net))
                 _ = reading.ms  # waits for the pass
                 gpu.copy(kept[i], buffers.logits_dev, stream)
-                times[i] = {name: reading.marked_ms(name) for name in result.op_time_ms[i]}
-            # Every setting has run on the round: only now is its truth worked out, and each setting held to it.
-            share = made.sight()
-            freshness["share"] = share if freshness["share"] is None else min(freshness["share"], share)
-            for i in list(nets):
-                check = made.judge(layers[i].values(), kept[i])
-                if check.status != "ok":
-                    result.status[i], result.error[i] = "incorrect", f"round {made.current.round}: {check.error}"
-                    del nets[i]
-            if share < FRESH_SHARE:  # not a round no kernel has seen: its times do not count
-                freshness["stale_rounds"] += 1
-                if freshness["stale_rounds"] > MAX_STALE_ROUNDS:
-                    raise ConvsweepError(f"{freshness['stale_rounds']} rounds were not visibly new: the perturbation "
-                                         "(convsweep.device.rounds) is too weak for this network")
-                continue
-            freshness["counted"] += 1
-            for i in nets:
-                for name, ms in times[i].items():
-                    result.op_time_ms[i][name].append(ms)
-            bar.update(1)
+                turns.times[i] = {name: reading.marked_ms(name) for name in result.op_time_ms[i]}
+
+        # One `sample` pass is a round: the host clock around it (its own time is no one's); the turns judge it
+        # first (a round not visibly new is not counted, and another is made), then the GPU's health.
+        health = HealthObserver(session.monitor)
+        sample(HostClock(), one_round, StoppingRule(repeats=rounds), [turns, health])
         bar.close()
-        result.clocks_after = monitor.clocks()
+        result.clocks, result.clocks_after = health.clocks, health.clocks_after
+        result.freshness = turns.freshness
     return result
