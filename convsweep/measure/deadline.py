@@ -1,8 +1,8 @@
 """A job's deadlines: a kernel that hangs costs its deadline, not the sweep.
 
 `convsweep run-job` runs the job in a child process (the worker) and watches it. The worker says where it is in a
-file the watcher reads (convsweep.base.heartbeat.beat): compiling, a setting begun, a pass begun; a file, not a pipe, so that the process
-nsys starts under the worker (which measures there) says it too. A pass that runs past the spec's `deadline_s`, or a
+file the watcher reads (convsweep.base.heartbeat.beat): compiling, a setting begun, a pass begun; a file, not a
+pipe, so that the process nsys starts under the worker (which measures there) says it too. A pass that runs past the spec's `deadline_s`, or a
 compile past COMPILE_CAP_S, gets the worker's whole process group killed: its CUDA context goes with it, and
 so do the GPU's lock (a flock) and any nsys under it, so the next job runs. The setting it was in is stored as
 `timeout` with that line, in the job's resume store (convsweep.measure.job.ResumeStore), and a new worker
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from convsweep.base.heartbeat import HEARTBEAT_ENV
 
-COMPILE_CAP_S = 600.0  # NVRTC on one job's kernels: seconds on the lent H100's host; a pathological template, hours
+COMPILE_CAP_S = 600.0  # a job's kernels build in seconds; a template that never ends, never
 POLL_S = 0.2
 
 
@@ -47,7 +47,7 @@ class Hung:
 
 
 class Watch:
-    """The worker's beats read off the pipe, and the limit the current one is held to."""
+    """The worker's beats read from its file, and the limit the current one is held to."""
 
     def __init__(self, fd: int, deadline_s: float, clock=time.monotonic):
         self.fd, self.deadline_s, self.clock = fd, deadline_s, clock  # fd: the heartbeat file, read as it grows
