@@ -65,3 +65,28 @@ def test_what_compute_sanitizer_finds_makes_the_setting_incorrect(monkeypatch, t
     assert m.status == "incorrect"
     assert m.error == "compute-sanitizer memcheck: 1 errors; the first: Invalid __global__ write of size 4 bytes"
     assert set(m.integrity.sanitizer) == {"memcheck", "initcheck"}
+
+
+def test_the_sanitized_pass_is_measured_in_the_sanitized_process_with_padding_and_no_deadline(monkeypatch):
+    """--worker: no watcher between compute-sanitizer and the kernels, and no heartbeat, so no deadline cuts a pass
+    the sanitizer slows a hundredfold (its own TIMEOUT_S bounds it); --padding: a write just past a pool buffer lands
+    in no other (redteam_out_of_bounds passed memcheck without it on the lent H100)."""
+    import subprocess
+
+    from convsweep.base.heartbeat import HEARTBEAT_ENV
+    from convsweep.sweep import sanitize
+
+    monkeypatch.setenv(HEARTBEAT_ENV, "/tmp/a-watchers-file")
+    seen = []
+
+    def fake_run(command, **kwargs):
+        seen.append((command, kwargs["env"]))
+        return subprocess.CompletedProcess(command, 0, "========= ERROR SUMMARY: 0 errors\n", "")
+
+    monkeypatch.setattr(sanitize.subprocess, "run", fake_run)
+    found = sanitize.sanitize(run(), sanitizer="/usr/local/cuda/bin/compute-sanitizer")
+    assert found == {tool: {"errors": 0, "first": None} for tool in sanitize.TOOLS}
+    for command, env in seen:
+        assert command[command.index("--padding") + 1] == str(sanitize.PADDING_BYTES)
+        assert command[-1] == "--worker" and command[command.index("-m") + 1:][:2] == ["convsweep", "run-job"]
+        assert HEARTBEAT_ENV not in env

@@ -69,8 +69,10 @@ def sanitize(run: RunSpec, sanitizer: str | None = None) -> dict:
     found: dict = {}
     with tempfile.TemporaryDirectory(prefix="convsweep-sanitize-") as tmp:
         for tool in TOOLS:
+            # --worker: measured in the sanitized process itself, which no deadline watches (TIMEOUT_S bounds it)
             command = [sanitizer, "--tool", tool, "--padding", str(PADDING_BYTES), "--print-limit", "20",
-                       sys.executable, "-m", "convsweep", "run-job", "--spec", spec, "--out", str(Path(tmp) / f"{tool}.json")]
+                       sys.executable, "-m", "convsweep", "run-job", "--spec", spec, "--out", str(Path(tmp) / f"{tool}.json"),
+                       "--worker"]
             try:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S,
                                       env=without_heartbeat())
