@@ -348,3 +348,33 @@ def test_the_report_reader_is_found_beside_ncu_or_from_the_toolkits_launcher(tmp
     (tmp_path / "bare" / "bin").mkdir(parents=True)
     (tmp_path / "bare" / "bin" / "ncu").write_text("#!/bin/sh\n")
     assert ncu_mod.ncu_report_dirs(str(tmp_path / "bare" / "bin" / "ncu"), opt=tmp_path / "none") == []
+
+
+NCU_THAT_HANGS = """
+import os, sys, time
+print("==PROF== Connected to process", flush=True)
+fd = os.open(os.environ["CONVSWEEP_HEARTBEAT"], os.O_WRONLY | os.O_APPEND)
+os.write(fd, b"setting 0\\npass \\n")
+if sys.argv[1] == "hang":
+    time.sleep(60)
+print("==ERROR== it broke", flush=True)
+"""
+
+
+def test_a_pass_that_never_ends_under_ncu_is_killed_and_the_profile_says_why(tmp_path):
+    """A kernel that hangs would hold the GPU under ncu for good: its pass is held to the experiment's deadline times
+    NCU_DEADLINE_FACTOR, and ncu's lines still reach the log."""
+    import io
+    import time
+
+    script = tmp_path / "ncu.py"
+    script.write_text(NCU_THAT_HANGS)
+    log = io.StringIO()
+    started = time.monotonic()
+    problem = ncu_mod._run_ncu([sys.executable, str(script), "hang"], log, deadline_s=0.05)
+    assert time.monotonic() - started < 10
+    assert problem == (f"a pass ran past {0.05 * ncu_mod.NCU_DEADLINE_FACTOR:g} s under Nsight Compute "
+                       f"({ncu_mod.NCU_DEADLINE_FACTOR}x the 0.05 s deadline): ncu was killed, not profiled")
+    assert "==PROF== Connected to process" in log.getvalue()
+    assert ncu_mod._run_ncu([sys.executable, str(script), "finish"], io.StringIO(), 300) == \
+        "ncu exited with 0: it broke"

@@ -19,7 +19,9 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,33 +84,51 @@ class Watch:
         return None
 
 
-def watch(command: list[str], deadline_s: float, env: dict | None = None) -> tuple[int, Hung | None]:
+def watch(command: list[str], deadline_s: float, env: dict | None = None,
+          on_line: Callable[[str], None] | None = None) -> tuple[int, Hung | None]:
     """Run the worker `command` with a file for its beats; kill its process group where a limit runs out.
-    Returns its exit status and what hung (None where nothing did). A watcher stopped (Ctrl-C, Snakemake's
-    SIGTERM) stops the worker's group too."""
+    Returns its exit status and what hung (None where nothing did). `on_line`: each line of the worker's output
+    (stdout and stderr), read on a thread, where the caller reads them (ncu's); else they are the watcher's. A
+    watcher stopped (Ctrl-C, Snakemake's SIGTERM) stops the worker's group too."""
     def stop(signum, frame):  # the worker has a session of its own: a signal to the watcher's group misses it
         raise SystemExit(128 + signum)
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, stop)
     with tempfile.NamedTemporaryFile(prefix="convsweep-heartbeat-", suffix=".txt") as beats:
+        out = None if on_line is None else subprocess.PIPE
         worker = subprocess.Popen(command, env={**(os.environ if env is None else env), HEARTBEAT_ENV: beats.name},
-                                  start_new_session=True)
+                                  start_new_session=True, stdout=out, stderr=None if out is None else subprocess.STDOUT,
+                                  text=True)
         state = Watch(os.open(beats.name, os.O_RDONLY), deadline_s)
+        reader = None
+        if on_line is not None:
+            reader = threading.Thread(target=_read_lines, args=(worker.stdout, on_line), daemon=True)
+            reader.start()
         try:
             while True:
                 try:  # returns the moment the worker ends: a watched job costs no poll's wait at its end
-                    return worker.wait(timeout=POLL_S), None
+                    status, hung = worker.wait(timeout=POLL_S), None
+                    break
                 except subprocess.TimeoutExpired:
                     state.read()
                 if (hung := state.overdue()) is not None:
                     _kill_group(worker)
-                    return worker.wait(), hung
+                    status = worker.wait()
+                    break
         except BaseException:
             _kill_group(worker)
             raise
         finally:
             os.close(state.fd)
+        if reader is not None:  # its last lines read before the caller looks at them (a grandchild may hold the
+            reader.join(timeout=5)  # pipe open past the worker's end: not waited for beyond this)
+        return status, hung
+
+
+def _read_lines(stream, on_line: Callable[[str], None]) -> None:
+    for line in stream:
+        on_line(line.rstrip("\n"))
 
 
 def _kill_group(worker: subprocess.Popen) -> None:

@@ -38,6 +38,9 @@ from .files import PROFILE_FORMAT, ProfiledLaunch, ProfiledSetting, ProfileFile
 from .record import Measurement, utc_now
 from convsweep.model.variants import get_variant
 
+# A pass under ncu replays each profiled kernel once per group of metrics and saves and restores the memory it
+# writes between replays: many times its timed length. Its deadline is the experiment's times this.
+NCU_DEADLINE_FACTOR = 10
 DOMAIN = "convsweep"  # the NVTX domain of the job's ranges (runner.nvtx_range)
 # Sections of Nsight Compute's own set that hold the metrics below (checked with ncu 2025.3.1).
 SECTIONS = ("LaunchStats", "Occupancy", "SpeedOfLight", "SpeedOfLight_RooflineChart", "MemoryWorkloadAnalysis",
@@ -285,7 +288,7 @@ def _profile_job(spec: JobSpec, out_path: Path, log, required: bool) -> dict:
                                          "settings": None}))
         child = [sys.executable, "-m", "convsweep.app.cli", "measure", "--spec-file", str(spec_file),
                  "--out", str(Path(tmp) / "measured.jsonl")]
-        problem = _run_ncu(profile_command(ncu, report_base, kernels, child), log)
+        problem = _run_ncu(profile_command(ncu, report_base, kernels, child), log, float(spec.deadline_s))
         report = report_base.with_suffix(".ncu-rep")
         if problem is None and not report.is_file():
             problem = "ncu wrote no report (did the job launch any conv kernel?)"
@@ -316,17 +319,26 @@ def _write_profile(out_path: Path, profile: ProfileFile, started: float) -> dict
     return profile.to_json()
 
 
-def _run_ncu(command: list[str], log) -> str | None:
-    """Run ncu, its lines into the log; None when it worked, else the reason in one line."""
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        errors = []
-        assert proc.stdout is not None  # stdout=PIPE
-        for line in proc.stdout:
-            print(line.rstrip("\n"), file=log, flush=True)
-            if "==ERROR==" in line:
-                errors.append(line.split("==ERROR==", 1)[1].strip())
-    if proc.returncode != 0 or errors:
-        return f"ncu exited with {proc.returncode}" + (f": {errors[0]}" if errors else " (see the job log)")
+def _run_ncu(command: list[str], log, deadline_s: float) -> str | None:
+    """Run ncu, its lines into the log, its child's passes held to `deadline_s` times NCU_DEADLINE_FACTOR (a kernel
+    that never ends would hold the GPU and the sweep for good: convsweep.measure.deadline); None when it worked,
+    else the reason in one line."""
+    from .deadline import watch
+
+    errors = []
+
+    def line(text: str) -> None:
+        print(text, file=log, flush=True)
+        if "==ERROR==" in text:
+            errors.append(text.split("==ERROR==", 1)[1].strip())
+
+    limit = deadline_s * NCU_DEADLINE_FACTOR
+    status, hung = watch(command, limit, on_line=line)
+    if hung is not None:
+        return (f"a pass ran past {limit:g} s under Nsight Compute ({NCU_DEADLINE_FACTOR}x the {deadline_s:g} s "
+                "deadline): ncu was killed, not profiled")
+    if status != 0 or errors:
+        return f"ncu exited with {status}" + (f": {errors[0]}" if errors else " (see the job log)")
     return None
 
 
