@@ -555,7 +555,7 @@ def test_wrong_format_and_status_are_refused(engine):
     with pytest.raises(StoreError, match=r"^a\.json: format: expected one of \[1, 2, 3, 'ncu-1', 'confirm-1', 'bench-2'\], "
                                         r"got 4$"):
         ingest_result(engine, make_result(format=4), "a.json")
-    with pytest.raises(StoreError, match=r"^b\.json: status: expected one of \['ok', 'suspect', 'incorrect', 'failed'\], got \"great\"$"):
+    with pytest.raises(StoreError, match=r"^b\.json: status: expected one of \['ok', 'suspect', 'incorrect', 'failed', 'timeout'\], got \"great\"$"):
         ingest_result(engine, {**make_result(), "status": "great"}, "b.json")
     with pytest.raises(StoreError, match=r"^c\.json: \(top level\): expected object, got \[1, 2\]$"):
         ingest_result(engine, [1, 2], "c.json")
@@ -711,7 +711,7 @@ def test_a_job_file_whose_measurements_are_partly_stored_adds_only_the_rest(engi
 
 
 @pytest.mark.parametrize("index, section, key, value, message", [
-    (3, None, "status", "great", "measurements[3].status: expected one of ['ok', 'suspect', 'incorrect', 'failed'], got \"great\""),
+    (3, None, "status", "great", "measurements[3].status: expected one of ['ok', 'suspect', 'incorrect', 'failed', 'timeout'], got \"great\""),
     (1, "spec", "batch", 0, "measurements[1].spec.batch: expected at least 1, got 0"),
     (2, "timings", "op_time_ms", {"conv1": "fast"},
      "measurements[2].timings.op_time_ms.conv1: expected ['number', 'null'], got \"fast\""),

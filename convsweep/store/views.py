@@ -26,11 +26,13 @@ class Verdict:
     trusted: bool = False
 
 
-# In the order they are tried. `status` is the result file's (ok, suspect, incorrect, failed); a status this
+# In the order they are tried. `status` is the result file's (ok, suspect, incorrect, failed, timeout); a status this
 # list did not know would stand as its own verdict, never trusted.
 VERDICTS: tuple[Verdict, ...] = (
     Verdict("failed", "no number: the kernel did not compile, launch or finish (the error says why)",
             "{r}.status = 'failed'"),
+    Verdict("timeout", "no number: a pass ran past the job's deadline and its process was killed (the GPU freed "
+                       "for the next job)", "{r}.status = 'timeout'"),
     Verdict("incorrect", "its output was wrong, so its times are of the wrong work", "{r}.status = 'incorrect'"),
     Verdict("suspect", "right outputs, but the integrity checks doubt its times (its error gives the reasons: "
                        "below the physical floor, faster on a round it had seen, work outside the timer)",
