@@ -67,6 +67,18 @@ def _one_byte_objects_intact():
 
 
 @pytest.fixture(autouse=True)
+def _fake_passes_keep_three_caching_rounds(request, monkeypatch):
+    # The fake GPU's passes are fractions of a millisecond of fake time, for which the caching test would time 9
+    # rounds (convsweep.measure.integrity.caching_rounds) of real host work each: the CPU tests keep its 3 (the
+    # rule itself is tested with its own constant in tests/test_integrity.py); the `gpu` tests time real passes.
+    if request.node.get_closest_marker("gpu") is None:
+        from convsweep.measure import integrity
+
+        monkeypatch.setattr(integrity, "CACHING_TIMED_MS", 0.0)
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _gpu_turn(request):
     # A `gpu` test shares the GPU with the other workers' GPU tests; an `alone` test waits for it to itself.
     directory = os.environ.get(TURNS_ENV)
