@@ -55,10 +55,12 @@ if TYPE_CHECKING:
     from convsweep.device.truth import Truth
 
 CHECKS = ("full", "fast")  # experiments.yaml `checks`
-CACHING_ROUNDS = 3  # fresh rounds the caching test times SIGHTINGS times each, at least; more for short passes:
-CACHING_ROUNDS_MAX = 9  # an honest pass of 0.1-0.2 ms has every later sighting of 3 rounds 5-11% quicker now and then
-CACHING_TIMED_MS = 15.0  # (the lent H100's default sweep: 1 run in 37, fp16_sliding_window at batch 1000, `suspect`);
-# the rounds' count grows until the test times about this much, and each round must show the memo
+# Fresh rounds the caching test times SIGHTINGS times each: CACHING_ROUNDS, and for short passes more, until it times
+# about CACHING_TIMED_MS. An honest 0.1-0.2 ms pass has every later sighting of 3 rounds 5-11% quicker now and then
+# (the lent H100's default sweep: 1 run in 37 `suspect`, fp16_sliding_window at batch 1000); in all of 9, none of 16.
+CACHING_ROUNDS = 3
+CACHING_ROUNDS_MAX = 9
+CACHING_TIMED_MS = 15.0
 SIGHTINGS = 3  # a memo that fills on the second sighting serves the third
 CACHING_MIN_EFFECT = 0.05  # later sightings must be faster by more than this (or the run's noise) to be suspect
 CACHING_MIN_MS = 0.01  # and by more than this: a pass of tens of microseconds is mostly its launch's noise
@@ -429,10 +431,10 @@ class IntegrityObserver(Observer):
         self.timed_pass()
         self._checked("the caching test's warm-up pass")
         # Every sighting follows the same device work: the round's float64 truth, worked out before each. Where it
-        # came only after the first (its check), the second and third sightings followed seconds of the GPU at
-        # full load and the first did not, and an honest kernel's later sightings were faster in every round
-        # (fp16_fused_network at batch 512 on the lent H100, alone on it: the second 0.84x the first, 0.052
-        # against 0.062 ms, `suspect`). Nothing of it reaches a kernel: the truth is the harness's own work.
+        # came only after the first (its check), the later sightings followed the truth's work and the first did
+        # not (fp16_fused_network at batch 512 on the lent H100, alone on it: the second 0.84x the first in each of
+        # 3 rounds, 0.052 against 0.062 ms, `suspect`). Short honest passes still show later sightings a few percent
+        # quicker now and then, which more rounds outvote (caching_rounds). The truth is the harness's own work.
         times: list[list[float]] = [[] for _ in range(SIGHTINGS)]  # [sighting][round]
         for k in range(caching_rounds(median(self.all_ms) or 0.0)):
             self.rounds.fresh()
