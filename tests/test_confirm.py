@@ -367,3 +367,37 @@ def test_the_default_sweep_confirms_each_one_stream_gpu_cell_of_several_settings
     for e in config["experiments"].values():
         e["confirm"] = {"top": 0}
     assert not any(SweepPlan(config, ROOT / "experiments.yaml").winner_groups(e) for e in plan.experiments)
+
+
+HANGS = """
+import os, time
+fd = os.open(os.environ["CONVSWEEP_HEARTBEAT"], os.O_WRONLY | os.O_APPEND)
+os.write(fd, b"setting 0\\npass \\n")
+time.sleep(60)
+"""
+
+
+def test_a_confirmation_whose_pass_never_ends_is_killed_at_the_cells_deadline_and_says_so(measured_cell, tmp_path,
+                                                                                         monkeypatch, capsys):
+    """confirm-job is watched as run-job is: a worker hung in a pass is killed, and the file says not confirmed."""
+    import argparse
+    import sys
+
+    from convsweep.app.commands import confirm_job as command
+
+    job = grid_job(deadline_s=0.5)
+    spec_file, out = tmp_path / "confirm.json", tmp_path / "winners" / "w.json"
+    spec_file.write_text(json.dumps(ConfirmSpec("t", job.winners_id, job.to_dict(), [str(measured_cell)], 2,
+                                                12).to_dict()))
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    monkeypatch.setattr(command, "worker_command", lambda args: [sys.executable, str(script)])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--checkout")
+    command.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["confirm-job", "--spec-file", str(spec_file), "--out", str(out)])
+    args.func(args)
+    written = json.loads(out.read_text())
+    assert written["status"] == "skipped" and written["candidates"] == []
+    assert written["reason"].startswith("a pass ran past its 0.5 s deadline (`deadline_s`): killed")
+    assert capsys.readouterr().out.startswith(f"{job.winners_id}: not confirmed: a pass ran past its 0.5 s deadline")

@@ -130,6 +130,21 @@ def _entry(candidate: Candidate, layer: str, place: int | None, standing: str, s
                         detectable_ms=paired.detectable_ms if paired else None, samples_ms=samples)
 
 
+def _skipped(spec: ConfirmSpec, started_at: str) -> ConfirmFile:
+    return ConfirmFile(format=CONFIRM_FORMAT, confirmation_id=uuid.uuid4().hex, experiment=spec.experiment,
+                       group_id=spec.group_id, batch=JobSpec.from_dict(spec.job).batch, top=spec.top,
+                       rounds=spec.rounds, started_at=started_at, status="skipped", candidates=[], layers=[])
+
+
+def write_skipped(spec: ConfirmSpec, out_path: Path, reason: str, started: float, started_at: str) -> dict[str, Any]:
+    """A confirm file that confirms nothing, saying why (a round that ran past the deadline: run_confirm_job's
+    process killed by its watcher, convsweep.measure.deadline); returns its JSON."""
+    confirmation = _skipped(spec, started_at)
+    confirmation.reason, confirmation.total_s = reason, time.perf_counter() - started
+    confirmation.write(out_path)
+    return confirmation.to_json()
+
+
 def run_confirm_job(spec: ConfirmSpec, out_path: Path, backend=None) -> dict[str, Any]:
     """Re-measure the cell's fastest settings and write the confirm file (a ConfirmFile); returns its JSON. A cell
     with fewer than two settings to tell apart writes a `skipped` file saying so. A machine that cannot run it
@@ -142,9 +157,7 @@ def run_confirm_job(spec: ConfirmSpec, out_path: Path, backend=None) -> dict[str
     results = [ResultFile.from_json(read_json(path)) for path in spec.results if Path(path).exists()]
     candidates = choose(results, spec.top)
     cell = JobSpec.from_dict(spec.job)
-    confirmation = ConfirmFile(format=CONFIRM_FORMAT, confirmation_id=uuid.uuid4().hex, experiment=spec.experiment,
-                               group_id=spec.group_id, batch=cell.batch, top=spec.top, rounds=spec.rounds,
-                               started_at=started_at, status="skipped", candidates=[], layers=[])
+    confirmation = _skipped(spec, started_at)
     if len(candidates) < 2:
         confirmation.reason = f"{len(candidates)} correct setting(s) with op times: nothing to tell apart"
     else:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
-from convsweep.measure.confirm import ConfirmSpec, run_confirm_job, summary_lines
+from convsweep.measure.confirm import ConfirmSpec, run_confirm_job, summary_lines, write_skipped
 from convsweep.base.errors import ConvsweepError
 
 
@@ -15,7 +17,15 @@ def add_parser(sub) -> None:
     p.add_argument("--spec-file", required=True, help="the confirm spec (a sweep writes one per cell in "
                                                       "<results>/<experiment>/specs/)")
     p.add_argument("--out", required=True, help="the confirm JSON to write")
+    p.add_argument("--worker", action="store_true", help="measure here, unwatched: what the watching process runs")
     p.set_defaults(func=run)
+
+
+def worker_command(args) -> list[str]:
+    """This confirm job as its worker runs it: the same spec and file, the same checkout."""
+    around = ["--checkout", args.checkout] if args.checkout else []
+    return [sys.executable, "-m", "convsweep", *around, "confirm-job", "--spec-file", args.spec_file, "--out",
+            args.out, "--worker"]
 
 
 def run(args) -> None:
@@ -25,5 +35,22 @@ def run(args) -> None:
         raise ConvsweepError(f"--spec-file {args.spec_file}: cannot read a confirm spec ({e})") from None
     if not isinstance(data, dict):
         raise ConvsweepError(f"--spec-file {args.spec_file}: expected a JSON object")
-    for line in summary_lines(run_confirm_job(ConfirmSpec.from_dict(data), Path(args.out))):
+    spec = ConfirmSpec.from_dict(data)
+    if args.worker:
+        written = run_confirm_job(spec, Path(args.out))
+    else:  # watched as a job is: a pass that never ends costs the cell's deadline (convsweep.measure.deadline)
+        from convsweep.measure.deadline import watch
+        from convsweep.measure.record import utc_now
+        from convsweep.sweep.config import JobSpec
+
+        started, started_at = time.perf_counter(), utc_now()
+        deadline_s = float(JobSpec.from_dict(spec.job).deadline_s)
+        status, hung = watch(worker_command(args), deadline_s)
+        if hung is None:
+            if status:
+                raise SystemExit(status)
+            return
+        written = write_skipped(spec, Path(args.out), hung.message(deadline_s), started,
+                                started_at)
+    for line in summary_lines(written):
         print(line)
