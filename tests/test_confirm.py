@@ -391,7 +391,7 @@ def test_a_confirmation_whose_pass_never_ends_is_killed_at_the_cells_deadline_an
                                                 12).to_dict()))
     script = tmp_path / "hangs.py"
     script.write_text(HANGS)
-    monkeypatch.setattr(command, "worker_command", lambda args: [sys.executable, str(script)])
+    monkeypatch.setattr(command, "worker_command", lambda args, *own: [sys.executable, str(script)])
     parser = argparse.ArgumentParser()
     parser.add_argument("--checkout")
     command.add_parser(parser.add_subparsers())

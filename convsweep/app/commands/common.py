@@ -1,9 +1,11 @@
 """What several commands share, declared once: the store (--db), an experiment (--experiment), an output
-format (--format), a job spec (--spec or --spec-file), NAME=VALUE options and the build target."""
+format (--format), a job spec (--spec or --spec-file), a watched command's worker (--worker), NAME=VALUE options and
+the build target."""
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from convsweep.base.errors import ConvsweepError
@@ -21,6 +23,17 @@ def add_experiment(p: argparse.ArgumentParser, what: str, *, required: bool = Fa
     """--experiment, `what` saying what the command does with it."""
     p.add_argument("--experiment", required=required, default=default,
                    help=what + (" (default: %(default)s)" if default else ""))
+
+
+def add_worker(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--worker", action="store_true", help="measure here, unwatched: what the watching process runs")
+
+
+def worker_command(args, command: str, *own: str) -> list[str]:
+    """`command` with its `own` arguments as its worker runs it (convsweep.measure.deadline watches it): the same
+    checkout and verbosity, and --worker."""
+    around = [*(["--checkout", args.checkout] if args.checkout else []), *(["-v"] if args.verbose else [])]
+    return [sys.executable, "-m", "convsweep", *around, command, *own, "--worker"]
 
 
 def add_format(p: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "csv", "json")) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 from convsweep.measure.confirm import ConfirmSpec, run_confirm_job, summary_lines, write_skipped
 from convsweep.base.errors import ConvsweepError
+from .common import add_worker, worker_command
 
 
 def add_parser(sub) -> None:
@@ -17,15 +17,8 @@ def add_parser(sub) -> None:
     p.add_argument("--spec-file", required=True, help="the confirm spec (a sweep writes one per cell in "
                                                       "<results>/<experiment>/specs/)")
     p.add_argument("--out", required=True, help="the confirm JSON to write")
-    p.add_argument("--worker", action="store_true", help="measure here, unwatched: what the watching process runs")
+    add_worker(p)
     p.set_defaults(func=run)
-
-
-def worker_command(args) -> list[str]:
-    """This confirm job as its worker runs it: the same spec and file, the same checkout."""
-    around = ["--checkout", args.checkout] if args.checkout else []
-    return [sys.executable, "-m", "convsweep", *around, "confirm-job", "--spec-file", args.spec_file, "--out",
-            args.out, "--worker"]
 
 
 def run(args) -> None:
@@ -45,7 +38,8 @@ def run(args) -> None:
 
         started, started_at = time.perf_counter(), utc_now()
         deadline_s = float(JobSpec.from_dict(spec.job).deadline_s)
-        status, hung = watch(worker_command(args), deadline_s)
+        status, hung = watch(worker_command(args, "confirm-job", "--spec-file", args.spec_file, "--out", args.out),
+                             deadline_s)
         if hung is None:
             if status:
                 raise SystemExit(status)

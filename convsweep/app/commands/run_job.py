@@ -3,13 +3,12 @@ The job runs in a worker process this one watches: a pass past the spec's deadli
 sweep (convsweep.measure.deadline)."""
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import cast
 
 from convsweep.app.cliargs import process_age
-from .common import add_spec_source, job_spec, read_spec
+from .common import add_spec_source, add_worker, job_spec, read_spec, worker_command
 
 
 def add_parser(sub) -> None:
@@ -17,16 +16,8 @@ def add_parser(sub) -> None:
                                        "result JSON")
     add_spec_source(p)
     p.add_argument("--out", required=True, help="the result JSON to write")
-    p.add_argument("--worker", action="store_true", help="measure here, unwatched: what the watching process runs")
+    add_worker(p)
     p.set_defaults(func=run)
-
-
-def worker_command(args) -> list[str]:
-    """This job as its worker runs it: the same spec and result file, the same checkout."""
-    spec = ["--spec-file", args.spec_file] if args.spec_file else ["--spec", args.spec]
-    around = ["--checkout", args.checkout] if args.checkout else []
-    return [sys.executable, "-m", "convsweep", *around, *(["-v"] if args.verbose else []), "run-job", *spec,
-            "--out", args.out, "--worker"]
 
 
 def run(args) -> None:
@@ -43,7 +34,8 @@ def run(args) -> None:
     if not args.worker:
         from convsweep.measure.deadline import supervise
 
-        if status := supervise(spec, Path(args.out), worker_command(args)):
+        own = ["--spec-file", args.spec_file] if args.spec_file else ["--spec", args.spec]
+        if status := supervise(spec, Path(args.out), worker_command(args, "run-job", *own, "--out", args.out)):
             raise SystemExit(status)
         return
     # A fresh process: the job takes its GPU's lock (a free one among several) before CUDA starts.
