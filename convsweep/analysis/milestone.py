@@ -57,16 +57,31 @@ def write_reports(db: str | None, boards: Sequence[Board], folder: str | Path, b
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
+    histories = measurements(db, {board.experiment for board in boards})  # read once for every page
     for submission in sorted({entry.submission for board in boards for entry in board.standing()}):
         title = f"Milestone report: {submission}"
         path = folder / file_name(submission)
-        write_atomic(path, to_html([Heading(1, title), *report(db, boards, submission, baseline)], title))
+        blocks = report(db, boards, submission, baseline, histories)
+        write_atomic(path, to_html([Heading(1, title), *blocks], title))
         written.append(path)
     return written
 
 
-def report(db: str | None, boards: Sequence[Board], submission: str, baseline: str | None = "naive") -> list:
-    """`submission`'s page as document blocks (convsweep.base.document)."""
+def measurements(db: str | None, experiments: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """Every GPU measurement stored of each experiment, oldest first, each with its submission: the histories."""
+    found = {}
+    for experiment in experiments:
+        _, rows = fetch_dicts(db, _HISTORY_SQL, {"experiment": experiment})
+        for row in rows:
+            row["submission"] = run_submission(json_column(row["variants"]), row["variant"])
+        found[experiment] = rows
+    return found
+
+
+def report(db: str | None, boards: Sequence[Board], submission: str, baseline: str | None = "naive",
+           histories: dict[str, list[dict[str, Any]]] | None = None) -> list:
+    """`submission`'s page as document blocks (convsweep.base.document); `histories`: measurements(), where the
+    caller read them already."""
     standing = [(board, entry) for board in boards for entry in board.standing() if entry.submission == submission]
     experiments = sorted({board.experiment for board, _ in standing})
     found: list = [Paragraph(f"Experiment {', '.join(experiments)}. Ranked among the class per GPU model and batch "
@@ -76,8 +91,9 @@ def report(db: str | None, boards: Sequence[Board], submission: str, baseline: s
     for board, entry in standing:
         found.append(Heading(2, f"{board.gpu} · {axes.cell_text(board.cell)}: {entry.variant} (run {entry.run_id})"))
         found += _profile(db, entry, board.gpu) + _timeline(db, entry)
+    histories = histories if histories is not None else measurements(db, set(experiments))
     for experiment in experiments:
-        found += _history(db, experiment, submission)
+        found += _history(experiment, [row for row in histories.get(experiment, []) if row["submission"] == submission])
     return found
 
 
@@ -136,9 +152,7 @@ def _timeline(db: str | None, entry: Entry) -> list:
     return found
 
 
-def _history(db: str | None, experiment: str, submission: str) -> list:
-    _, rows = fetch_dicts(db, _HISTORY_SQL, {"experiment": experiment})
-    mine = [row for row in rows if run_submission(json_column(row["variants"]), row["variant"]) == submission]
+def _history(experiment: str, mine: list[dict[str, Any]]) -> list:
     return [Heading(2, f"History in {experiment}"),
             Paragraph(f"Every measurement stored of it, oldest first ({len(mine)}): a resubmission shows as a new "
                       "source."),
