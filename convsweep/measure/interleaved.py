@@ -17,7 +17,8 @@ from convsweep.model.network import load_network
 from convsweep.model.variants import get_variant
 from convsweep.sweep.config import JobSpec, RunSpec
 from .context import timed_variants
-from .integrity import open_rounds
+from convsweep.device.rounds import FRESH_SHARE
+from .integrity import MAX_STALE_ROUNDS, WORKSPACE_POISON, open_rounds, workspaces
 from .runner import Backend, ConvPlan, pipeline_pass, poison_logits
 from .settings import _build_arch, build_requests, gpu_session
 from .timing import HealthObserver, HostClock, Observer, Reading, pipeline_timer, sample
@@ -57,9 +58,6 @@ class Turns(Observer):
         self.times = {}
 
     def after_pass(self, i: int, reading: Reading) -> bool:
-        from .integrity import MAX_STALE_ROUNDS
-        from convsweep.device.rounds import FRESH_SHARE
-
         made, freshness, result = self.made, self.freshness, self.result
         # Every setting has run on the round: only now is its truth worked out, and each setting held to it.
         share = made.sight()
@@ -95,8 +93,6 @@ def measure_interleaved(spec: JobSpec, runs: Sequence[RunSpec], rounds: int, bac
     with it: a wrong one is `incorrect` and leaves the rounds; a round that is not visibly new does not count.
     The rounds are `sample`'s passes (convsweep.measure.timing), as a job's are, with its observers: `Turns`, then
     the GPU's health (the clocks around the rounds). A GPU that cannot be opened raises MachineError."""
-    from .integrity import WORKSPACE_POISON, workspaces
-
     network = load_network(resolve_network_path(spec.network))
     layers = [timed_variants(network, {layer: get_variant(name) for layer, name in run.variants.items()})
               for run in runs]
