@@ -347,5 +347,5 @@ def test_the_red_team_sweep_plans_every_kernel_beside_naive(redteam):
 
     jobs = expand_config(load_config(REDTEAM_DIR / "sweep.yaml"), "tests/redteam/sweep.yaml")
     swept = {name for job in jobs for name in job.variants.values()}
-    assert {"naive", "redteam_memo_third", "redteam_memo_layer", "redteam_dedup", "redteam_round0"} <= swept
+    assert {"naive", "restrict_unroll", "redteam_memo_third", "redteam_memo_layer", "redteam_dedup", "redteam_round0"} <= swept
     assert {job.checks for job in jobs} == {"fast", "full"} and {job.batch for job in jobs} == {1000, 10000}
