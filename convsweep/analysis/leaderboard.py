@@ -46,7 +46,7 @@ NOT_RANKED_WHY = {
 NOT_RANKED_ORDER = ("fast-checks", "unchecked", "not-fresh", "untimed", "suspect", "incorrect", "timeout", "failed")
 CSV_COLUMNS = ("experiment", "gpu", "batch", "cell", "submission", "rank", "tier", "op_time_1_ms", "op_time_2_ms",
                "op_time_sum_ms", "forward_ms", "accuracy", "points", "status", "reason", "variant", "run_id", "samples",
-               "vs_tier_leader_pct", "detectable_pct", "checks", "findings")
+               "vs_tier_leader_pct", "detectable_pct", "checks", "findings", "confirmed", "confirmation")
 
 
 def submission_of(variant: str) -> str:
@@ -126,6 +126,8 @@ class Entry:
     high: float | None = None
     detectable: float | None = None
     points: float | None = None
+    confirmed: bool | None = None  # a tier's top measured again (`--confirm`, convsweep.analysis.tiers): did it hold
+    confirmation: str = ""  # what the re-measurement said of it
 
 
 @dataclass
@@ -341,8 +343,9 @@ def blocks(boards: Sequence[Board], threshold: float, cut: bool = False) -> list
                      _ms(e.op_time_2_ms), _ms(e.op_time_sum_ms), _vs(e),
                      "" if e.detectable is None else f"±{100 * e.detectable:.1f}%", _ms(e.forward_ms),
                      fixed(e.accuracy, 4), str(e.samples), *([_points(e.points)] if with_points else []),
-                     _cut("; ".join(part for part in (e.reason, "fast checks" if e.checks == "fast" else "",
-                                                      e.findings) if part), cut)]
+                     _cut("; ".join(part for part in (e.confirmation, e.reason,
+                                                      "fast checks" if e.checks == "fast" else "", e.findings)
+                                     if part), cut)]
                     for e in board.ranked]
             numeric = [True, True, False, False, True, True, True, False, True, True, True, True,
                        *([True] if with_points else []), False]
@@ -373,7 +376,9 @@ def csv_rows(boards: Sequence[Board]) -> list[dict[str, Any]]:
                          "samples": e.samples,
                          "vs_tier_leader_pct": None if e.ratio is None else round(100 * (e.ratio - 1), 2),
                          "detectable_pct": None if e.detectable is None else round(100 * e.detectable, 2),
-                         "checks": e.checks, "findings": e.findings})
+                         "checks": e.checks, "findings": e.findings,
+                         "confirmed": None if e.confirmed is None else ("yes" if e.confirmed else "no"),
+                         "confirmation": e.confirmation})
     return rows
 
 

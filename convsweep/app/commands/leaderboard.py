@@ -1,7 +1,10 @@
 """`convsweep leaderboard`: a course's submissions ranked per GPU model and batch, in statistical tiers, with points."""
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
+from pathlib import Path
 
 from .common import add_db, add_experiment, add_format
 
@@ -37,7 +40,59 @@ def add_parser(sub) -> None:
     p.add_argument("--baseline", default="naive", metavar="NAME",
                    help="the submission the reports' speedups are over, where it ranked beside them (default: "
                         "%(default)s, the shipped baseline run in the class's sweep)")
+    p.add_argument("--confirm", type=int, metavar="ROUNDS",
+                   help="first measure each tier's top again, ROUNDS turns each (at least 6; 8 to 10 tell smaller gaps), every turn a process of "
+                        "its own on fresh inputs, the tops alternating (A B C, C B A, ...), and hold each to the next "
+                        "tier's top by a paired test: boards of this machine's GPU model only (docs/leaderboard.md)")
+    p.add_argument("--confirm-repeats", type=int, default=5, metavar="N",
+                   help="timed passes per turn (default: %(default)s)")
+    p.add_argument("--confirm-dir", metavar="DIR",
+                   help="keep each turn's spec, result file and log in DIR (default: a temporary folder)")
     p.set_defaults(func=run)
+
+
+def turn_runner(db: str | None, folder: Path, repeats: int, verbose: bool = False):
+    """measure(board, entry) for convsweep.analysis.tiers.confirm_boards: the entry's stored setting (its run's result
+    file) measured once more by `convsweep run-job` in a process of its own, `repeats` timed passes, watched against
+    the setting's deadline; returns (op-time sum of its layers' medians, None) or (None, why there is none)."""
+    import dataclasses
+    import subprocess
+
+    from convsweep.analysis.query import fetch_dicts
+    from convsweep.base.strict_json import read_json
+    from convsweep.measure.record import ResultFile
+    from convsweep.sweep.config import JobSpec, RunSpec
+
+    turns = iter(range(1, 1_000_000))
+
+    def measure(board, entry):
+        _, rows = fetch_dicts(db, "SELECT measurement_id, result_path FROM run WHERE id = :id", {"id": entry.run_id})
+        if not rows or not rows[0]["result_path"] or not Path(rows[0]["result_path"]).is_file():
+            return None, f"run {entry.run_id}'s result file is not on this machine"
+        stored = ResultFile.from_json(read_json(rows[0]["result_path"]))
+        found = next((m for m in stored.measurements if m.measurement_id == rows[0]["measurement_id"]), None)
+        if found is None:
+            return None, f"run {entry.run_id} is not in {rows[0]['result_path']}"
+        job = JobSpec.for_run(dataclasses.replace(RunSpec(**found.spec), repeats=repeats, checks="full"),
+                               sweep=stored.sweep)
+        n = next(turns)
+        spec, out, log = (folder / f"turn-{n:03d}-{entry.submission}{ext}" for ext in (".json", ".result.json", ".log"))
+        spec.write_text(json.dumps({**job.to_dict(), "sweep": job.sweep, "job_id": job.job_id}))
+        command = [sys.executable, "-m", "convsweep", *(["-v"] if verbose else []), "run-job", "--spec-file", str(spec),
+                   "--out", str(out)]
+        with open(log, "w") as f:
+            subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, check=False)
+        if not out.is_file():
+            lines = log.read_text().strip().splitlines()
+            return None, f"no result ({lines[-1] if lines else 'run-job said nothing'})"
+        (m,) = ResultFile.from_json(read_json(out)).measurements
+        if m.status != "ok" or m.timings is None or not m.timings.op_time_ms:
+            return None, f"{m.status}: {m.error or 'no op time'}"
+        total = sum(v or 0.0 for v in m.timings.op_time_ms.values())
+        print(f"leaderboard: {board.title}: {entry.submission}, turn {n}: {total:.4f} ms", file=sys.stderr, flush=True)
+        return total, None
+
+    return measure
 
 
 def run(args) -> None:
@@ -46,6 +101,8 @@ def run(args) -> None:
     points = load_points(args.points) if args.points else None
     boards = leaderboard(args.db, args.experiment, threshold=args.threshold, fast_checks=args.fast_checks,
                          points=points)
+    if args.confirm is not None:
+        confirm(args, boards)
     print(render(boards, args.format, args.threshold), end="" if args.format == "csv" else "\n")
     if args.html:
         write_html(args.html, boards, args.threshold, args.experiment)
@@ -55,3 +112,18 @@ def run(args) -> None:
 
         written = write_reports(args.db, boards, args.reports, args.baseline)
         print(f"leaderboard: wrote {len(written)} milestone reports into {args.reports}", file=sys.stderr)
+
+
+def confirm(args, boards) -> None:
+    """--confirm: each board's tier tops measured again on this machine (convsweep.analysis.tiers)."""
+    from convsweep.analysis.tiers import confirm_boards
+    from convsweep.device.gpu import count_devices
+    from convsweep.device.provenance import probe_machine
+
+    names = probe_machine(count_devices).gpu_names
+    with tempfile.TemporaryDirectory(prefix="convsweep-tiers-") as tmp:
+        folder = Path(args.confirm_dir or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        measure = turn_runner(args.db, folder, args.confirm_repeats, getattr(args, "verbose", False))
+        for line in confirm_boards(boards, args.confirm, measure, names):
+            print(f"leaderboard: {line}", file=sys.stderr)
