@@ -6,7 +6,7 @@
 // - the comparisons: the candidate's output against the truth, image by image (`compare_*`), and each
 //   round's truth against every earlier sighting of the same image (`sight`, `freshness`).
 //
-// Deliberately simple: one thread per output (per group of output channels in conv2d_f64), a fixed
+// Deliberately simple: one thread per output (per group of channels and positions in conv2d_f64), a fixed
 // order of summation, no shared memory, no atomics, no block-wide synchronization. So each run gives the
 // same bits, and the same source compiles as plain C++ on the host (tests/host_kernels.py), where the CPU
 // tests hold it to numpy's float64 reference (convsweep/model/reference.py).
@@ -65,37 +65,71 @@ extern "C" __global__ void upsample_u8_f64(double *__restrict__ y, const unsigne
 }
 
 // -- the network's layers in float64 ---------------------------------------------------------------------------
-// y[b][m][h][w] = bias[m] + sum over c, p, q of x[b][c][h*S+p][w*S+q] * k[m][c][p][q]. A thread keeps MG output
-// channels of one position in registers: each input it loads feeds MG multiply-adds, and the weights it reads are
-// the same for every thread of a warp (consecutive threads are consecutive positions).
-template <int MG>
+// y[b][m][h][w] = bias[m] + sum over c, p, q of x[b][c][h*S+p][w*S+q] * k[m][c][p][q], in that order. A thread
+// keeps MG output channels of PW neighbouring positions of a row in registers: each weight it loads feeds PW
+// multiply-adds and each input MG, so the float64 units, not the loads, set its pace. Consecutive threads are
+// neighbouring groups of positions: the weights they read are the same for the whole warp. M is a multiple of MG;
+// a row's last group computes past its end on clamped columns and stores only what is inside. KK: the kernel's
+// size where it is known when compiling (its loop is then unrolled), 0 for any (K).
+template <int MG, int PW, int KK>
 __device__ __forceinline__ void conv2d(double *__restrict__ y, const double *__restrict__ x, const double *__restrict__ k,
-                                       const double *__restrict__ bias, int B, int C, int M, int H, int W, int K, int S) {
-    const int H_out = (H - K) / S + 1, W_out = (W - K) / S + 1, groups = (M + MG - 1) / MG;
-    EACH(i, (i64)B * groups * H_out * W_out) {
-        const int wo = (int)(i % W_out), ho = (int)((i / W_out) % H_out), g = (int)((i / ((i64)W_out * H_out)) % groups);
-        const i64 b = i / ((i64)W_out * H_out * groups);
+                                       const double *__restrict__ bias, int B, int C, int M, int H, int W, int K_, int S) {
+    const int K = KK ? KK : K_;
+    const int H_out = (H - K) / S + 1, W_out = (W - K) / S + 1, groups = M / MG, tiles = (W_out + PW - 1) / PW;
+    EACH(i, (i64)B * groups * H_out * tiles) {
+        const int wo = (int)(i % tiles) * PW, ho = (int)((i / tiles) % H_out), g = (int)((i / ((i64)tiles * H_out)) % groups);
+        const i64 b = i / ((i64)tiles * H_out * groups);
         const int m0 = g * MG;
-        double acc[MG];
-        for (int j = 0; j < MG; ++j) acc[j] = m0 + j < M ? bias[m0 + j] : 0.0;
-        const double *xb = x + b * C * H * W + (i64)(ho * S) * W + wo * S;
-        for (int c = 0; c < C; ++c)
-            for (int p = 0; p < K; ++p)
-                for (int q = 0; q < K; ++q) {
-                    const double v = xb[((i64)c * H + p) * W + q];
-                    for (int j = 0; j < MG; ++j)
-                        if (m0 + j < M) acc[j] += v * k[(((i64)(m0 + j) * C + c) * K + p) * K + q];
-                }
+        int column[PW];
+#pragma unroll
+        for (int t = 0; t < PW; ++t) column[t] = (wo + t < W_out ? wo + t : W_out - 1) * S;
+        double acc[MG][PW];
+#pragma unroll
         for (int j = 0; j < MG; ++j)
-            if (m0 + j < M) y[((b * M + m0 + j) * H_out + ho) * W_out + wo] = acc[j];
+#pragma unroll
+            for (int t = 0; t < PW; ++t) acc[j][t] = bias[m0 + j];
+        const double *xb = x + b * C * H * W + (i64)(ho * S) * W;
+        const double *kb = k + (i64)m0 * C * K * K;
+        for (int c = 0; c < C; ++c)
+            for (int p = 0; p < K; ++p) {
+                const double *row = xb + ((i64)c * H + p) * W;
+                const double *kr = kb + ((i64)c * K + p) * K;
+#pragma unroll
+                for (int q = 0; q < K; ++q) {
+                    double v[PW];
+#pragma unroll
+                    for (int t = 0; t < PW; ++t) v[t] = row[column[t] + q];
+#pragma unroll
+                    for (int j = 0; j < MG; ++j) {
+                        const double w = kr[(i64)j * C * K * K + q];
+#pragma unroll
+                        for (int t = 0; t < PW; ++t) acc[j][t] += v[t] * w;
+                    }
+                }
+            }
+#pragma unroll
+        for (int j = 0; j < MG; ++j)
+#pragma unroll
+            for (int t = 0; t < PW; ++t)
+                if (wo + t < W_out) y[((b * M + m0 + j) * H_out + ho) * W_out + wo + t] = acc[j][t];
     }
 }
-extern "C" __global__ void conv2d_f64_1(double *y, const double *x, const double *k, const double *bias, int B, int C,
-                                        int M, int H, int W, int K, int S) { conv2d<1>(y, x, k, bias, B, C, M, H, W, K, S); }
-extern "C" __global__ void conv2d_f64_4(double *y, const double *x, const double *k, const double *bias, int B, int C,
-                                        int M, int H, int W, int K, int S) { conv2d<4>(y, x, k, bias, B, C, M, H, W, K, S); }
-extern "C" __global__ void conv2d_f64_8(double *y, const double *x, const double *k, const double *bias, int B, int C,
-                                        int M, int H, int W, int K, int S) { conv2d<8>(y, x, k, bias, B, C, M, H, W, K, S); }
+#define CONV2D_F64(MG, PW, KK)                                                                                 \
+    extern "C" __global__ void conv2d_f64_##MG##x##PW##_k##KK(double *y, const double *x, const double *k,       \
+                                                              const double *bias, int B, int C, int M, int H, int W, \
+                                                              int K, int S) {                                        \
+        conv2d<MG, PW, KK>(y, x, k, bias, B, C, M, H, W, K, S);                                                      \
+    }
+// Every group of channels that divides a layer's M, two positions a thread, at K = 5 and 7 (LeNet-86's, conv256's,
+// fp64_stride5's) and any K. Chosen on the lent H100 (docs/performance.md, "What checking every pass costs"): on
+// one chunk of 1310 LeNet-86 images conv2 16x2 at K 7 took 0.934 ms, 8x4 at any K 1.359, 16x4 spills; conv1 4x2 at
+// K 7 0.457 ms, 4x4 0.532. Every shape gave the same bits.
+#define CONV2D_F64_K(MG) CONV2D_F64(MG, 2, 0) CONV2D_F64(MG, 2, 5) CONV2D_F64(MG, 2, 7)
+CONV2D_F64_K(1)
+CONV2D_F64_K(2)
+CONV2D_F64_K(4)
+CONV2D_F64_K(8)
+CONV2D_F64_K(16)
 
 extern "C" __global__ void relu_f64(double *x, i64 n) {
     EACH(i, n) if (x[i] < 0.0) x[i] = 0.0;  // NaN stays NaN
@@ -118,16 +152,17 @@ extern "C" __global__ void maxpool_f64(double *__restrict__ y, const double *__r
     }
 }
 
-// y[b][j] = sum over i of x[b][i] * w[j][i], then + bias[j] (numpy's x @ w.T + bias). Consecutive threads are
-// consecutive outputs j of one image: x is the same for the whole warp.
-extern "C" __global__ void dense_f64(double *__restrict__ y, const double *__restrict__ x, const double *__restrict__ w,
+// y[b][j] = sum over i of x[b][i] * wt[i][j], then + bias[j] (numpy's x @ w.T + bias; wt is w transposed, as
+// convsweep.device.truth uploads it). Consecutive threads are consecutive outputs j of one image: x is the same for
+// the whole warp, and its reads of wt are contiguous (0.176 ms against 0.295 for w's rows, fc1 of 1310 images).
+extern "C" __global__ void dense_f64(double *__restrict__ y, const double *__restrict__ x, const double *__restrict__ wt,
                                      const double *__restrict__ bias, int B, int in_features, int out_features) {
     EACH(t, (i64)B * out_features) {
         const int j = (int)(t % out_features);
         const i64 b = t / out_features;
-        const double *xb = x + b * in_features, *wj = w + (i64)j * in_features;
+        const double *xb = x + b * in_features;
         double acc = 0.0;
-        for (int i = 0; i < in_features; ++i) acc += xb[i] * wj[i];
+        for (int i = 0; i < in_features; ++i) acc += xb[i] * wt[(i64)i * out_features + j];
         y[t] = acc + bias[j];
     }
 }

@@ -50,8 +50,9 @@ def test_every_layer_kind_has_a_float64_kernel_in_the_truth():
     names = set(host_library(truth_module.TRUTH_SOURCE))
     for kind in LAYER_KINDS.values():
         assert callable(kind.truth)
-    assert {"conv2d_f64_1", "conv2d_f64_4", "conv2d_f64_8", "relu_f64", "maxpool_f64", "dense_f64", "upsample_u8_f64",
-            "convert_u8_f64", "convert_f16_f64", "convert_f32_f64", "convert_f64_f64"} <= names
+    convs = {f"conv2d_f64_{g}x2_k{k}" for g in (1, 2, 4, 8, 16) for k in (0, 5, 7)}
+    assert convs | {"relu_f64", "maxpool_f64", "dense_f64", "upsample_u8_f64", "convert_u8_f64", "convert_f16_f64",
+                    "convert_f32_f64", "convert_f64_f64"} <= names
 
 
 @pytest.mark.parametrize("input_format", list(FORMATS))
@@ -73,7 +74,8 @@ def test_the_fp64_workload_matches_numpy(kernels):
                                                                      (5, 12, 4, 3), (4, 16, 7, 1)])
 def test_conv_relu_pool_dense_at_odd_shapes_match_numpy(kernels, tmp_path, channels, out_channels, kernel, stride):
     """conv256's shape of network (conv, relu, max-pool) at sizes a CPU can run, with a dense layer after it,
-    every channel grouping of conv2d_f64 (8, 4, 1) and strides."""
+    every channel grouping of conv2d_f64 (16, 8, 4, 2, 1), its kernel sizes unrolled (5, 7) and not (3, 4, 1), and
+    strides."""
     network = tiny_network(tmp_path, f"""
 name: tiny
 input: [{channels}, 19, 17]

@@ -67,6 +67,9 @@ class Truth:
         self.kernels, self.gpu, self.network = kernels, kernels.gpu, network
         self.weights = {name: self.gpu.to_device(np.ascontiguousarray(array, np.float64), stream)
                         for name, array in weights.items()}
+        # a dense layer's weights also transposed, `<name>.T` ([in][out]): dense_f64's warps then read them whole
+        self.weights |= {f"{name}.T": self.gpu.to_device(np.ascontiguousarray(np.asarray(array, np.float64).T), stream)
+                         for name, array in weights.items() if np.ndim(array) == 2}
         per_image = max([math.prod(network.input_shape)] + [math.prod(layer.out_shape) for layer in network.layers])
         self.chunk = max(1, CHUNK_BYTES // (8 * per_image))
         self._capacity = 0

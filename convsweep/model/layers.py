@@ -22,6 +22,9 @@ from .reference import conv2d_reference, maxpool2d_reference
 THREADS = 256  # threads per block of layers.cu's elementwise kernels (relu, max-pool)
 DENSE_TILE = 32  # kernels/layers.cu DENSE_TILE_B and DENSE_TILE_N: images x outputs per block
 DENSE_THREADS = 256  # kernels/layers.cu DENSE_THREADS: two halves of 128 threads splitting k
+TRUTH_CONV_COLUMNS = 2  # kernels/truth.cu conv2d_f64_<group>x<columns>_k<size>: neighbouring positions a thread keeps
+TRUTH_CONV_GROUPS = (16, 8, 4, 2, 1)  # its groups of output channels, the widest that divides M is taken
+TRUTH_CONV_SIZES = (5, 7)  # the kernel sizes it has unrolled; any other size runs the k0 kernel
 
 
 @dataclass(frozen=True)
@@ -114,11 +117,14 @@ def _conv_enqueue(runner, stream, step, x, out, lane):
 
 
 def _conv_truth(truth, stream, layer, x, y):
-    """conv2d_f64 with the widest group of output channels a thread can keep that divides M (8, 4 or 1)."""
+    """conv2d_f64 with the widest group of output channels a thread can keep that divides M (TRUTH_CONV_GROUPS),
+    TRUTH_CONV_COLUMNS neighbouring positions of a row, and the layer's kernel size unrolled where it has one."""
     n, (c, h, w), m = x.shape[0], layer.in_shape, layer.out_channels
-    group = next(g for g in (8, 4, 1) if m % g == 0)
-    truth.launch(stream, f"conv2d_f64_{group}", n * (m // group) * _size(layer.out_shape[1:]), y.arg, x.arg,
-                 truth.weight(f"{layer.name}.weight").arg, truth.weight(f"{layer.name}.bias").arg,
+    group = next(g for g in TRUTH_CONV_GROUPS if m % g == 0)
+    (_, h_out, w_out), columns = layer.out_shape, TRUTH_CONV_COLUMNS
+    size = layer.kernel if layer.kernel in TRUTH_CONV_SIZES else 0
+    truth.launch(stream, f"conv2d_f64_{group}x{columns}_k{size}", n * (m // group) * h_out * -(-w_out // columns),
+                 y.arg, x.arg, truth.weight(f"{layer.name}.weight").arg, truth.weight(f"{layer.name}.bias").arg,
                  *(np.int32(v) for v in (n, c, m, h, w, layer.kernel, layer.stride)))
     return y
 
@@ -238,7 +244,7 @@ def _dense_enqueue(runner, stream, step, x, out, lane):
 
 def _dense_truth(truth, stream, layer, x, y):
     n, in_features, out_features = x.shape[0], layer.in_shape[0], layer.out_features
-    truth.launch(stream, "dense_f64", n * out_features, y.arg, x.arg, truth.weight(f"{layer.name}.weight").arg,
+    truth.launch(stream, "dense_f64", n * out_features, y.arg, x.arg, truth.weight(f"{layer.name}.weight.T").arg,
                  truth.weight(f"{layer.name}.bias").arg, np.int32(n), np.int32(in_features), np.int32(out_features))
     return y
 
