@@ -72,10 +72,14 @@ def test_the_watch_holds_each_beat_to_its_own_limit(tmp_path):
     assert (state.what, state.setting) == ("setting", 3)
     say(b"ss \n", 21.0)
     assert state.what == "pass"
+    say(b'gpu {"gpu": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-1", "packages": {}}\n', 21.0)  # not a step
+    assert state.what == "pass" and state.gpu == {"gpu": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-1"}
     now[0] = 22.9
     assert state.overdue() is None
     now[0] = 23.5
-    assert state.overdue() == Hung("pass", 3, 2.5)
+    assert state.overdue() == Hung("pass", 3, 2.5, {"gpu": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-1"})
+    say(b"gpu not json\n", 23.5)
+    assert state.gpu is None
     say(b"wait \n", 24.0)
     now[0] = 1e6
     assert state.overdue() is None  # between settings, sanitizing: no kernel of the job's is running
@@ -129,7 +133,7 @@ HANGS_ONCE = textwrap.dedent("""
     if not os.path.exists(marker):
         open(marker, "w").close()
         fd = os.open(os.environ["CONVSWEEP_HEARTBEAT"], os.O_WRONLY | os.O_APPEND)
-        os.write(fd, b"compile \\ncompiled \\nsetting 0\\npass \\n")
+        os.write(fd, b'gpu {"gpu": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-0f"}\\ncompile \\ncompiled \\nsetting 0\\npass \\n')
         time.sleep(60)
     os.execv(real[0], real)
 """)
@@ -147,6 +151,8 @@ def test_a_hung_setting_is_stored_as_timeout_and_a_new_worker_finishes_the_job(t
     (measurement,) = ResultFile.from_json(read_json(out)).measurements
     assert measurement.status == "timeout" and "0.8 s deadline (`deadline_s`): killed" in measurement.error
     assert measurement.run_key == job.runs()[0].run_key and measurement.timings.total_s > 0.8
+    # stored as run on the GPU the worker opened: the leaderboard lists it on that GPU model's board
+    assert (measurement.environment["gpu"], measurement.environment["gpu_uuid"]) == ("NVIDIA H100 80GB HBM3", "GPU-0f")
     assert not (tmp_path / "r.partial").exists()  # the result file written, the resume store cleared
     engine = open_store(db_url)  # stored, untrusted, and `query failures` says why
     assert ingest_files(engine, [out]).errors == []

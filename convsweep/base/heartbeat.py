@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 
 HEARTBEAT_ENV = "CONVSWEEP_HEARTBEAT"  # the file the worker beats into
+GPU_KEYS = ("gpu", "gpu_uuid", "compute_capability", "driver", "cuda_driver")  # a `gpu` beat's: environment()'s
 _fd: int | None = None
 
 
-def beat(what: str, setting: int | None = None) -> None:
+def beat(what: str, setting: int | str | None = None) -> None:
     """Tell the watcher where the worker is: `compile`, `compiled`, `setting` (with its index), `pass`, or `wait`
-    (nothing of a kernel's running: no limit). Said before any GPU wait it may hang in, outside any timing; a few
+    (nothing of a kernel's running: no limit); or `gpu` with the GPU it opened (a JSON object of one line: what a
+    setting it kills is stored as run on). Said before any GPU wait it may hang in, outside any timing; a few
     microseconds (one appended line)."""
     global _fd
     if _fd is None:

@@ -15,6 +15,7 @@ beat into, and `beat` does nothing.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from convsweep.base.heartbeat import HEARTBEAT_ENV
+from convsweep.base.heartbeat import GPU_KEYS, HEARTBEAT_ENV
 
 COMPILE_CAP_S = 600.0  # a job's kernels build in seconds; a template that never ends, never
 POLL_S = 0.2
@@ -39,6 +40,7 @@ class Hung:
     what: str
     setting: int | None
     seconds: float
+    gpu: dict | None = None  # the GPU the worker said it opened (environment()'s GPU keys), where it said
 
     def message(self, deadline_s: float) -> str:
         if self.what == "compile":
@@ -55,6 +57,7 @@ class Watch:
         self.fd, self.deadline_s, self.clock = fd, deadline_s, clock  # fd: the heartbeat file, read as it grows
         self.what: str | None = None  # nothing said yet: opening the GPU, the truth (no limit)
         self.setting: int | None = None
+        self.gpu: dict | None = None
         self.since = clock()
         self._partial = b""
 
@@ -68,6 +71,9 @@ class Watch:
         *lines, self._partial = (self._partial + data).split(b"\n")
         for line in lines:
             what, _, setting = line.decode(errors="replace").partition(" ")
+            if what == "gpu":  # not a step: which GPU the worker opened
+                self.gpu = _gpu_said(setting)
+                continue
             self.what, self.since = what, self.clock()
             if what == "setting" and setting.strip().isdigit():
                 self.setting = int(setting)
@@ -80,8 +86,19 @@ class Watch:
     def overdue(self) -> Hung | None:
         limit, spent = self.limit(), self.clock() - self.since
         if limit is not None and spent > limit:
-            return Hung(self.what or "", self.setting if self.what != "compile" else None, spent)
+            return Hung(self.what or "", self.setting if self.what != "compile" else None, spent, self.gpu)
         return None
+
+
+def _gpu_said(text: str) -> dict | None:
+    """The GPU keys of a worker's `gpu` beat (a JSON object); None where they do not read as one."""
+    try:
+        said = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(said, dict):
+        return None
+    return {k: v for k, v in said.items() if k in GPU_KEYS and (v is None or isinstance(v, str))}
 
 
 def watch(command: list[str], deadline_s: float, env: dict | None = None,
@@ -170,6 +187,8 @@ def store_timeout(spec, out_path: Path, hung: Hung, message: str) -> bool:
         indices = [hung.setting] if hung.setting is not None and ctx.runs[hung.setting].run_key not in done else []
     store.dir.mkdir(parents=True, exist_ok=True)
     machine = environment() if indices else None  # the machine it hung on, as a crashed setting's
+    if machine is not None and hung.gpu:  # the GPU the worker opened: the leaderboard ranks within its model
+        machine.update(hung.gpu)
     for i in indices:
         record = ctx.measurement(i)
         record.status, record.error, record.environment = "timeout", message, machine

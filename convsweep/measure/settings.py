@@ -15,6 +15,7 @@ reports a kernel's illegal access, and the two cannot be told apart here.
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +30,7 @@ from convsweep.model.checks import Check, check_logits
 from convsweep.device.compile import LAYERS_SOURCE, BuildRequest
 from convsweep.sweep.config import JobSpec, RunSpec, tunables_text
 from .context import JobContext
-from convsweep.base.heartbeat import beat
+from convsweep.base.heartbeat import GPU_KEYS, beat
 from convsweep.base.errors import CompileError, ConvsweepError, MachineError, failure_message
 from convsweep.device.gpulock import bind_free_gpu, gpu_lock, holds_lock_of
 from convsweep.inputs.batch import load_batch
@@ -132,6 +133,7 @@ def gpu_session(spec: JobSpec, batch, backend: Backend, holder: str, streams: in
             fallback.enter_context(gpu_lock(gpu.uuid, holder))
         monitor = stack.enter_context(backend.monitor(gpu.uuid, gpu.pci_bus_id))
         env = environment(gpu, monitor)  # NVML opened once: each opening is ~0.03 s of the lock's time
+        beat("gpu", json.dumps({key: env[key] for key in GPU_KEYS}))  # what a setting the watcher kills ran on
         phases["context"] = clock() - t
         t = clock()
         lanes = [gpu.stream() for _ in range(streams)]
