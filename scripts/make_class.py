@@ -15,8 +15,10 @@ What the class holds, and what the sitting should give each (status per job; "ok
   includes rewritten to `X`, memo.cuh copied in where included. The class runs each on every conv layer, checks
   full (the caching test on); the verdicts are tests/test_redteam.py's:
     rt-compute-once, rt-partial, rt-approx -> incorrect (a timed pass's logits fail the float64 truth);
-    rt-memo-layer, rt-memo-corner-blind    -> suspect ("caching test: sighting 2"); at batch 10000 `failed`:
-                                              their "B <= 1024" (module-scope slots), which a job checks;
+    rt-memo-layer, rt-memo-corner-blind    -> ok at naive's time: a class runs them on both conv layers, which
+                                              share one module's slots, so the memo never serves (on conv1
+                                              alone memo-layer is suspect, tests/redteam/sweep.yaml); at batch
+                                              10000 `failed`: their "B <= 1024", which a job checks;
     rt-memo-third                          -> left out of the sweep, listed with its reason: its constraints
                                               fit conv2 alone (a class runs a variant on every conv layer); the
                                               check passes it (it fits a layer). On conv2 alone it is suspect;
@@ -82,8 +84,11 @@ NAIVE_EDITS = [
 ]
 EXPECTED_RT = {
     "redteam_compute_once": "incorrect", "redteam_partial": "incorrect", "redteam_approx": "incorrect",
-    "redteam_memo_layer": "suspect (caching test: sighting 2); failed at batch 10000 (B <= 1024)",
-    "redteam_memo_corner_blind": "suspect (caching test: sighting 2); failed at batch 10000 (B <= 1024)",
+    "redteam_memo_layer": "ok at naive's time: on both conv layers the two share one module's slots, and its memo "
+                          "never serves (suspect on conv1 alone, tests/redteam/sweep.yaml); failed at batch 10000 "
+                          "(B <= 1024)",
+    "redteam_memo_corner_blind": "ok at naive's time (fp32 input: its corners are no blind spot, and on both layers "
+                                 "its memo never serves); failed at batch 10000 (B <= 1024)",
     "redteam_memo_third": "left out of the sweep (its constraints fit conv2 alone); check: ok",
     "redteam_low_mantissa": "ok (fp16-class, 10 mantissa bits: within tolerance)",
     "redteam_hang": "timeout (deadline_s)", "redteam_out_of_bounds": "ok; incorrect with --sanitize",
