@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convsweep.base.numbers import median
-from convsweep.base.stats import Paired, paired_difference
+from convsweep.base.errors import ConvsweepError
+from convsweep.base.stats import ALPHA, Paired, paired_difference
 
 # Wilcoxon's signed-rank test over n rounds cannot go below p = 2 / 2**n: 0.0625 at five, 0.031 at six. With fewer
 # than six measured turns a top could never be told from its neighbour at ALPHA (convsweep.base.stats).
@@ -32,12 +33,11 @@ Turn = tuple[float | None, str | None]
 @dataclass
 class Confirmation:
     """What the re-measurement said of one tier's top: its turns' op-time sums (None where a turn gave none), their
-    median, its comparison with the next tier's top (`next_`, `paired`, `order`: holds, reversed or not told apart),
+    median, its comparison with the next tier's top (`paired`, and `order`: holds, reversed or not told apart),
     and `confirmed` with the sentence the leaderboard shows."""
 
     turns_ms: list[float | None] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    next_: str | None = None
     paired: Paired | None = None
     order: str | None = None  # holds, reversed, not told apart (against the next tier's top)
     confirmed: bool | None = None
@@ -72,7 +72,7 @@ def confirm_tops(names: Sequence[str], rounds: int, measure: Callable[[int], Tur
                 found[i].errors.append(error)
     for i in range(len(names) - 1):
         here, there = found[i], found[i + 1]
-        here.next_, here.paired = names[i + 1], paired_difference(here.turns_ms, there.turns_ms)
+        here.paired = paired_difference(here.turns_ms, there.turns_ms)
         here.order = order_of(here.paired)
     for i, top in enumerate(found):
         top.confirmed, top.text = _verdict(names, found, i, rounds)
@@ -113,8 +113,6 @@ def _verdict(names: Sequence[str], found: list[Confirmation], i: int, rounds: in
     return held, ("confirmed: " if held else "not confirmed: ") + "; ".join(said) + f" ({_measured(top)} turns)"
 
 
-
-
 def _turn(measure: Callable[[Any, Any], Turn], board: Any, tops: list, i: int) -> Turn:
     return measure(board, tops[i])
 
@@ -134,15 +132,15 @@ def confirm_boards(boards: Sequence, rounds: int, measure: Callable[[Any, Any], 
     put on each top (`confirmed`, `confirmation`); returns a line per board saying what was done.
     `measure(board, entry)` runs the entry's setting once in a process of its own."""
     if rounds < MIN_ROUNDS:
-        from convsweep.base.errors import ConvsweepError
-
-        raise ConvsweepError(f"leaderboard: --confirm needs at least {MIN_ROUNDS} rounds (a paired test of fewer "
-                             f"tells nothing), got {rounds}")
+        raise ConvsweepError(f"leaderboard: --confirm needs at least {MIN_ROUNDS} rounds (over fewer, the paired test "
+                             f"cannot reach p < {ALPHA:g}), got {rounds}")
     said, here = [], ", ".join(gpu_names) or "no GPU"
     for board in boards:
         tops = tops_of(board.ranked)
-        if not tops:
-            said.append(f"{board.title}: no tier to confirm")
+        if len(tops) < 2:  # no order between tiers: nothing to measure
+            for top in tops:
+                top.confirmation = "one tier: no order to confirm"
+            said.append(f"{board.title}: {'one tier' if tops else 'no tier'}: no order to confirm")
             continue
         if board.gpu not in gpu_names:
             for top in tops:
