@@ -56,6 +56,7 @@ def turn_runner(db: str | None, folder: Path, repeats: int, verbose: bool = Fals
     file) measured once more by `convsweep run-job` in a process of its own, `repeats` timed passes, watched against
     the setting's deadline; returns (op-time sum of its layers' medians, None) or (None, why there is none)."""
     import dataclasses
+    import itertools
     import subprocess
 
     from convsweep.analysis.query import fetch_dicts
@@ -63,7 +64,7 @@ def turn_runner(db: str | None, folder: Path, repeats: int, verbose: bool = Fals
     from convsweep.measure.record import ResultFile
     from convsweep.sweep.config import JobSpec, RunSpec
 
-    turns = iter(range(1, 1_000_000))
+    turns = itertools.count(1)
 
     def measure(board, entry):
         _, rows = fetch_dicts(db, "SELECT measurement_id, result_path FROM run WHERE id = :id", {"id": entry.run_id})
