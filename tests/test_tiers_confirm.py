@@ -173,3 +173,10 @@ def test_turns_that_write_no_result_leave_the_top_unconfirmed_with_run_jobs_last
     assert top.confirmation == ("not confirmed: 0 of 6 turns measured (at least 6): no result (convsweep: no CUDA "
                                 "device: this machine has no GPU)")
 
+
+
+def test_confirm_repeats_below_one_is_one_line_before_any_turn(stored_course, monkeypatch):
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("no turn may run"))
+    args = parse("--db", stored_course, "--experiment", EXPERIMENT, "--confirm", "6", "--confirm-repeats", "0")
+    with pytest.raises(ConvsweepError, match=r"^leaderboard: --confirm-repeats must be 1 or more, got 0$"):
+        args.func(args)

@@ -55,7 +55,7 @@ def turn_runner(db: str | None, folder: Path, repeats: int, verbose: bool = Fals
     """measure(board, entry) for convsweep.analysis.tiers.confirm_boards: the entry's stored setting (its run's result
     file) measured once more by `convsweep run-job` in a process of its own, `repeats` timed passes, watched against
     the setting's deadline; returns (op-time sum of its layers' medians, None) or (None, why there is none)."""
-    import dataclasses
+    import functools
     import itertools
     import subprocess
 
@@ -66,16 +66,22 @@ def turn_runner(db: str | None, folder: Path, repeats: int, verbose: bool = Fals
 
     turns = itertools.count(1)
 
-    def measure(board, entry):
-        _, rows = fetch_dicts(db, "SELECT measurement_id, result_path FROM run WHERE id = :id", {"id": entry.run_id})
+    @functools.cache
+    def job_of(run_id: int) -> tuple[JobSpec | None, str | None]:
+        """The run's stored setting as a lone job of `repeats` passes with every check, read once for all its turns."""
+        _, rows = fetch_dicts(db, "SELECT measurement_id, result_path FROM run WHERE id = :id", {"id": run_id})
         if not rows or not rows[0]["result_path"] or not Path(rows[0]["result_path"]).is_file():
-            return None, f"run {entry.run_id}'s result file is not on this machine"
+            return None, f"run {run_id}'s result file is not on this machine"
         stored = ResultFile.from_json(read_json(rows[0]["result_path"]))
         found = next((m for m in stored.measurements if m.measurement_id == rows[0]["measurement_id"]), None)
         if found is None:
-            return None, f"run {entry.run_id} is not in {rows[0]['result_path']}"
-        job = JobSpec.for_run(dataclasses.replace(RunSpec(**found.spec), repeats=repeats, checks="full"),
-                               sweep=stored.sweep)
+            return None, f"run {run_id} is not in {rows[0]['result_path']}"
+        return JobSpec.for_run(RunSpec(**{**found.spec, "repeats": repeats, "checks": "full"}), sweep=stored.sweep), None
+
+    def measure(board, entry):
+        job, why = job_of(entry.run_id)
+        if job is None:
+            return None, why
         n = next(turns)
         spec, out, log = (folder / f"turn-{n:03d}-{entry.submission}{ext}" for ext in (".json", ".result.json", ".log"))
         spec.write_text(json.dumps({**job.to_dict(), "sweep": job.sweep, "job_id": job.job_id}))
@@ -118,9 +124,12 @@ def run(args) -> None:
 def confirm(args, boards) -> None:
     """--confirm: each board's tier tops measured again on this machine (convsweep.analysis.tiers)."""
     from convsweep.analysis.tiers import confirm_boards
+    from convsweep.base.errors import ConvsweepError
     from convsweep.device.gpu import count_devices
     from convsweep.device.provenance import probe_machine
 
+    if args.confirm_repeats < 1:
+        raise ConvsweepError(f"leaderboard: --confirm-repeats must be 1 or more, got {args.confirm_repeats}")
     names = probe_machine(count_devices).gpu_names
     with tempfile.TemporaryDirectory(prefix="convsweep-tiers-") as tmp:
         folder = Path(args.confirm_dir or tmp)
